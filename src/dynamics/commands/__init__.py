@@ -1,0 +1,1 @@
+"""Subcommands of the ``dynamics`` CLI (see ``dynamics.cli.COMMANDS``)."""

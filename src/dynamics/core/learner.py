@@ -1,0 +1,89 @@
+"""The small protocol the controller is written against (DESIGN.md §3).
+
+The Hugging Face engine implements it for real models; the tests implement it with an
+analytic toy whose slopes are known in closed form.
+
+Every metric is "lower is better": a loss, or the negative accuracy of a multiple-choice
+domain, so that "not worse than the base model" is always ``value <= reference``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Per-domain, per-batch metric values of one evaluation pass.
+
+    ``per_batch[i, b]`` is the metric of evaluation domain ``i`` on its fixed batch ``b``.
+    The reduced evaluation used by probes is the first ``num_batches`` batches of the
+    main evaluation, so an anchor recycled from the main evaluation is the mean over
+    exactly the batches the probe will see (DESIGN.md §7, "same batches, same estimator").
+    """
+
+    per_batch: np.ndarray  # shape (M, B)
+
+    def __post_init__(self) -> None:
+        if self.per_batch.ndim != 2 or self.per_batch.shape[1] == 0:
+            raise ValueError(f"per_batch must have shape (M, B) with B >= 1, got {self.per_batch.shape}")
+
+    @property
+    def num_batches(self) -> int:
+        return int(self.per_batch.shape[1])
+
+    def means(self, num_batches: int | None = None) -> np.ndarray:
+        """Mean over the first ``num_batches`` batches (all when None), shape (M,)."""
+        if num_batches is None:
+            num_batches = self.num_batches
+        if not 1 <= num_batches <= self.num_batches:
+            raise ValueError(f"num_batches={num_batches} outside [1, {self.num_batches}]")
+        return np.asarray(self.per_batch[:, :num_batches].mean(axis=1), dtype=float)
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """What Algorithms 1 and 2 need from a model being fine-tuned."""
+
+    @property
+    def dataset_names(self) -> Sequence[str]:
+        """The N fine-tuning datasets, in the order of the weight vector."""
+        ...
+
+    @property
+    def domain_names(self) -> Sequence[str]:
+        """The M evaluation domains, in the order of the slope matrix rows."""
+        ...
+
+    def evaluate(self, split: str, num_batches: int | None = None) -> Evaluation:
+        """Evaluate every domain on the first ``num_batches`` fixed batches of ``split``
+        (``"eval"`` or ``"test"``; all batches when None). Must not change training state."""
+        ...
+
+    def train(self, steps: int, weights: np.ndarray) -> None:
+        """Take ``steps`` optimizer steps, each batch drawn from dataset j with prob. w_j."""
+        ...
+
+    def snapshot(self) -> Any:
+        """Everything a probe may change: trainable parameters, optimizer state, LR scheduler,
+        RNG and sampler state (in memory)."""
+        ...
+
+    def restore(self, snapshot: Any) -> None:
+        """Return exactly to the state captured by ``snapshot``; the snapshot stays valid."""
+        ...
+
+
+@runtime_checkable
+class AlignmentLearner(Learner, Protocol):
+    """A learner that can also supply gradient-alignment slopes (paper appendix K)."""
+
+    def alignment_slopes(self, num_batches: int) -> np.ndarray:
+        """``S_ij = -lr * <g_i, d_j>`` with g_i the mean gradient of domain i and d_j the
+        bias-corrected Adam direction of dataset j, each averaged over ``num_batches``
+        batches; shape (M, N). Must not change training state."""
+        ...
