@@ -9,6 +9,7 @@ training (appendix H) is the same at every run length.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,13 +69,13 @@ class UpdateSchedule:
 def scale_steps(steps: Sequence[int], total_steps: int) -> tuple[int, ...]:
     """Scale preset steps stated for 2,048 steps to ``total_steps`` (module docstring)."""
     factor = total_steps / PAPER_TOTAL_STEPS
-    scaled = sorted({int(round(s * factor)) for s in steps})
+    scaled = sorted({round(s * factor) for s in steps})
     return tuple(s for s in scaled if s < total_steps)
 
 
 def scaled_probe_cap(total_steps: int) -> int:
     """c_max = 128 at 2,048 steps, scaled proportionally (at least 1)."""
-    return max(1, int(round(PAPER_PROBE_CAP * total_steps / PAPER_TOTAL_STEPS)))
+    return max(1, round(PAPER_PROBE_CAP * total_steps / PAPER_TOTAL_STEPS))
 
 
 def _horizons(steps: Sequence[int], total_steps: int) -> tuple[int, ...]:
@@ -128,7 +129,7 @@ def build_schedule(
             raise ScheduleError(f"schedule step {s!r} is not an integer: {SCHEDULE_HELP}")
     if steps_list[0] != 0:
         raise ScheduleError(f"the schedule must start at step 0 (got {steps_list[0]}): the first mixture is chosen before training")
-    if any(b <= a for a, b in zip(steps_list, steps_list[1:], strict=False)):
+    if any(b <= a for a, b in itertools.pairwise(steps_list)):
         raise ScheduleError(f"schedule steps must be strictly increasing, got {steps_list}")
     if steps_list[-1] >= total_steps:
         raise ScheduleError(f"schedule step {steps_list[-1]} is not before the end of training ({total_steps} steps)")

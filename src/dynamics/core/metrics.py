@@ -1,0 +1,253 @@
+"""The paper's metrics, computed from saved evaluation records.
+
+Section 4.5 and the appendices "Feasibility Rates" and "Constraint Violation in Infeasible
+Scenarios".
+
+Records are plain data: one record per evaluation step of a run (an :class:`EvalPoint`,
+or anything with the same ``step``, ``eval`` and ``test`` fields, such as the controller's
+evaluation records), with the metric of every evaluation domain on the evaluation split
+(used to *select* checkpoints) and on the held-out test split (used to *report* them).
+Every metric is "lower is better": a loss in nats, or the negative accuracy of a
+multiple-choice domain, so an accuracy constraint is the same ``value <= reference`` as a
+loss constraint. The step-0 record is the base model and gives every reference.
+
+Targets are always losses (perplexity is ``exp(loss)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import numpy as np
+
+SPLITS = ("eval", "test")
+
+
+class Checkpoint(Protocol):
+    """What the metrics read from an evaluation record."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def eval(self) -> np.ndarray: ...
+
+    @property
+    def test(self) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    """Metrics of every evaluation domain at one training step.
+
+    step:  training step of the checkpoint (0 = base model).
+    eval:  per-domain values on the evaluation split, shape (M,).
+    test:  per-domain values on the held-out test split, shape (M,).
+    """
+
+    step: int
+    eval: np.ndarray
+    test: np.ndarray
+
+
+PointT = TypeVar("PointT", bound=Checkpoint)
+
+
+def split_values(point: Checkpoint, split: str) -> np.ndarray:
+    """Per-domain values of ``split`` ("eval" or "test") at ``point``, shape (M,)."""
+    if split == "eval":
+        return np.asarray(point.eval, dtype=float)
+    if split == "test":
+        return np.asarray(point.test, dtype=float)
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def reference_point(points: Sequence[PointT]) -> PointT:
+    """The step-0 record (the base model), which gives every reference value."""
+    for point in points:
+        if point.step == 0:
+            return point
+    raise ValueError("the run has no step-0 evaluation: references come from the base model")
+
+
+def _after_step_zero(points: Sequence[PointT]) -> list[PointT]:
+    # Feasibility is about what fine-tuning produced: the base model itself never counts.
+    return [p for p in points if p.step > 0]
+
+
+def checkpoint_feasible(
+    point: Checkpoint,
+    reference: Checkpoint,
+    targets: Sequence[int],
+    constraints: Sequence[int],
+    split: str = "eval",
+) -> bool:
+    """Every constraint at or below its step-0 value AND the summed target loss strictly
+    below step 0's (the model learned something without forgetting)."""
+    values, ref = split_values(point, split), split_values(reference, split)
+    c, t = list(constraints), list(targets)
+    constraints_hold = bool(np.all(values[c] <= ref[c]))
+    targets_improved = bool(values[t].sum() < ref[t].sum())
+    return constraints_hold and targets_improved
+
+
+def run_feasible(
+    points: Sequence[Checkpoint],
+    targets: Sequence[int],
+    constraints: Sequence[int],
+    split: str = "eval",
+) -> bool:
+    """Appendix "Feasibility Rates": some checkpoint after step 0 is feasible."""
+    reference = reference_point(points)
+    return any(
+        checkpoint_feasible(p, reference, targets, constraints, split)
+        for p in _after_step_zero(points)
+    )
+
+
+def best_feasible_checkpoint(
+    points: Sequence[PointT],
+    targets: Sequence[int],
+    constraints: Sequence[int],
+) -> PointT | None:
+    """The feasible checkpoint after step 0 with the lowest summed target loss, both judged
+    on the evaluation split (the earliest one on ties); None when the run is infeasible."""
+    reference = reference_point(points)
+    t = list(targets)
+    feasible = [
+        p
+        for p in _after_step_zero(points)
+        if checkpoint_feasible(p, reference, targets, constraints, "eval")
+    ]
+    if not feasible:
+        return None
+    return min(feasible, key=lambda p: (float(split_values(p, "eval")[t].sum()), p.step))
+
+
+def perplexity_reduction(
+    point: Checkpoint,
+    reference: Checkpoint,
+    targets: Sequence[int],
+    split: str = "test",
+) -> float:
+    """Relative reduction of the geometric-mean target perplexity, as a fraction:
+    ``1 - exp(mean_i L_i(t) - mean_i L_i(0))`` over target losses (0.2 = 20% lower)."""
+    t = list(targets)
+    if not t:
+        raise ValueError("perplexity reduction needs at least one target domain")
+    change = split_values(point, split)[t].mean() - split_values(reference, split)[t].mean()
+    return float(-np.expm1(change))
+
+
+def constrained_perplexity_reduction(
+    points: Sequence[Checkpoint],
+    targets: Sequence[int],
+    constraints: Sequence[int],
+) -> float:
+    """Section 4.5: perplexity reduction on the TEST split at the best feasible checkpoint
+    chosen on the EVAL split; 0.0 for an infeasible run (keep the base model).
+
+    It can be negative: a checkpoint selected on eval may be worse than step 0 on test,
+    and reporting that is the point of the held-out split.
+    """
+    best = best_feasible_checkpoint(points, targets, constraints)
+    if best is None:
+        return 0.0
+    return perplexity_reduction(best, reference_point(points), targets, split="test")
+
+
+def constraint_slack(
+    point: Checkpoint,
+    reference: Checkpoint,
+    constraints: Sequence[int],
+    split: str = "eval",
+) -> np.ndarray:
+    """``reference - value`` per constraint, in the metric's units (nats, or accuracy for
+    accuracy domains), shape (|C|,): positive = room left, negative = violated."""
+    c = list(constraints)
+    return split_values(reference, split)[c] - split_values(point, split)[c]
+
+
+def max_violation_closest_to_feasibility(
+    points: Sequence[Checkpoint],
+    constraints: Sequence[int],
+    split: str = "eval",
+) -> tuple[int, float]:
+    """Appendix "Constraint Violation": the checkpoint after step 0 minimizing the
+    worst-case constraint violation ``max_i (value_i - reference_i)``, as (step, violation).
+
+    The violation is in the metric's units; it is negative when every constraint held with
+    room to spare at that checkpoint (the run may still be infeasible if its target loss
+    did not go down). Clip at 0 to plot violations only. The earliest step wins ties.
+    """
+    if not constraints:
+        raise ValueError("the maximum constraint violation needs at least one constraint")
+    reference = reference_point(points)
+    candidates = _after_step_zero(points)
+    if not candidates:
+        raise ValueError("the run has no evaluation after step 0")
+    violation, step = min(
+        (-float(constraint_slack(p, reference, constraints, split).min()), p.step)
+        for p in candidates
+    )
+    return step, violation
+
+
+def best_at_k(pool: Sequence[float] | np.ndarray, k: int) -> float:
+    """Expected best of ``k`` draws with replacement from a scenario's baseline pool.
+
+    Exact, by order statistics: with the pool sorted, x_(1) <= ... <= x_(n), the maximum
+    of k draws is at most x_(i) with probability (i/n)^k, so
+
+        E[max] = x_(n) - sum_{i<n} (x_(i+1) - x_(i)) (i/n)^k.
+
+    Every term is non-negative and shrinks with k, so the result is non-decreasing in k
+    and never above the pool's maximum, also in floating point.
+    """
+    values = _check_pool(pool, k)
+    n = values.size
+    gaps = np.diff(values)
+    below = (np.arange(1, n) / n) ** k
+    return float(values[-1] - gaps @ below)
+
+
+def best_at_k_monte_carlo(
+    pool: Sequence[float] | np.ndarray, k: int, rng: np.random.Generator, num_samples: int = 100_000
+) -> float:
+    """Monte Carlo estimate of :func:`best_at_k` from ``num_samples`` sets of k draws."""
+    values = _check_pool(pool, k)
+    draws = rng.choice(values, size=(num_samples, k), replace=True)
+    return float(draws.max(axis=1).mean())
+
+
+def feasible_at_k(pool: Sequence[bool] | np.ndarray, k: int) -> float:
+    """Probability that at least one of ``k`` draws with replacement from a pool of
+    baseline-run feasibilities is feasible: ``1 - (1 - p)^k`` with p the pool's rate."""
+    flags = np.asarray(pool, dtype=bool)
+    _check_pool(flags.astype(float), k)
+    return float(1.0 - (1.0 - flags.mean()) ** k)
+
+
+def prediction_errors(predicted: np.ndarray, realized: np.ndarray) -> np.ndarray:
+    """Realized minus predicted per-domain metric at the next update, shape (M,):
+    positive = the metric ended higher (worse) than the update predicted."""
+    predicted = np.asarray(predicted, dtype=float)
+    realized = np.asarray(realized, dtype=float)
+    if predicted.shape != realized.shape:
+        raise ValueError(
+            f"predicted and realized must have the same shape, got {predicted.shape} and {realized.shape}"
+        )
+    return realized - predicted
+
+
+def _check_pool(pool: Sequence[float] | np.ndarray, k: int) -> np.ndarray:
+    values = np.sort(np.asarray(pool, dtype=float).ravel())
+    if values.size == 0:
+        raise ValueError("the baseline pool is empty")
+    if not np.all(np.isfinite(values)):
+        raise ValueError("the baseline pool must hold finite numbers")
+    if isinstance(k, bool) or int(k) != k or k < 1:
+        raise ValueError(f"k must be a positive integer number of runs, got {k!r}")
+    return values

@@ -1,0 +1,204 @@
+"""Metrics on hand-made run records, each rule checked by a run built to exercise it."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dynamics.core.metrics import (
+    EvalPoint,
+    best_at_k,
+    best_at_k_monte_carlo,
+    best_feasible_checkpoint,
+    checkpoint_feasible,
+    constrained_perplexity_reduction,
+    constraint_slack,
+    feasible_at_k,
+    max_violation_closest_to_feasibility,
+    perplexity_reduction,
+    prediction_errors,
+    run_feasible,
+)
+
+# Domains: 0 = target loss, 1 = constraint loss, 2 = constraint on NEGATIVE accuracy.
+TARGETS = (0,)
+CONSTRAINTS = (1, 2)
+
+
+def point(step: int, eval_values, test_values=None) -> EvalPoint:
+    test_values = eval_values if test_values is None else test_values
+    return EvalPoint(step, np.array(eval_values, dtype=float), np.array(test_values, dtype=float))
+
+
+BASE = point(0, [2.0, 1.0, -0.60], [2.1, 1.1, -0.55])
+
+
+def feasible(eval_values) -> bool:
+    return checkpoint_feasible(point(64, eval_values), BASE, TARGETS, CONSTRAINTS)
+
+
+def test_feasible_needs_every_constraint_held_and_the_target_sum_down() -> None:
+    assert feasible([1.8, 1.0, -0.60])  # constraints exactly at their references
+    assert not feasible([1.8, 1.01, -0.60])  # constraint loss up
+    assert not feasible([1.8, 1.0, -0.59])  # accuracy down one point
+    assert not feasible([2.0, 0.9, -0.70])  # target unchanged
+
+
+def test_feasibility_is_on_the_summed_target_loss() -> None:
+    base = point(0, [2.0, 3.0, 1.0])
+    # One target worse, the other better by more: the sum went down.
+    assert checkpoint_feasible(point(8, [2.2, 2.7, 1.0]), base, (0, 1), (2,))
+    assert not checkpoint_feasible(point(8, [2.2, 2.8, 1.0]), base, (0, 1), (2,))
+
+
+def test_step_zero_never_makes_a_run_feasible() -> None:
+    # Step 0 holds every constraint trivially but its target cannot beat itself; a run
+    # whose only later checkpoint forgets is infeasible.
+    run = [BASE, point(64, [1.5, 1.2, -0.6])]
+    assert not run_feasible(run, TARGETS, CONSTRAINTS)
+    assert best_feasible_checkpoint(run, TARGETS, CONSTRAINTS) is None
+    assert constrained_perplexity_reduction(run, TARGETS, CONSTRAINTS) == 0.0
+    assert run_feasible([*run, point(128, [1.9, 0.95, -0.6])], TARGETS, CONSTRAINTS)
+
+
+def test_best_checkpoint_is_chosen_on_eval_and_reported_on_test() -> None:
+    run = [
+        BASE,
+        # Best on eval among the feasible, but test improves less.
+        point(64, [1.6, 0.9, -0.61], [2.0, 1.0, -0.6]),
+        # Worse on eval, better on test: must NOT be chosen.
+        point(128, [1.7, 0.9, -0.61], [1.5, 1.0, -0.6]),
+        # Lowest target on eval, but violates a constraint.
+        point(256, [1.2, 1.3, -0.61], [1.2, 1.3, -0.6]),
+    ]
+    best = best_feasible_checkpoint(run, TARGETS, CONSTRAINTS)
+    assert best is not None and best.step == 64
+    expected = 1.0 - np.exp(2.0 - 2.1)  # test split: 2.0 at step 64 vs 2.1 at step 0
+    assert constrained_perplexity_reduction(run, TARGETS, CONSTRAINTS) == pytest.approx(expected)
+
+
+def test_feasibility_is_judged_on_eval_not_test() -> None:
+    # Feasible on eval, violated on test: still the selected checkpoint (the practitioner
+    # cannot see test), and the reduction is reported as measured on test.
+    run = [BASE, point(64, [1.8, 0.99, -0.6], [2.0, 1.5, -0.4])]
+    assert run_feasible(run, TARGETS, CONSTRAINTS)
+    assert not run_feasible(run, TARGETS, CONSTRAINTS, split="test")
+    reduction = constrained_perplexity_reduction(run, TARGETS, CONSTRAINTS)
+    assert reduction == pytest.approx(1 - np.exp(-0.1))
+
+
+def test_reduction_uses_the_geometric_mean_of_target_perplexities() -> None:
+    base = point(0, [2.0, 3.0])
+    later = point(32, [1.5, 2.9])
+    ppl_base = np.sqrt(np.exp(2.0) * np.exp(3.0))
+    ppl_later = np.sqrt(np.exp(1.5) * np.exp(2.9))
+    assert perplexity_reduction(later, base, (0, 1)) == pytest.approx(1 - ppl_later / ppl_base)
+    assert perplexity_reduction(later, base, (0, 1)) == pytest.approx(1 - np.exp(-0.3))
+
+
+def test_constraint_slack_in_metric_units() -> None:
+    slack = constraint_slack(point(64, [1.8, 1.05, -0.62]), BASE, CONSTRAINTS)
+    np.testing.assert_allclose(slack, [-0.05, 0.02])  # loss 0.05 over; accuracy 2 points up
+
+
+def test_closest_to_feasibility_minimizes_the_worst_violation() -> None:
+    run = [
+        BASE,
+        point(64, [1.9, 1.30, -0.60]),  # worst violation 0.30
+        point(128, [1.8, 1.05, -0.50]),  # worst violation 0.10 (accuracy down 10 points)
+        point(256, [1.7, 1.08, -0.58]),  # worst violation 0.08
+    ]
+    # Step 0 (violation 0) would always be closest; it is excluded.
+    step, violation = max_violation_closest_to_feasibility(run, CONSTRAINTS)
+    assert step == 256
+    assert violation == pytest.approx(0.08)
+
+
+def test_closest_to_feasibility_is_negative_when_constraints_hold_but_target_does_not() -> None:
+    run = [BASE, point(64, [2.5, 0.9, -0.65])]
+    assert not run_feasible(run, TARGETS, CONSTRAINTS)
+    step, violation = max_violation_closest_to_feasibility(run, CONSTRAINTS)
+    assert (step, violation) == (64, pytest.approx(-0.05))
+
+
+@dataclass
+class ControllerRecord:
+    """A record shaped like the controller's, with fields the metrics do not read."""
+
+    step: int
+    eval: np.ndarray
+    test: np.ndarray
+    weights: np.ndarray
+
+
+def test_metrics_read_any_record_with_step_eval_and_test() -> None:
+    weights = np.array([0.5, 0.5])
+    run = [
+        ControllerRecord(p.step, p.eval, p.test, weights)
+        for p in (BASE, point(64, [1.8, 1.0, -0.6]))
+    ]
+    best = best_feasible_checkpoint(run, TARGETS, CONSTRAINTS)
+    assert isinstance(best, ControllerRecord) and best.step == 64
+
+
+def test_records_without_step_zero_are_rejected() -> None:
+    with pytest.raises(ValueError, match="step-0"):
+        run_feasible([point(64, [1.0, 1.0, 1.0])], TARGETS, CONSTRAINTS)
+
+
+def test_prediction_errors_are_realized_minus_predicted() -> None:
+    errors = prediction_errors(np.array([1.0, 2.0]), np.array([1.25, 1.5]))
+    np.testing.assert_allclose(errors, [0.25, -0.5])
+
+
+def _best_at_k_by_enumeration(pool: list[float], k: int) -> float:
+    return float(np.mean([max(draw) for draw in itertools.product(pool, repeat=k)]))
+
+
+TINY_POOLS = [[0.3], [0.0, 0.2], [0.0, 0.1, 0.1, 0.4], [-0.05, 0.0, 0.25, 0.12, 0.3]]
+
+
+@pytest.mark.parametrize("pool", TINY_POOLS)
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_best_at_k_exact_matches_enumeration(pool: list[float], k: int) -> None:
+    assert best_at_k(pool, k) == pytest.approx(_best_at_k_by_enumeration(pool, k), abs=1e-12)
+
+
+def test_best_at_k_monte_carlo_agrees_with_exact() -> None:
+    pool = [0.0, 0.0, 0.05, 0.12, 0.2, 0.31]
+    for k in (1, 3, 8):
+        estimate = best_at_k_monte_carlo(pool, k, np.random.default_rng(k), num_samples=200_000)
+        assert estimate == pytest.approx(best_at_k(pool, k), abs=2e-3)
+
+
+def test_best_at_one_is_the_pool_mean() -> None:
+    assert best_at_k([0.1, 0.2, 0.6], 1) == pytest.approx(0.3)
+
+
+def test_feasible_at_k_closed_form() -> None:
+    assert feasible_at_k([True, False, False, False], 2) == pytest.approx(1 - 0.75**2)
+    assert feasible_at_k([False, False], 5) == 0.0
+    assert feasible_at_k([True], 1) == 1.0
+
+
+pools = st.lists(st.floats(-1.0, 1.0, allow_nan=False), min_size=1, max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pool=pools, k=st.integers(1, 50))
+def test_best_at_k_is_monotone_and_bounded(pool: list[float], k: int) -> None:
+    now, later = best_at_k(pool, k), best_at_k(pool, k + 1)
+    assert now <= later <= max(pool)
+    assert now >= min(pool) - 1e-12  # the gaps' float sum may round past max - min
+
+
+@settings(max_examples=200, deadline=None)
+@given(pool=st.lists(st.booleans(), min_size=1, max_size=30), k=st.integers(1, 50))
+def test_feasible_at_k_is_a_monotone_probability(pool: list[bool], k: int) -> None:
+    now, later = feasible_at_k(pool, k), feasible_at_k(pool, k + 1)
+    assert 0.0 <= now <= later <= 1.0
