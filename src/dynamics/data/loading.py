@@ -1,0 +1,205 @@
+"""Where a dataset's rows come from: the ``DataSource`` spec and ``load_rows``.
+
+Public API:
+
+- ``DataSource``: frozen spec of one dataset: a local file or folder (``path``) or a hub
+  id (``hub_id`` + optional ``config_name``), the split to read, the row ``format``
+  (``"text"``, ``"instruction"`` or ``"multiple_choice"``), the column names, the sample
+  ``budget`` and the sizes of the held-out ``eval`` and ``test`` splits.
+- ``load_rows(source, cache_dir=None) -> datasets.Dataset``: read the rows with
+  ``datasets.load_dataset`` and check that the columns the format needs are there.
+- ``check_columns(rows, source)``: that check alone (also run by ``build_examples``).
+- ``DataError``: every data problem; the message names the file or field and the fix.
+
+All parsing is done by the ``datasets`` library: local ``.jsonl``/``.json`` files through
+its ``"json"`` builder, ``.parquet`` through ``"parquet"`` and ``.txt`` through ``"text"``
+(one row per line, in a ``text`` column). A local folder or a hub id goes to
+``load_dataset`` as its ``path`` argument, so anything ``load_dataset`` reads works there.
+Huge corpora used as unlimited datasets should be bounded with a sliced split such as
+``split="train[:20000]"``: every row loaded is tokenized once, up front.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import datasets
+from datasets import load_dataset
+
+RowFormat = Literal["text", "instruction", "multiple_choice"]
+ROW_FORMATS: tuple[str, ...] = ("text", "instruction", "multiple_choice")
+
+# File extension -> the ``datasets`` builder that reads it.
+LOCAL_BUILDERS: dict[str, str] = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".txt": "text",
+}
+
+
+class DataError(ValueError):
+    """A dataset that cannot be read or formatted; the message says what to change."""
+
+
+def _check_split_size(field: str, value: int | float) -> None:
+    # bool is an int subclass; `eval_size: true` in a YAML file is a mistake, not a count.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DataError(f"{field} must be a row count (int) or a fraction (float), got {value!r}")
+    if isinstance(value, int) and value < 0:
+        raise DataError(f"{field}={value}: a row count must be >= 0")
+    if isinstance(value, float) and not 0.0 <= value <= 1.0:
+        raise DataError(f"{field}={value}: a fraction must lie in [0, 1]")
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """One dataset: where its rows are, how to read them, and how much of it to use."""
+
+    path: str | None = None
+    """A local ``.jsonl``/``.json``/``.parquet``/``.txt`` file, or a local dataset folder."""
+    hub_id: str | None = None
+    """A Hugging Face hub dataset id (``org/name``); exactly one of ``path``/``hub_id``."""
+    config_name: str | None = None
+    """The hub dataset's configuration (``load_dataset``'s ``name``), if it has several."""
+    split: str = "train"
+    """The split to read; slices work (``"train[:20000]"``). A single local file is ``train``."""
+    format: RowFormat = "text"
+    """``text``: loss on every token. ``instruction``: prompt/response pairs or a chat
+    ``messages`` list, loss on the response only. ``multiple_choice``: question, choices
+    and answer, scored by letter-restricted argmax accuracy (evaluation only)."""
+    text_column: str = "text"
+    """Column of the documents of a ``text`` dataset."""
+    prompt_column: str = "prompt"
+    """Column of the user turn of an ``instruction`` dataset given as pairs."""
+    response_column: str = "response"
+    """Column of the assistant turn of an ``instruction`` dataset given as pairs."""
+    system_column: str | None = None
+    """Optional column of a per-row system prompt (e.g. OpenOrca's ``system_prompt``)."""
+    messages_column: str = "messages"
+    """Column of a chat list of ``{"role", "content"}``; used instead of the pair columns
+    whenever the rows have it. The last message is the response and must be the assistant's."""
+    question_column: str = "question"
+    choices_column: str = "choices"
+    """A list of choice texts, or a dict ``{"text": [...], "label": [...]}`` (ARC-style)."""
+    answer_column: str = "answer"
+    """The correct choice: a 0-based index, a letter (``"B"``), or one of the ARC labels."""
+    budget: int | None = None
+    """Training rows taken (a seeded subset, after eval/test are split off); None = all of
+    them, as for the paper's unlimited corpora. Without packing a row is one example."""
+    eval_size: int | float = 0.1
+    """Rows held out for the evaluation split: an int is a count, a float a fraction of the
+    rows (rounded up). An evaluation-only domain uses e.g. ``eval_size=0.5, test_size=0.5``."""
+    test_size: int | float = 0.1
+    """Rows held out for the test split, as ``eval_size``."""
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.hub_id is None):
+            raise DataError(
+                f"a DataSource needs exactly one of path= (a local file or folder) or "
+                f"hub_id= (a hub dataset id); got path={self.path!r}, hub_id={self.hub_id!r}"
+            )
+        if self.format not in ROW_FORMATS:
+            raise DataError(f"format={self.format!r}: use one of {', '.join(ROW_FORMATS)}")
+        if self.budget is not None and (
+            isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1
+        ):
+            raise DataError(
+                f"budget={self.budget!r}: use a positive row count, or None for all rows"
+            )
+        _check_split_size("eval_size", self.eval_size)
+        _check_split_size("test_size", self.test_size)
+        if (
+            isinstance(self.eval_size, float)
+            and isinstance(self.test_size, float)
+            and self.eval_size + self.test_size > 1.0
+        ):
+            raise DataError(
+                f"eval_size + test_size = {self.eval_size + self.test_size} > 1: the held-out "
+                "fractions cannot take more than every row"
+            )
+
+    @property
+    def description(self) -> str:
+        """How error messages name this dataset."""
+        if self.path is not None:
+            return f"file {self.path}" if Path(self.path).suffix else f"folder {self.path}"
+        config = f" (config {self.config_name})" if self.config_name else ""
+        return f"hub dataset {self.hub_id}{config}, split {self.split}"
+
+    def required_columns(self, columns: list[str]) -> list[str]:
+        """The columns this format needs, given the columns the rows actually have (an
+        instruction dataset reads ``messages_column`` when present, else the pair)."""
+        if self.format == "text":
+            return [self.text_column]
+        if self.format == "instruction":
+            if self.messages_column in columns:
+                return [self.messages_column]
+            pair = [self.prompt_column, self.response_column]
+            return pair if self.system_column is None else [*pair, self.system_column]
+        return [self.question_column, self.choices_column, self.answer_column]
+
+
+def check_columns(rows: datasets.Dataset, source: DataSource) -> None:
+    """Raise ``DataError`` naming the missing column, the columns there are and the fix."""
+    columns = list(rows.column_names)
+    missing = [c for c in source.required_columns(columns) if c not in columns]
+    if not missing:
+        return
+    fix = {
+        "text": "set text_column",
+        "instruction": (
+            f"give the rows a {source.messages_column!r} chat list, or set messages_column, "
+            "or prompt_column/response_column (and system_column) to the pair's columns"
+        ),
+        "multiple_choice": "set question_column/choices_column/answer_column",
+    }[source.format]
+    raise DataError(
+        f"{source.description}: a {source.format} dataset needs column(s) "
+        f"{', '.join(repr(c) for c in missing)}, but its columns are {columns}; {fix}"
+    )
+
+
+def load_rows(
+    source: DataSource, cache_dir: str | os.PathLike[str] | None = None
+) -> datasets.Dataset:
+    """Read the rows of ``source`` with ``datasets.load_dataset`` and check its columns.
+
+    ``cache_dir`` is where ``datasets`` keeps its Arrow cache (its default when None).
+    """
+    cache = None if cache_dir is None else str(cache_dir)
+    if source.path is not None:
+        path = Path(source.path)
+        if not path.exists():
+            raise DataError(
+                f"{source.description} does not exist; check the path (relative paths are "
+                f"read from the working directory {Path.cwd()})"
+            )
+        if path.is_dir():
+            loaded = load_dataset(
+                str(path), name=source.config_name, split=source.split, cache_dir=cache
+            )
+        else:
+            builder = LOCAL_BUILDERS.get(path.suffix.lower())
+            if builder is None:
+                raise DataError(
+                    f"{source.description}: unknown extension {path.suffix!r}; use one of "
+                    f"{', '.join(LOCAL_BUILDERS)} (or convert the file to JSON lines)"
+                )
+            loaded = load_dataset(
+                builder, data_files=str(path), split=source.split, cache_dir=cache
+            )
+    else:
+        loaded = load_dataset(
+            source.hub_id, name=source.config_name, split=source.split, cache_dir=cache
+        )
+    if not isinstance(loaded, datasets.Dataset):
+        raise DataError(
+            f"{source.description}: load_dataset returned a {type(loaded).__name__}, not one "
+            f"split; set split= to one split (e.g. 'train')"
+        )
+    check_columns(loaded, source)
+    return loaded

