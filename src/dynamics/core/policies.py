@@ -1,0 +1,234 @@
+"""Mixture policies behind one interface (``controller.MixturePolicy``).
+
+- :class:`DynamicsPolicy`: the paper's method, Algorithm 1 (probing) + eq. 3.3/3.4.
+- :class:`FixedWeightsPolicy`: one mixture for the whole run (section 4.4 baselines),
+  with :func:`fixed_mixture_sweep` generating the paper's uniform and proportional
+  schemes over target masses.
+- :class:`GradientAlignmentPolicy`: slopes from gradient dot products (appendix K),
+  supplied by an :class:`~dynamics.core.learner.AlignmentLearner`, solved the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dynamics.core.controller import UpdateContext
+from dynamics.core.learner import AlignmentLearner, Learner
+from dynamics.core.predictors import PREDICTORS, probe_progress
+from dynamics.core.problem import MixtureProblem, SolverGrid
+from dynamics.core.records import UpdateRecord
+from dynamics.core.schedules import UpdateSchedule, build_schedule
+from dynamics.core.solver import solve
+
+PAPER_TARGET_MASSES = (0.0, 0.2, 0.5, 0.8, 1.0)
+
+
+def _solve_update(
+    name: str,
+    context: UpdateContext,
+    slope_matrix: np.ndarray,
+    grid: SolverGrid,
+    probe_seconds: float,
+    extra: dict | None = None,
+) -> UpdateRecord:
+    """Eq. 3.3 + 3.4 on the given slopes, as an update record."""
+    problem = MixtureProblem(
+        slopes=slope_matrix,
+        current_losses=context.anchor.means(),
+        reference_losses=context.reference_losses,
+        targets=context.targets,
+        constraints=context.constraints,
+        horizon=context.horizon,
+        grid=grid,
+    )
+    solution = solve(problem)
+    return UpdateRecord(
+        policy=name,
+        step=context.step,
+        horizon=context.horizon,
+        probe_budget=context.probe_budget,
+        weights=np.asarray(solution.weights, dtype=float),
+        current_losses=problem.current_losses,
+        recycled_anchor=context.recycled_anchor,
+        slope_matrix=slope_matrix,
+        predicted_losses=np.asarray(solution.predicted_losses, dtype=float),
+        solver=solution.to_dict(),
+        probe_seconds=probe_seconds,
+        extra=extra or {},
+    )
+
+
+@dataclass
+class DynamicsPolicy:
+    """DynaMiCS: probe each dataset from the same snapshot, predict, solve (section 3).
+
+    predictor: "linear" (eq. 3.3, one evaluation per probe) or "curve" (appendix J,
+    evaluations at several points of each probe and a fitted curve per entry).
+    """
+
+    schedule: UpdateSchedule
+    predictor: str = "linear"
+    grid: SolverGrid = field(default_factory=SolverGrid)
+    name: str = "dynamics"
+
+    def __post_init__(self) -> None:
+        if self.predictor not in PREDICTORS:
+            raise ValueError(f"unknown predictor {self.predictor!r}: use one of {sorted(PREDICTORS)}")
+
+    def decide(self, learner: Learner, context: UpdateContext) -> UpdateRecord:
+        started = time.perf_counter()
+        predictor = PREDICTORS[self.predictor]
+        budget = context.probe_budget
+        # Probe checkpoints (in steps from the snapshot); the last one is always c_t.
+        checkpoints = probe_progress(budget, predictor.num_probe_evals)
+        num_datasets = len(learner.dataset_names)
+        num_domains = len(learner.domain_names)
+        trajectories = np.empty((len(checkpoints), num_domains, num_datasets))
+        snapshot = learner.snapshot()
+        for j in range(num_datasets):
+            # Algorithm 1: every probe starts from the same parameters and optimizer state.
+            learner.restore(snapshot)
+            one_hot = np.zeros(num_datasets)
+            one_hot[j] = 1.0
+            done = 0
+            for k, checkpoint in enumerate(checkpoints):
+                learner.train(checkpoint - done, one_hot)
+                done = checkpoint
+                trajectories[k, :, j] = learner.evaluate("eval", context.reduced_batches).means()
+        learner.restore(snapshot)
+        anchor = context.anchor.means()
+        fit = predictor.slopes(
+            anchor=anchor,
+            checkpoints=np.asarray(checkpoints),
+            trajectories=trajectories,
+            probe_budget=budget,
+            horizon=context.horizon,
+        )
+        return _solve_update(
+            self.name,
+            context,
+            fit.slope_matrix,
+            self.grid,
+            probe_seconds=time.perf_counter() - started,
+            extra={"predictor": self.predictor, **fit.details},
+        )
+
+
+@dataclass
+class FixedWeightsPolicy:
+    """One mixture for the whole run: a single update at step 0, no probing."""
+
+    weights: np.ndarray
+    total_steps: int
+    label: str = "fixed"
+
+    def __post_init__(self) -> None:
+        w = np.asarray(self.weights, dtype=float)
+        if w.ndim != 1 or w.size == 0 or np.any(w < 0) or not np.isfinite(w).all() or w.sum() <= 0:
+            raise ValueError(f"fixed weights must be non-negative numbers with a positive sum, got {self.weights}")
+        self.weights = w / w.sum()
+
+    @property
+    def name(self) -> str:
+        return self.label
+
+    @property
+    def schedule(self) -> UpdateSchedule:
+        return build_schedule([0], self.total_steps)
+
+    def decide(self, learner: Learner, context: UpdateContext) -> UpdateRecord:
+        if len(self.weights) != len(learner.dataset_names):
+            raise ValueError(
+                f"fixed weights have {len(self.weights)} entries but there are "
+                f"{len(learner.dataset_names)} fine-tuning datasets"
+            )
+        return UpdateRecord(
+            policy=self.name,
+            step=context.step,
+            horizon=context.horizon,
+            probe_budget=0,
+            weights=self.weights.copy(),
+            current_losses=context.anchor.means(),
+            recycled_anchor=context.recycled_anchor,
+        )
+
+
+@dataclass
+class GradientAlignmentPolicy:
+    """Slopes S_ij = -lr <g_i, d_j> from the learner (appendix K), then eq. 3.4."""
+
+    schedule: UpdateSchedule
+    num_batches: int = 200
+    grid: SolverGrid = field(default_factory=SolverGrid)
+    name: str = "gradient-alignment"
+
+    def decide(self, learner: Learner, context: UpdateContext) -> UpdateRecord:
+        if not isinstance(learner, AlignmentLearner):
+            raise TypeError("gradient alignment needs a learner with alignment_slopes()")
+        started = time.perf_counter()
+        slope_matrix = np.asarray(learner.alignment_slopes(self.num_batches), dtype=float)
+        return _solve_update(
+            self.name, context, slope_matrix, self.grid, probe_seconds=time.perf_counter() - started
+        )
+
+
+@dataclass(frozen=True)
+class FixedMixture:
+    """One configuration of the fixed-weight sweep."""
+
+    label: str  # e.g. "uniform-w0.2"
+    scheme: str  # "uniform" | "proportional"
+    target_mass: float
+    weights: tuple[float, ...]
+
+
+def fixed_mixture_sweep(
+    roles: Sequence[str],
+    budgets: Sequence[int | None],
+    target_masses: Sequence[float] = PAPER_TARGET_MASSES,
+) -> list[FixedMixture]:
+    """The paper's fixed-weight baselines (section 4.4).
+
+    roles[j] is "target" or "non-target" for fine-tuning dataset j; budgets[j] its sample
+    count (None = unlimited). Uniform: mass w split equally over targets, 1 - w equally
+    over non-targets. Proportional: w split over targets by sample count, 1 - w still
+    uniform. A configuration identical to one already listed is skipped (e.g. w = 0, a
+    single target, equal budgets). With no non-target dataset, only w = 1 is meaningful.
+    """
+    if len(roles) != len(budgets):
+        raise ValueError("roles and budgets must have one entry per fine-tuning dataset")
+    unknown = sorted({r for r in roles if r not in ("target", "non-target")})
+    if unknown:
+        raise ValueError(f"unknown dataset roles {unknown}: use 'target' or 'non-target'")
+    targets = [j for j, r in enumerate(roles) if r == "target"]
+    others = [j for j, r in enumerate(roles) if r == "non-target"]
+    if not targets:
+        raise ValueError("the fixed-weight sweep needs at least one target dataset")
+    for w in target_masses:
+        if not 0.0 <= w <= 1.0:
+            raise ValueError(f"target mass {w} is outside [0, 1]")
+    target_budgets = [budgets[j] for j in targets]
+
+    out: list[FixedMixture] = []
+    for scheme in ("uniform", "proportional"):
+        if scheme == "proportional" and any(b is None or b <= 0 for b in target_budgets):
+            continue  # proportional split is undefined without finite positive budgets
+        for w in target_masses:
+            if not others and w < 1.0:
+                continue
+            weights = np.zeros(len(roles))
+            if scheme == "uniform":
+                weights[targets] = w / len(targets)
+            else:
+                counts = np.asarray(target_budgets, dtype=float)
+                weights[targets] = w * counts / counts.sum()
+            if others:
+                weights[others] = (1.0 - w) / len(others)
+            if any(np.allclose(weights, m.weights, atol=1e-12) for m in out):
+                continue
+            out.append(FixedMixture(f"{scheme}-w{w:g}", scheme, float(w), tuple(float(x) for x in weights)))
+    return out

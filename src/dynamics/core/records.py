@@ -1,0 +1,79 @@
+"""Plain-data records a run produces: one per main evaluation, one per mixture update.
+
+These are what the run folder stores (``metrics.jsonl``, ``controller.jsonl``) and what
+metrics and reports read back; nothing here refers to a live model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+def _plain(value: Any) -> Any:
+    """Convert numpy values (recursively) to JSON-able Python; NaN becomes None."""
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist())
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
+@dataclass
+class EvaluationRecord:
+    """A main evaluation at ``step``: per-domain mean metric on the eval and test splits
+    (lower is better: loss, or negative accuracy) and the mixture weights in force."""
+
+    step: int
+    eval: np.ndarray  # (M,)
+    test: np.ndarray  # (M,)
+    weights: np.ndarray  # (N,) weights used for the steps that follow
+    wall_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(asdict(self))
+
+
+@dataclass
+class UpdateRecord:
+    """One mixture update (one iteration of Algorithm 2's ``if t in U`` branch).
+
+    ``realized_losses`` is filled at the next update (or at the end of training) with the
+    reduced-evaluation losses actually reached, so prediction error can be measured as
+    ``realized_losses - predicted_losses``.
+    """
+
+    policy: str
+    step: int
+    horizon: int
+    probe_budget: int
+    weights: np.ndarray  # (N,)
+    current_losses: np.ndarray  # (M,) reduced-evaluation anchor L_i(theta_t)
+    recycled_anchor: bool  # anchor taken from the main evaluation at this step
+    slope_matrix: np.ndarray | None = None  # (M, N)
+    predicted_losses: np.ndarray | None = None  # (M,) at step + horizon
+    solver: dict[str, Any] | None = None  # lambda, eps, feasible, max_violation, LP result
+    realized_losses: np.ndarray | None = None  # (M,) at step + horizon
+    probe_seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prediction_error(self) -> np.ndarray | None:
+        """Realized minus predicted losses at the next update (None until both exist)."""
+        if self.realized_losses is None or self.predicted_losses is None:
+            return None
+        return self.realized_losses - self.predicted_losses
+
+    def to_dict(self) -> dict[str, Any]:
+        out = _plain(asdict(self))
+        error = self.prediction_error
+        out["prediction_error"] = None if error is None else _plain(error)
+        return out

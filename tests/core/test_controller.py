@@ -1,0 +1,128 @@
+"""Algorithms 1 and 2 on an analytic learner whose slopes are known exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dynamics.core.controller import evaluation_steps, run_mixture_training
+from dynamics.core.policies import DynamicsPolicy, FixedWeightsPolicy
+from dynamics.core.schedules import build_schedule
+from tests.core.toy_learner import ToyLearner
+
+# Domains: 0 = target, 1 and 2 = constraints. Datasets: 0 teaches the target but harms
+# constraint 1; 1 is general data that helps both constraints a little; 2 is neutral.
+SLOPES = np.array(
+    [
+        [-0.010, -0.001, 0.000],
+        [0.004, -0.001, 0.000],
+        [0.001, -0.0005, 0.0],
+    ]
+)
+INITIAL = np.array([3.0, 2.0, 2.5])
+
+
+def run(policy, learner, eval_interval=16, reduced_batches=4):
+    return run_mixture_training(
+        learner,
+        policy,
+        targets=[0],
+        constraints=[1, 2],
+        eval_interval=eval_interval,
+        reduced_batches=reduced_batches,
+    )
+
+
+def test_linear_probing_recovers_the_true_slopes_exactly():
+    learner = ToyLearner(SLOPES, INITIAL)
+    policy = DynamicsPolicy(build_schedule("no-warmup", 128))
+    history = run(policy, learner)
+    assert [u.step for u in history.updates] == list(policy.schedule.steps)
+    for update in history.updates:
+        np.testing.assert_allclose(update.slope_matrix, SLOPES, rtol=0, atol=1e-12)
+
+
+def test_linear_toy_predictions_are_exact_and_realized_losses_are_recorded():
+    learner = ToyLearner(SLOPES, INITIAL)
+    history = run(DynamicsPolicy(build_schedule("dense-warmup", 128)), learner)
+    for update in history.updates:
+        assert update.realized_losses is not None
+        np.testing.assert_allclose(update.prediction_error, 0.0, atol=1e-12)
+
+
+def test_probing_leaves_the_learner_where_it_was():
+    learner = ToyLearner(SLOPES, INITIAL)
+    history = run(DynamicsPolicy(build_schedule("light-warmup", 128)), learner)
+    # Probes are rolled back: only the main run's 128 steps count.
+    assert learner.trained_steps == 128
+    weights = np.array([u.weights for u in history.updates])
+    horizons = np.array([u.horizon for u in history.updates])
+    np.testing.assert_allclose(learner.steps_per_dataset, horizons @ weights, atol=1e-12)
+
+
+def test_constraint_is_kept_and_target_improves():
+    learner = ToyLearner(SLOPES, INITIAL)
+    history = run(DynamicsPolicy(build_schedule("no-warmup", 128)), learner)
+    first, last = history.evaluations[0], history.evaluations[-1]
+    assert last.step == 128
+    assert np.all(last.eval[1:] <= first.eval[1:] + 1e-9)
+    assert last.eval[0] < first.eval[0]
+    # Dataset 0 alone would break constraint 1, so the solver must mix in dataset 1.
+    for update in history.updates:
+        assert update.weights[0] < 1.0
+        assert update.solver["feasible"]
+
+
+def test_recycling_reuses_the_main_evaluation_on_evaluation_steps():
+    learner = ToyLearner(SLOPES, INITIAL)
+    schedule = build_schedule([0, 8, 16, 40], 64)
+    history = run(DynamicsPolicy(schedule), learner, eval_interval=16, reduced_batches=4)
+    recycled = {u.step: u.recycled_anchor for u in history.updates}
+    assert recycled == {0: True, 8: False, 16: True, 40: False}
+    reduced = [e for e in learner.evaluations if e == ("eval", 4)]
+    # One reduced evaluation per probe (3 datasets x 4 updates) plus 2 fresh anchors.
+    assert len(reduced) == 3 * 4 + 2
+    assert [e.step for e in history.evaluations] == evaluation_steps(64, 16) == [0, 16, 32, 48, 64]
+
+
+def test_anchor_uses_exactly_the_probe_batches():
+    # With per-batch offsets, a recycled anchor over all batches would bias the slopes;
+    # the anchor is the mean over the probe's first R batches, so slopes stay exact.
+    learner = ToyLearner(SLOPES, INITIAL, num_batches=10)
+    history = run(DynamicsPolicy(build_schedule([0], 32)), learner, eval_interval=32, reduced_batches=3)
+    update = history.updates[0]
+    np.testing.assert_allclose(update.current_losses, INITIAL + learner.offsets["eval"][:, :3].mean(axis=1))
+    np.testing.assert_allclose(update.slope_matrix, SLOPES, atol=1e-12)
+
+
+def test_fixed_weights_policy_trains_one_mixture():
+    learner = ToyLearner(SLOPES, INITIAL)
+    history = run(FixedWeightsPolicy(np.array([1.0, 1.0, 2.0]), total_steps=64), learner)
+    assert len(history.updates) == 1
+    np.testing.assert_allclose(history.updates[0].weights, [0.25, 0.25, 0.5])
+    np.testing.assert_allclose(learner.steps_per_dataset, [16, 16, 32])
+    assert all(np.allclose(e.weights, [0.25, 0.25, 0.5]) for e in history.evaluations)
+
+
+def test_reduced_batches_larger_than_main_evaluation_is_an_error():
+    learner = ToyLearner(SLOPES, INITIAL, num_batches=2)
+    with pytest.raises(ValueError, match="reduced_batches"):
+        run(DynamicsPolicy(build_schedule([0], 16)), learner, reduced_batches=3)
+
+
+def test_curve_predictor_beats_linear_extrapolation_on_saturating_losses():
+    # Each dataset's effect saturates: a_ij * (1 - exp(-n_j / tau)). Probes of c = 16 steps
+    # extrapolated to H = 64 overshoot linearly; a fitted exponential does not.
+    tau = 24.0
+    amplitudes = SLOPES * 40.0
+
+    def saturating(steps):
+        return amplitudes @ (1.0 - np.exp(-steps / tau))
+
+    errors = {}
+    for predictor in ("linear", "curve"):
+        learner = ToyLearner(SLOPES, INITIAL, effect=saturating)
+        schedule = build_schedule([0, 64], 128, probe_cap=16)
+        history = run(DynamicsPolicy(schedule, predictor=predictor), learner, eval_interval=64)
+        errors[predictor] = np.mean([np.abs(u.prediction_error).mean() for u in history.updates])
+    assert errors["curve"] < 0.5 * errors["linear"]
