@@ -31,12 +31,14 @@ solve first polishes its neighbour's solution; SLSQP runs only where the piece c
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from scipy.optimize import linprog, minimize
+from threadpoolctl import ThreadpoolController
 
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
 
@@ -277,7 +279,8 @@ def solve_penalized(
     """
     if x0 is not None and np.shape(x0) != (problem.num_datasets,):
         raise ValueError(f"x0 must have length N={problem.num_datasets}, got shape {np.shape(x0)}")
-    weights, _ = _solve_form(_PenalizedForm.of(problem, lam, eps), x0)
+    with _blas_controller().limit(limits=1, user_api="blas"):
+        weights, _ = _solve_form(_PenalizedForm.of(problem, lam, eps), x0)
     return weights
 
 
@@ -409,6 +412,19 @@ def _select(candidates: list[_Candidate]) -> _Candidate:
 
 def solve(problem: MixtureProblem) -> Solution:
     """Run eq. 3.4 over ``problem.grid`` and select a candidate as in appendix G."""
+    with _blas_controller().limit(limits=1, user_api="blas"):
+        return _solve_grid(problem)
+
+
+@functools.cache
+def _blas_controller() -> ThreadpoolController:
+    # These problems are tiny (N, M ~ 10): BLAS threads only add overhead, and while a
+    # training process keeps every core busy they fight it for CPU time (measured: the
+    # median grid solve went from ~20 ms to ~1 s under load). One thread is always enough.
+    return ThreadpoolController()
+
+
+def _solve_grid(problem: MixtureProblem) -> Solution:
     candidates: list[_Candidate] = []
     # Each solve is warm-started from its neighbour on the grid: the previous lambda, or
     # for the smallest lambda the same lambda at the previous eps.
