@@ -16,6 +16,8 @@ COMMANDS: dict[str, str] = {
     "solve": "dynamics.commands.solve",
     "cost": "dynamics.commands.cost",
     "scenarios": "dynamics.commands.scenarios",
+    "run": "dynamics.commands.run",
+    "report": "dynamics.commands.report",
 }
 
 
@@ -39,7 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # key=value overrides may come before or after options (argparse alone would stop
+    # collecting positionals at the first option), so they are gathered from the leftovers.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any("=" not in e or e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     try:
         return int(args._main(args))
     except UsageError as err:

@@ -1,0 +1,377 @@
+"""The run configuration: typed, validated once, saved as YAML (DESIGN.md §3-§4).
+
+Every field has a docstring-style description; ``RunConfig.from_yaml`` applies
+``key=value`` overrides (dotted paths, values parsed as YAML scalars) before validation,
+and every validation error names the offending field and how to fix it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dynamics.core.schedules import ScheduleError, build_schedule
+from dynamics.data.loading import DataSource
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the field and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Section):
+    name_or_path: str | None = Field(None, description="Hub id or local folder of a causal LM.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights dtype; 'auto' is float32 on CPU and bfloat16 on GPUs that support it."
+    )
+    trust_remote_code: bool = Field(False, description="Run model code from the hub repo. Off unless you trust it.")
+    init_config: dict[str, Any] | None = Field(
+        None,
+        description="Instead of loading weights, build a randomly initialised model from this "
+        "transformers config dict (needs 'model_type'); used by tests and the demo.",
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer hub id or folder (default: the model's).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.name_or_path is None) == (self.init_config is None):
+            raise ValueError("set exactly one of model.name_or_path (a hub id or folder) or model.init_config")
+        if self.init_config is not None and "model_type" not in self.init_config:
+            raise ValueError("model.init_config needs a 'model_type' key, e.g. 'llama'")
+        if self.init_config is not None and self.tokenizer is None:
+            raise ValueError("model.tokenizer is required with model.init_config (a tokenizer folder or hub id)")
+        return self
+
+
+class LoraConfig(_Section):
+    rank: int = Field(32, ge=1, description="LoRA rank r (the paper uses 32).")
+    alpha: float = Field(64.0, gt=0, description="LoRA scaling alpha.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Module names to adapt, or 'all-linear'."
+    )
+
+
+class OptimizerConfig(_Section):
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate (paper: 1e-4 for Qwen2.5-3B).")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="LR schedule; constant by default since the paper uses no warmup."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before the schedule.")
+    max_grad_norm: float | None = Field(None, gt=0, description="Clip the gradient norm (off when null).")
+
+
+class TrainingConfig(_Section):
+    total_steps: int = Field(2048, ge=1, description="Optimizer steps of the main run.")
+    batch_size: int = Field(8, ge=1, description="Sequences per micro-batch (per process).")
+    gradient_accumulation: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
+    sequence_length: int = Field(512, ge=8, description="Tokens per sequence (truncate or pack).")
+    packing: bool = Field(False, description="Pack documents into full sequences instead of truncating.")
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        "no", description="Mixed precision through accelerate (GPU only; CPU runs in fp32)."
+    )
+    gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    seed: int = Field(0, description="Seed of data order, splits, sampling and initialisation.")
+
+
+class EvaluationConfig(_Section):
+    interval: int = Field(64, ge=1, description="Main evaluation every this many steps (paper: 64).")
+    batches: int = Field(200, ge=1, description="Batches per domain in a main evaluation (paper: 200).")
+    reduced_batches: int = Field(
+        50, ge=1, description="Batches per domain in a probe's evaluation, the first of the main ones (paper: 50)."
+    )
+    batch_size: int | None = Field(None, ge=1, description="Evaluation batch size (default: training.batch_size).")
+
+    @model_validator(mode="after")
+    def _reduced_subset(self) -> EvaluationConfig:
+        if self.reduced_batches > self.batches:
+            raise ValueError(
+                f"evaluation.reduced_batches ({self.reduced_batches}) must not exceed evaluation.batches "
+                f"({self.batches}): the reduced evaluation is a subset of the main one"
+            )
+        return self
+
+
+class GridConfig(_Section):
+    lambdas: list[float] | None = Field(None, description="Penalty strengths (default: 15 log-spaced in [1, 5000]).")
+    epsilons: list[float] | None = Field(None, description="Safety margins (default: 0, 0.05, 0.1).")
+
+
+class MethodConfig(_Section):
+    name: Literal["dynamics", "fixed", "gradient-alignment"] = Field(
+        "dynamics", description="Mixture policy: DynaMiCS, fixed weights, or gradient alignment."
+    )
+    schedule: str | list[int] = Field(
+        "dense-warmup",
+        description="Update schedule: no-warmup, light-warmup, dense-warmup, fixed:H, or a list of steps.",
+    )
+    probe_cap: int | None = Field(
+        None, ge=1, description="c_max; default 128 scaled by total_steps / 2048."
+    )
+    predictor: Literal["linear", "curve"] = Field("linear", description="Loss predictor (curve: appendix J).")
+    grid: GridConfig = Field(default_factory=GridConfig, description="The (lambda, eps) solver grid.")
+    weights: dict[str, float] | None = Field(
+        None, description="Fixed method only: weight per fine-tuning dataset name (normalised)."
+    )
+    alignment_batches: int = Field(200, ge=1, description="Gradient alignment: batches per gradient average.")
+
+
+COLUMN_KEYS = ("text", "prompt", "response", "system", "messages", "question", "choices", "answer")
+
+
+class DatasetConfig(_Section):
+    name: str = Field(..., min_length=1, description="Short unique name, used in logs and weights.")
+    path: str | None = Field(None, description="Local file (jsonl/json/parquet/txt) or dataset folder.")
+    hub_id: str | None = Field(None, description="Hugging Face hub dataset id (instead of path).")
+    config_name: str | None = Field(None, description="Hub dataset configuration, if it has several.")
+    split: str = Field("train", description="Split to read; slices work, e.g. 'train[:20000]'.")
+    role: Literal["target", "non-target", "constraint"] = Field(
+        ..., description="target: trained and minimised; non-target: trained only; constraint: evaluated only."
+    )
+    format: Literal["text", "instruction", "multiple_choice"] = Field(
+        "text", description="Row format: plain text, prompt/response pairs (or messages), or multiple choice."
+    )
+    metric: Literal["loss", "accuracy"] = Field(
+        "loss", description="Constraint metric; accuracy needs format multiple_choice."
+    )
+    budget: int | None = Field(None, ge=1, description="Training rows to use (null: all, e.g. an unlimited corpus).")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description=f"Column names when they differ from the defaults; keys: {', '.join(COLUMN_KEYS)}.",
+    )
+    eval_size: int | float | None = Field(
+        None, description="Rows held out for evaluation: a count or a fraction (default 0.1; 0.5 for constraints)."
+    )
+    test_size: int | float | None = Field(
+        None, description="Rows held out for the test split, as eval_size."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DatasetConfig:
+        if (self.path is None) == (self.hub_id is None):
+            raise ValueError(f"dataset {self.name!r}: set exactly one of path (a local file) or hub_id")
+        unknown = sorted(set(self.columns) - set(COLUMN_KEYS))
+        if unknown:
+            raise ValueError(f"dataset {self.name!r}: unknown columns keys {unknown}; use {list(COLUMN_KEYS)}")
+        if self.metric == "accuracy" and self.format != "multiple_choice":
+            raise ValueError(f"dataset {self.name!r}: metric 'accuracy' needs format 'multiple_choice'")
+        if self.format == "multiple_choice" and (self.role != "constraint" or self.metric != "accuracy"):
+            raise ValueError(
+                f"dataset {self.name!r}: multiple-choice data is scored by accuracy and can only be a "
+                "constraint: set role: constraint and metric: accuracy"
+            )
+        if self.role == "constraint" and self.budget is not None:
+            raise ValueError(f"dataset {self.name!r}: a constraint is evaluated only; remove its budget")
+        return self
+
+    def data_source(self) -> DataSource:
+        """The data layer's spec of this dataset. Constraint domains are evaluation-only, so
+        their rows are split between eval and test (half each unless set)."""
+        default_held_out = 0.5 if self.role == "constraint" else 0.1
+        columns = {f"{key}_column": value for key, value in self.columns.items()}
+        return DataSource(
+            path=self.path,
+            hub_id=self.hub_id,
+            config_name=self.config_name,
+            split=self.split,
+            format=self.format,
+            budget=self.budget,
+            eval_size=default_held_out if self.eval_size is None else self.eval_size,
+            test_size=default_held_out if self.test_size is None else self.test_size,
+            **columns,
+        )
+
+
+class RunConfig(_Section):
+    model: ModelConfig
+    lora: LoraConfig | None = Field(default_factory=LoraConfig, description="LoRA settings; null = full fine-tuning.")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    method: MethodConfig = Field(default_factory=MethodConfig)
+    datasets: list[DatasetConfig] = Field(..., min_length=1)
+    output_dir: str = Field("runs/run", description="Run folder (created; must be empty or absent).")
+    trackers: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="Optional accelerate trackers, when installed."
+    )
+
+    @field_validator("datasets")
+    @classmethod
+    def _unique_names(cls, datasets: list[DatasetConfig]) -> list[DatasetConfig]:
+        names = [d.name for d in datasets]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"dataset names must be unique, repeated: {dupes}")
+        return datasets
+
+    @model_validator(mode="after")
+    def _roles_and_method(self) -> RunConfig:
+        roles = [d.role for d in self.datasets]
+        if "target" not in roles:
+            raise ValueError("datasets: at least one dataset needs role 'target'")
+        training_names = [d.name for d in self.datasets if d.role != "constraint"]
+        try:
+            build_schedule(self.method.schedule, self.training.total_steps, self.method.probe_cap)
+        except ScheduleError as err:
+            raise ValueError(f"method.schedule: {err}") from None
+        if self.method.name == "fixed":
+            if not self.method.weights:
+                raise ValueError("method.weights: the fixed method needs a weight per training dataset")
+            unknown = sorted(set(self.method.weights) - set(training_names))
+            missing = sorted(set(training_names) - set(self.method.weights))
+            if unknown or missing:
+                raise ValueError(
+                    f"method.weights must name each training dataset once: unknown {unknown}, missing {missing}"
+                )
+            if any(w < 0 for w in self.method.weights.values()) or sum(self.method.weights.values()) <= 0:
+                raise ValueError("method.weights must be >= 0 with a positive sum")
+        elif self.method.weights is not None:
+            raise ValueError("method.weights is only used by the fixed method; remove it or set method.name: fixed")
+        return self
+
+    # --- views in the paper's terms -------------------------------------------------
+    @property
+    def training_datasets(self) -> list[DatasetConfig]:
+        """The N fine-tuning datasets (targets and non-targets), in weight-vector order."""
+        return [d for d in self.datasets if d.role != "constraint"]
+
+    @property
+    def evaluation_domains(self) -> list[DatasetConfig]:
+        """The M evaluation domains: targets, then constraints (T ∪ C)."""
+        return [d for d in self.datasets if d.role == "target"] + [d for d in self.datasets if d.role == "constraint"]
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must hold a mapping of config sections (model, datasets, ...)")
+        return cls.from_dict(data, overrides)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], overrides: list[str] | None = None) -> RunConfig:
+        data = apply_overrides(data, overrides or [])
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise ConfigError(format_validation_error(err)) from None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a nested dict copy.
+    List items are addressed by index or, for ``datasets``, by dataset name."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.path=value, e.g. training.total_steps=256")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw else None
+        except yaml.YAMLError:
+            value = raw
+        parts = key.strip().split(".")
+        node: Any = out
+        for depth, part in enumerate(parts[:-1]):
+            node = _child(node, part, ".".join(parts[: depth + 1]), create=True)
+        last = parts[-1]
+        if isinstance(node, list):
+            node[_list_index(node, last, key)] = value
+        elif isinstance(node, dict):
+            node[last] = value
+        else:
+            raise ConfigError(f"override {key!r}: {'.'.join(parts[:-1])} is not a section")
+    return out
+
+
+def _child(node: Any, part: str, path: str, create: bool) -> Any:
+    if isinstance(node, dict):
+        if part not in node or node[part] is None:
+            node[part] = {}
+        return node[part]
+    if isinstance(node, list):
+        return node[_list_index(node, part, path)]
+    raise ConfigError(f"override path {path!r} goes through a value that is not a section")
+
+
+def _list_index(node: list[Any], part: str, path: str) -> int:
+    if part.isdigit() and int(part) < len(node):
+        return int(part)
+    for i, item in enumerate(node):
+        if isinstance(item, dict) and item.get("name") == part:
+            return i
+    raise ConfigError(f"override path {path!r}: no list item with index or name {part!r}")
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line per problem: ``field.path: message``."""
+    lines = []
+    for problem in err.errors():
+        location = ".".join(str(p) for p in problem["loc"]) or "config"
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = "unknown field; check the spelling (see docs/config.md for every field)"
+        elif problem["type"] == "missing":
+            message = "required field is missing"
+        lines.append(f"{location}: {message}")
+    return "invalid config: " + "; ".join(lines)
+
+
+def config_reference_markdown() -> str:
+    """docs/config.md, generated from the field descriptions (a test keeps them equal)."""
+    sections: list[tuple[str, type[BaseModel], str]] = [
+        ("model", ModelConfig, "The base model."),
+        ("lora", LoraConfig, "LoRA adapter; `lora: null` means full fine-tuning."),
+        ("optimizer", OptimizerConfig, "AdamW and its learning-rate schedule."),
+        ("training", TrainingConfig, "The main run."),
+        ("evaluation", EvaluationConfig, "Main and reduced (probe) evaluations."),
+        ("method", MethodConfig, "The mixture policy."),
+        ("method.grid", GridConfig, "The solver's (lambda, eps) grid (paper appendix G)."),
+        ("datasets[]", DatasetConfig, "One entry per dataset; roles decide what is trained and evaluated."),
+    ]
+    lines = [
+        "# Run configuration reference",
+        "",
+        "Generated from `dynamics.engine.config` (`config_reference_markdown()`); a test keeps",
+        "this file in sync. Override any field on the command line with `key.path=value`",
+        "(datasets by name: `datasets.math.budget=500`).",
+        "",
+        "| field | default | description |",
+        "| --- | --- | --- |",
+    ]
+    for field_name in ("output_dir", "trackers"):
+        info = RunConfig.model_fields[field_name]
+        lines.append(f"| `{field_name}` | `{_default(info)}` | {info.description} |")
+    for prefix, model, intro in sections:
+        lines += ["", f"## `{prefix}`", "", intro, "", "| field | default | description |", "| --- | --- | --- |"]
+        for name, info in model.model_fields.items():
+            lines.append(f"| `{name}` | `{_default(info)}` | {info.description or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def _default(info: Any) -> str:
+    if info.is_required():
+        return "required"
+    if info.default_factory is not None:
+        value = info.default_factory()
+        return "{...}" if isinstance(value, BaseModel) else repr(value)
+    return repr(info.default)

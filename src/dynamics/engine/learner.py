@@ -1,0 +1,496 @@
+"""The Learner for Hugging Face causal LMs (DESIGN.md §3; paper section 3, appendices K, M).
+
+``HFLearner`` implements :class:`dynamics.core.learner.Learner` and
+:class:`~dynamics.core.learner.AlignmentLearner`:
+
+- ``train(steps, weights)``: ``steps`` optimizer steps; every micro-batch comes from the
+  sampler, which draws dataset j with probability ``w_j``. A probe is the same call with
+  one-hot weights.
+- ``snapshot()`` / ``restore()``: exactly what a probe may change -- trainable parameters,
+  optimizer state and hyper-parameters, LR scheduler, grad scaler (fp16), RNG (torch CPU and
+  CUDA, python, numpy) and sampler -- as in-memory tensor copies. Frozen base weights under
+  LoRA are never copied. After ``restore`` the run continues bit-identically, as if the
+  probe had never happened.
+- ``evaluate(split, num_batches)``: per-batch metrics on fixed cached batches, the reduced
+  evaluation being the first ``num_batches`` of them.
+- ``alignment_slopes(num_batches)``: the gradient-alignment baseline of appendix K.
+
+Data comes in through two small contracts, :class:`BatchSampler` (training) and
+:class:`EvaluationDomain` (fixed evaluation batches), built by ``dynamics.data`` /
+``dynamics.engine.sampler``.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from torch import Tensor, nn
+
+from dynamics.core.learner import Evaluation
+from dynamics.engine.config import OptimizerConfig
+from dynamics.engine.model import build_lr_scheduler, build_optimizer, trainable_parameters
+
+Batch = Mapping[str, Tensor]
+"""A batch of right-padded sequences.
+
+Training and loss domains: ``input_ids``, ``attention_mask`` and ``labels`` (B, T), with
+label -100 on tokens that carry no loss. Accuracy domains: ``input_ids`` and
+``attention_mask`` (B, T) of the prompt ending right before the answer letter,
+``choice_token_ids`` (B, K) and ``answer_index`` (B,).
+"""
+
+
+class BatchSampler(Protocol):
+    """Draws training batches from the weighted mixture of the N fine-tuning datasets."""
+
+    def next_batch(self, weights: np.ndarray) -> tuple[int, Batch]:
+        """One batch, from dataset j with probability ``weights[j]``; returns (j, batch)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class EvaluationDomain(Protocol):
+    """An evaluation domain E_i with its fixed evaluation and test batches."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def metric(self) -> Literal["loss", "accuracy"]: ...
+
+    @property
+    def eval_batches(self) -> Sequence[Batch]: ...
+
+    @property
+    def test_batches(self) -> Sequence[Batch]: ...
+
+
+@dataclass(frozen=True)
+class RNGState:
+    """Every random number generator a training step may draw from."""
+
+    torch_cpu: Tensor
+    torch_cuda: list[Tensor] | None  # one state per visible GPU; None without CUDA
+    python: tuple[Any, ...]
+    numpy: tuple[Any, ...] | dict[str, Any]
+
+    @classmethod
+    def capture(cls) -> RNGState:
+        return cls(
+            torch_cpu=torch.get_rng_state(),
+            torch_cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            python=random.getstate(),
+            # The legacy global generator is what user code and libraries draw from.
+            numpy=np.random.get_state(),  # noqa: NPY002
+        )
+
+    def apply(self) -> None:
+        torch.set_rng_state(self.torch_cpu)
+        if self.torch_cuda is not None:
+            torch.cuda.set_rng_state_all(self.torch_cuda)
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)  # noqa: NPY002
+
+
+@dataclass(frozen=True)
+class TrainingSnapshot:
+    """In-memory copy of everything ``train`` changes (the paper's probe rollback).
+
+    ``parameters`` and ``optimizer_state`` follow the order of the trainable parameters;
+    ``optimizer_state[k]`` is None when Adam has not yet initialised that parameter's
+    moments (a snapshot taken at step 0), and restoring then removes them again.
+    """
+
+    parameters: list[Tensor]
+    optimizer_state: list[dict[str, Any] | None]
+    param_group_settings: list[dict[str, Any]]  # lr etc. per param group; the scheduler writes lr
+    lr_scheduler: dict[str, Any]
+    grad_scaler: dict[str, Any] | None  # fp16 loss scale; None without fp16
+    sampler: dict[str, Any]
+    rng: RNGState
+
+
+class HFLearner:
+    """A Hugging Face causal LM being fine-tuned on a dynamic mixture.
+
+    Args:
+        model: the model to train, already wrapped for LoRA or fully trainable (see
+            :func:`dynamics.engine.model.prepare_model`). Only parameters with
+            ``requires_grad`` are optimized, snapshotted and restored.
+        sampler: the training-batch sampler over the N fine-tuning datasets.
+        dataset_names: names of the N fine-tuning datasets, in weight-vector order.
+        domains: the M evaluation domains, in slope-matrix row order. Every domain must hold
+            the same number of eval batches (and of test batches): an evaluation is an
+            (M, B) array.
+        optimizer: AdamW hyper-parameters and LR schedule.
+        total_steps: optimizer steps of the main run (the horizon of a decaying schedule).
+        gradient_accumulation: micro-batches per optimizer step; each micro-batch is drawn
+            from the mixture independently.
+        accelerator: device placement, mixed precision and distributed wrapping; a default
+            ``Accelerator()`` when None.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sampler: BatchSampler,
+        dataset_names: Sequence[str],
+        domains: Sequence[EvaluationDomain],
+        optimizer: OptimizerConfig,
+        total_steps: int,
+        gradient_accumulation: int = 1,
+        accelerator: Accelerator | None = None,
+    ) -> None:
+        if gradient_accumulation < 1:
+            raise ValueError(f"gradient_accumulation must be >= 1, got {gradient_accumulation}")
+        if not dataset_names:
+            raise ValueError(
+                "dataset_names is empty: the learner needs at least one fine-tuning dataset"
+            )
+        _check_domains(domains)
+        self.sampler = sampler
+        self.domains = list(domains)
+        self._dataset_names = list(dataset_names)
+        self.gradient_accumulation = gradient_accumulation
+        self.max_grad_norm = optimizer.max_grad_norm
+        self.accelerator = accelerator if accelerator is not None else Accelerator()
+        if self.accelerator.gradient_accumulation_steps != 1:
+            # The learner accumulates itself (mixture draws per micro-batch); accelerate's own
+            # accumulation would divide the loss a second time and skip optimizer steps.
+            raise ValueError(
+                "pass gradient_accumulation to HFLearner and leave the Accelerator's "
+                f"gradient_accumulation_steps at 1 (got {self.accelerator.gradient_accumulation_steps})"
+            )
+
+        self.trainable_parameters = trainable_parameters(model)
+        # The raw torch optimizer and scheduler hold the state that snapshots copy; the
+        # accelerator's wrapper adds device placement and fp16 loss scaling. The scheduler is
+        # deliberately not handed to ``prepare``: accelerate would step it once per process,
+        # while our schedule counts optimizer steps.
+        self.torch_optimizer = build_optimizer(self.trainable_parameters, optimizer)
+        self.lr_scheduler = build_lr_scheduler(self.torch_optimizer, optimizer, total_steps)
+        self.model, self.optimizer = self.accelerator.prepare(model, self.torch_optimizer)
+        self.model.train()
+
+    # --- the Learner protocol --------------------------------------------------------
+
+    @property
+    def dataset_names(self) -> list[str]:
+        return list(self._dataset_names)
+
+    @property
+    def domain_names(self) -> list[str]:
+        return [domain.name for domain in self.domains]
+
+    def train(self, steps: int, weights: np.ndarray) -> None:
+        """Take ``steps`` optimizer steps on batches drawn with mixture ``weights`` (N,)."""
+        weights = np.asarray(weights, dtype=float)
+        if weights.shape != (len(self._dataset_names),):
+            raise ValueError(
+                f"weights must have shape ({len(self._dataset_names)},), got {weights.shape}"
+            )
+        self.model.train()
+        for _ in range(steps):
+            for micro_step in range(self.gradient_accumulation):
+                _, batch = self.sampler.next_batch(weights)
+                last = micro_step == self.gradient_accumulation - 1
+                # Under DDP, gradients are all-reduced only on the last micro-batch.
+                with nullcontext() if last else self.accelerator.no_sync(self.model):
+                    loss = self._language_model_loss(batch) / self.gradient_accumulation
+                    self.accelerator.backward(loss)
+            if self.max_grad_norm is not None:
+                self.accelerator.clip_grad_norm_(self.trainable_parameters, self.max_grad_norm)
+            self.optimizer.step()
+            # An fp16 step skipped for inf/NaN gradients must not advance the schedule.
+            if not self.optimizer.step_was_skipped:
+                self.lr_scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def snapshot(self) -> TrainingSnapshot:
+        """Copy the training state (trainable weights, optimizer, scheduler, RNG, sampler)."""
+        optimizer_state: list[dict[str, Any] | None] = []
+        for p in self.trainable_parameters:
+            state = self.torch_optimizer.state.get(p)
+            optimizer_state.append(
+                None if not state else {k: _copy_value(v) for k, v in state.items()}
+            )
+        scaler = self.accelerator.scaler
+        return TrainingSnapshot(
+            parameters=[p.detach().clone() for p in self.trainable_parameters],
+            optimizer_state=optimizer_state,
+            param_group_settings=[
+                {k: v for k, v in group.items() if k != "params"}
+                for group in self.torch_optimizer.param_groups
+            ],
+            lr_scheduler=copy.deepcopy(self.lr_scheduler.state_dict()),
+            grad_scaler=None if scaler is None else copy.deepcopy(scaler.state_dict()),
+            sampler=copy.deepcopy(self.sampler.state_dict()),
+            rng=RNGState.capture(),
+        )
+
+    def restore(self, snapshot: TrainingSnapshot) -> None:
+        """Return to ``snapshot`` by copying into the live tensors; ``snapshot`` stays valid."""
+        with torch.no_grad():
+            for p, saved in zip(self.trainable_parameters, snapshot.parameters, strict=True):
+                p.copy_(saved)
+        optimizer_state = self.torch_optimizer.state
+        for p, saved_state in zip(self.trainable_parameters, snapshot.optimizer_state, strict=True):
+            live = optimizer_state.get(p)
+            if saved_state is None:
+                # Adam had no moments for p at the snapshot (step 0): the probe's must go,
+                # so the next real step initialises them exactly as it would have.
+                optimizer_state.pop(p, None)
+            elif not live:
+                optimizer_state[p] = {k: _copy_value(v) for k, v in saved_state.items()}
+            else:
+                for key, value in saved_state.items():
+                    if isinstance(value, Tensor):
+                        live[key].copy_(value)
+                    else:
+                        live[key] = copy.deepcopy(value)
+        for group, settings in zip(
+            self.torch_optimizer.param_groups, snapshot.param_group_settings, strict=True
+        ):
+            group.update(settings)
+        # load_state_dict methods may keep (and later mutate) the objects they are given,
+        # so they get copies and the snapshot can be restored again.
+        self.lr_scheduler.load_state_dict(copy.deepcopy(snapshot.lr_scheduler))
+        if snapshot.grad_scaler is not None:
+            assert self.accelerator.scaler is not None
+            self.accelerator.scaler.load_state_dict(copy.deepcopy(snapshot.grad_scaler))
+        self.sampler.load_state_dict(copy.deepcopy(snapshot.sampler))
+        snapshot.rng.apply()
+
+    def evaluate(self, split: str, num_batches: int | None = None) -> Evaluation:
+        """Per-batch metrics ``(M, R)`` on the first ``num_batches`` fixed batches of ``split``
+        (``"eval"`` or ``"test"``; all when None): mean token cross-entropy (nats) for loss
+        domains, negative accuracy (in [-1, 0]) for accuracy domains.
+
+        Runs in eval mode (no dropout) without gradients; draws no random numbers and
+        leaves the training state untouched.
+        """
+        batches = [self._split_batches(domain, split) for domain in self.domains]
+        available = len(batches[0])
+        count = available if num_batches is None else num_batches
+        if not 1 <= count <= available:
+            raise ValueError(
+                f"num_batches={num_batches} outside [1, {available}] for split {split!r}"
+            )
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                values = [
+                    torch.stack(
+                        [self._batch_metric(domain, batch) for batch in domain_batches[:count]]
+                    )
+                    for domain, domain_batches in zip(self.domains, batches, strict=True)
+                ]
+        finally:
+            self.model.train(was_training)
+        # One device-to-host copy for the whole evaluation instead of one sync per batch.
+        return Evaluation(torch.stack(values).double().cpu().numpy())
+
+    # --- gradient alignment (appendix K) ----------------------------------------------
+
+    def alignment_slopes(self, num_batches: int) -> np.ndarray:
+        """Gradient-alignment slope matrix ``S_ij = -lr * <g_i, d_j>``, shape (M, N), in
+        metric units per optimizer step.
+
+        - ``g_i``: mean gradient of domain i's metric over its first ``num_batches`` eval
+          batches. Accuracy is piecewise constant, so accuracy domains use the
+          cross-entropy of the answer among the choice letters' logits (the softmax
+          version of letter-restricted argmax) as a differentiable stand-in for
+          ``-accuracy``.
+        - ``d_j``: the bias-corrected Adam direction ``m_hat / (sqrt(v_hat) + eps)`` that one
+          Adam step on ``g_j`` would take from the current optimizer state, ``g_j`` being
+          the mean training-loss gradient over ``num_batches`` batches the sampler draws
+          with one-hot weights on dataset j (see :func:`adam_direction`). Decoupled weight
+          decay is not part of the paper's direction and is left out.
+        - ``lr``: the current learning rate of each parameter's group.
+
+        Gradients are computed as a training step computes them (train mode: dropout and
+        gradient checkpointing active). The sampler and RNG are restored afterwards, so
+        the training state is unchanged. Memory: N + 2 copies of the trainable parameters.
+        """
+        if num_batches < 1:
+            raise ValueError(f"num_batches must be >= 1, got {num_batches}")
+        available = len(self.domains[0].eval_batches)
+        if num_batches > available:
+            raise ValueError(
+                f"num_batches={num_batches} exceeds the {available} eval batches per domain"
+            )
+        sampler_state = copy.deepcopy(self.sampler.state_dict())
+        rng = RNGState.capture()
+        was_training = self.model.training
+        self.model.train()
+        try:
+            directions = []
+            for j in range(len(self._dataset_names)):
+                one_hot = np.eye(len(self._dataset_names))[j]
+                batches = (self.sampler.next_batch(one_hot)[1] for _ in range(num_batches))
+                gradient = self._mean_gradient(batches, num_batches, self._language_model_loss)
+                directions.append(
+                    adam_direction(gradient, self.trainable_parameters, self.torch_optimizer)
+                )
+            learning_rates = _parameter_learning_rates(
+                self.trainable_parameters, self.torch_optimizer
+            )
+            slopes = np.zeros((len(self.domains), len(directions)))
+            for i, domain in enumerate(self.domains):
+                loss_fn = (
+                    self._language_model_loss if domain.metric == "loss" else self._choice_loss
+                )
+                gradient = self._mean_gradient(
+                    domain.eval_batches[:num_batches], num_batches, loss_fn
+                )
+                for j, direction in enumerate(directions):
+                    inner = torch.stack(
+                        [
+                            lr * torch.sum(g * d)
+                            for lr, g, d in zip(learning_rates, gradient, direction, strict=True)
+                        ]
+                    ).sum()
+                    slopes[i, j] = -float(inner)
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model.train(was_training)
+            self.sampler.load_state_dict(sampler_state)
+            rng.apply()
+        return slopes
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _mean_gradient(self, batches: Iterable[Batch], count: int, loss_fn: Any) -> list[Tensor]:
+        """Mean gradient of ``loss_fn`` over ``count`` batches, one tensor per trainable
+        parameter (unscaled when fp16 loss scaling is on). Leaves ``.grad`` cleared."""
+        self.optimizer.zero_grad(set_to_none=True)
+        for k, batch in enumerate(batches):
+            with nullcontext() if k == count - 1 else self.accelerator.no_sync(self.model):
+                self.accelerator.backward(loss_fn(batch) / count)
+        scaler = self.accelerator.scaler
+        inverse_scale = 1.0 if scaler is None else 1.0 / scaler.get_scale()
+        gradient = [
+            torch.zeros_like(p) if p.grad is None else p.grad.detach() * inverse_scale
+            for p in self.trainable_parameters
+        ]
+        self.optimizer.zero_grad(set_to_none=True)
+        return gradient
+
+    def _to_device(self, batch: Batch) -> dict[str, Tensor]:
+        return {key: value.to(self.accelerator.device) for key, value in batch.items()}
+
+    def _language_model_loss(self, batch: Batch) -> Tensor:
+        """Mean next-token cross-entropy over the unmasked label tokens (HF's own shift)."""
+        batch = self._to_device(batch)
+        output = self.model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            labels=batch["labels"],
+        )
+        loss: Tensor = output.loss
+        return loss.float()
+
+    def _choice_loss(self, batch: Batch) -> Tensor:
+        """Cross-entropy of the correct letter among the choice letters' logits."""
+        batch = self._to_device(batch)
+        return F.cross_entropy(choice_logits(self.model, batch), batch["answer_index"])
+
+    def _batch_metric(self, domain: EvaluationDomain, batch: Batch) -> Tensor:
+        if domain.metric == "loss":
+            return self._language_model_loss(batch)
+        batch = self._to_device(batch)
+        predicted = choice_logits(self.model, batch).argmax(dim=-1)
+        return -(predicted == batch["answer_index"]).float().mean()
+
+    def _split_batches(self, domain: EvaluationDomain, split: str) -> Sequence[Batch]:
+        if split == "eval":
+            return domain.eval_batches
+        if split == "test":
+            return domain.test_batches
+        raise ValueError(f"split must be 'eval' or 'test', got {split!r}")
+
+
+def choice_logits(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+    """Logits of the K choice letters at each prompt's last real token, shape (B, K)
+    (letter-restricted scoring, appendix M). Prompts are right-padded."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    last = batch["attention_mask"].sum(dim=1) - 1
+    next_token_logits = logits[torch.arange(logits.shape[0], device=logits.device), last]
+    return next_token_logits.float().gather(1, batch["choice_token_ids"])
+
+
+def adam_direction(
+    gradient: Sequence[Tensor], parameters: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer
+) -> list[Tensor]:
+    """The bias-corrected Adam direction ``d = m_hat / (sqrt(v_hat) + eps)`` of one Adam step
+    on ``gradient`` from ``optimizer``'s current state (appendix K, eq. grad_align_slope):
+
+        m = b1 * m + (1 - b1) * g,    v = b2 * v + (1 - b2) * g^2,    t = step + 1,
+        m_hat = m / (1 - b1^t),       v_hat = v / (1 - b2^t),
+
+    with m = v = 0 and step = 0 for parameters Adam has not initialised yet. The step the
+    optimizer would take is ``-lr * d`` (plus decoupled weight decay). The optimizer state
+    is only read.
+    """
+    group_of = {p: group for group in optimizer.param_groups for p in group["params"]}
+    direction = []
+    for p, g in zip(parameters, gradient, strict=True):
+        group = group_of[p]
+        beta1, beta2 = group["betas"]
+        state = optimizer.state.get(p)
+        if state:
+            m = beta1 * state["exp_avg"] + (1 - beta1) * g
+            v = beta2 * state["exp_avg_sq"] + (1 - beta2) * g * g
+            t = float(state["step"]) + 1
+        else:
+            m = (1 - beta1) * g
+            v = (1 - beta2) * g * g
+            t = 1.0
+        m_hat = m / (1 - beta1**t)
+        v_hat = v / (1 - beta2**t)
+        direction.append(m_hat / (v_hat.sqrt() + group["eps"]))
+    return direction
+
+
+def _parameter_learning_rates(
+    parameters: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer
+) -> list[float]:
+    lr_of = {p: float(group["lr"]) for group in optimizer.param_groups for p in group["params"]}
+    return [lr_of[p] for p in parameters]
+
+
+def _copy_value(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, Tensor) else copy.deepcopy(value)
+
+
+def _check_domains(domains: Sequence[EvaluationDomain]) -> None:
+    if not domains:
+        raise ValueError("domains is empty: the learner needs at least one evaluation domain")
+    for split in ("eval", "test"):
+        counts = {
+            domain.name: len(domain.eval_batches if split == "eval" else domain.test_batches)
+            for domain in domains
+        }
+        if min(counts.values()) < 1 or len(set(counts.values())) > 1:
+            raise ValueError(
+                f"every domain needs the same number (>= 1) of {split} batches, got {counts}; "
+                "the data layer should repeat the batches of small domains"
+            )
+    for domain in domains:
+        if domain.metric not in ("loss", "accuracy"):
+            raise ValueError(
+                f"domain {domain.name!r}: metric must be 'loss' or 'accuracy', got {domain.metric!r}"
+            )

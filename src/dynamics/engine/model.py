@@ -1,0 +1,114 @@
+"""Building the model, optimizer and LR schedule of a fine-tuning run.
+
+The paper fine-tunes with LoRA (rank 32, no warmup, constant LR; section 4.2 and appendix
+E) but nothing in the method depends on it, so full fine-tuning is the same code with
+``lora=None``. The optimizer only ever sees trainable parameters, which is also what a
+probe snapshots and restores.
+"""
+
+from __future__ import annotations
+
+import peft
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, get_scheduler
+
+from dynamics.engine.config import LoraConfig, ModelConfig, OptimizerConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_causal_lm(config: ModelConfig) -> PreTrainedModel:
+    """The base model: loaded from the hub / a folder, or randomly initialised from
+    ``config.init_config`` (tests and the offline demo)."""
+    dtype = _resolve_dtype(config.dtype)
+    if config.init_config is not None:
+        init = dict(config.init_config)
+        model_config = AutoConfig.for_model(init.pop("model_type"), **init)
+        model: PreTrainedModel = AutoModelForCausalLM.from_config(
+            model_config, dtype=dtype, trust_remote_code=config.trust_remote_code
+        )
+        return model
+    assert config.name_or_path is not None  # the config validates that exactly one source is set
+    return AutoModelForCausalLM.from_pretrained(
+        config.name_or_path,
+        revision=config.revision,
+        dtype=dtype,
+        trust_remote_code=config.trust_remote_code,
+    )
+
+
+def _resolve_dtype(name: str) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    # bf16 weights halve memory where the hardware computes in bf16 natively; CPUs and
+    # older GPUs would emulate it slowly, so they keep float32.
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def prepare_model(
+    model: PreTrainedModel, lora: LoraConfig | None, gradient_checkpointing: bool = False
+) -> nn.Module:
+    """Wrap ``model`` with a LoRA adapter (``lora`` given) or leave every weight trainable
+    (``lora=None``, full fine-tuning). The base model is modified in place by PEFT."""
+    if gradient_checkpointing:
+        # Non-reentrant checkpointing lets gradients reach LoRA weights even though the
+        # frozen embedding output does not require grad, and it replays the saved RNG
+        # state, so dropout masks (and hence probes) stay reproducible.
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+        model.config.use_cache = False
+    if lora is None:
+        model.requires_grad_(True)
+        return model
+    target_modules = (
+        lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    )
+    adapter = peft.LoraConfig(
+        r=lora.rank,
+        # peft annotates an int, but only ever uses alpha / r as a float scale.
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]
+        lora_dropout=lora.dropout,
+        target_modules=target_modules,
+        task_type="CAUSAL_LM",
+    )
+    peft_model: nn.Module = peft.get_peft_model(model, adapter)
+    return peft_model
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters the optimizer updates, in ``model.parameters()`` order (tied weights once)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def build_optimizer(parameters: list[nn.Parameter], config: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters only (frozen LoRA base weights get no state)."""
+    if not parameters:
+        raise ValueError("the model has no trainable parameters; check lora.target_modules")
+    return torch.optim.AdamW(
+        parameters,
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+    )
+
+
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, config: OptimizerConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """The LR schedule over ``total_steps`` optimizer steps, stepped once per optimizer step.
+
+    ``constant`` (the paper's choice) keeps ``config.lr``; ``linear`` and ``cosine`` decay to
+    0 at ``total_steps``; all three warm up linearly over ``config.warmup_steps``.
+    """
+    name: str = config.lr_schedule
+    if name == "constant" and config.warmup_steps > 0:
+        name = "constant_with_warmup"
+    scheduler: torch.optim.lr_scheduler.LRScheduler = get_scheduler(
+        name, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps
+    )
+    return scheduler

@@ -1,0 +1,436 @@
+"""One fine-tuning run from a config: build, train with the configured mixture policy,
+write the run folder (DESIGN.md §4). The recipe reads top to bottom:
+
+    setup  -> tokenizer, model (+LoRA), data, evaluation batches, learner, policy
+    train  -> ``core.controller.run_mixture_training`` with file/progress callbacks
+    finish -> summary.json with the paper's metrics and the cost model's prediction
+
+Under several processes (``torchrun`` / ``accelerate launch``) every rank builds the same
+data; each optimizer step draws one global batch from one dataset and every rank trains
+on its own slice of it; every rank evaluates the same fixed batches; the policy decides
+on every rank (probes are collective training) and rank 0's decision is broadcast, so
+all ranks hold identical weights and slopes. Only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list, set_seed
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from dynamics.core import metrics
+from dynamics.core.controller import (
+    LoopCallbacks,
+    MixturePolicy,
+    RunHistory,
+    UpdateContext,
+    run_mixture_training,
+)
+from dynamics.core.cost import CostModel, relative_cost
+from dynamics.core.learner import Learner
+from dynamics.core.policies import DynamicsPolicy, FixedWeightsPolicy, GradientAlignmentPolicy
+from dynamics.core.problem import SolverGrid
+from dynamics.core.records import EvaluationRecord, UpdateRecord
+from dynamics.core.schedules import UpdateSchedule, build_schedule
+from dynamics.data.formatting import LMExample, pad_token_id
+from dynamics.data.splits import prepare_examples
+from dynamics.engine.batches import Batch, EvalBatches
+from dynamics.engine.config import RunConfig
+from dynamics.engine.learner import HFLearner
+from dynamics.engine.model import load_causal_lm, prepare_model
+from dynamics.engine.sampler import DatasetStream, MixtureSampler
+from dynamics.experiments import rundir
+
+logger = logging.getLogger(__name__)
+
+
+class RankSlicedSampler:
+    """Each optimizer step draws one *global* batch (from one dataset, the same on every
+    rank since the choice RNG is seeded identically) and this rank keeps its rows, so the
+    union over ranks is exactly the single-process batch of the same global size."""
+
+    def __init__(self, sampler: MixtureSampler, rank: int, world_size: int) -> None:
+        self.sampler = sampler
+        self.rank = rank
+        self.world_size = world_size
+
+    def next_batch(self, weights: np.ndarray) -> tuple[int, Batch]:
+        j, batch = self.sampler.next_batch(weights)
+        return j, self._slice(batch)
+
+    def probe_batch(self, j: int) -> Batch:
+        return self._slice(self.sampler.probe_batch(j))
+
+    def _slice(self, batch: Batch) -> Batch:
+        if self.world_size == 1:
+            return batch
+        rows = next(iter(batch.values())).shape[0] // self.world_size
+        return {k: v[self.rank * rows : (self.rank + 1) * rows] for k, v in batch.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+
+
+@dataclass
+class BroadcastPolicy:
+    """Run the wrapped policy on every rank (probing trains collectively), then adopt rank
+    0's record everywhere: one decision, identical weights and slopes on all ranks."""
+
+    policy: MixturePolicy
+    accelerator: Accelerator
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    @property
+    def schedule(self) -> UpdateSchedule:
+        return self.policy.schedule
+
+    def decide(self, learner: Learner, context: UpdateContext) -> UpdateRecord:
+        record = self.policy.decide(learner, context)
+        if self.accelerator.num_processes == 1:
+            return record
+        shared = [record]
+        broadcast_object_list(shared, from_process=0)
+        return shared[0]
+
+
+@dataclass
+class BuiltRun:
+    """Everything set up for one run, before training."""
+
+    config: RunConfig
+    accelerator: Accelerator
+    tokenizer: PreTrainedTokenizerBase
+    model: torch.nn.Module
+    learner: HFLearner
+    policy: MixturePolicy
+    targets: tuple[int, ...]
+    constraints: tuple[int, ...]
+    domain_metrics: list[str]
+
+
+def load_tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:
+    name = config.model.tokenizer or config.model.name_or_path
+    assert name is not None  # validated: init_config models name a tokenizer
+    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+        name, revision=config.model.revision, trust_remote_code=config.model.trust_remote_code
+    )
+    return tokenizer
+
+
+def build_policy(config: RunConfig, dataset_names: list[str]) -> MixturePolicy:
+    method = config.method
+    total_steps = config.training.total_steps
+    grid = SolverGrid(
+        lambdas=tuple(method.grid.lambdas) if method.grid.lambdas else SolverGrid().lambdas,
+        epsilons=tuple(method.grid.epsilons) if method.grid.epsilons is not None else SolverGrid().epsilons,
+    )
+    if method.name == "fixed":
+        assert method.weights is not None  # validated
+        weights = np.array([method.weights[name] for name in dataset_names], dtype=float)
+        return FixedWeightsPolicy(weights, total_steps=total_steps, label="fixed")
+    schedule = build_schedule(method.schedule, total_steps, method.probe_cap)
+    if method.name == "gradient-alignment":
+        return GradientAlignmentPolicy(schedule, num_batches=method.alignment_batches, grid=grid)
+    return DynamicsPolicy(schedule, predictor=method.predictor, grid=grid)
+
+
+def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> BuiltRun:
+    """Set up the tokenizer, model, data, learner and policy of ``config``."""
+    training = config.training
+    missing = trackers_missing(list(config.trackers))
+    if missing:
+        raise ValueError(f"trackers {missing} are not installed: pip install {' '.join(missing)}, or remove them")
+    if accelerator is None:
+        accelerator = Accelerator(
+            mixed_precision=training.mixed_precision,
+            cpu=not torch.cuda.is_available(),
+            gradient_accumulation_steps=1,  # the learner accumulates itself
+            log_with=list(config.trackers) or None,
+            project_dir=config.output_dir,
+        )
+    set_seed(training.seed)
+    tokenizer = load_tokenizer(config)
+    base_model = load_causal_lm(config.model)
+    vocab = int(base_model.config.vocab_size)
+    if len(tokenizer) > vocab:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {vocab}: "
+            "use the model's own tokenizer (model.tokenizer) or a larger vocab_size in model.init_config"
+        )
+    model = prepare_model(base_model, config.lora, training.gradient_checkpointing)
+    pad_id = pad_token_id(tokenizer)
+
+    world = accelerator.num_processes
+    eval_batch_size = config.evaluation.batch_size or training.batch_size
+    streams: list[DatasetStream] = []
+    domains: dict[str, EvalBatches] = {}
+    for index, dataset in enumerate(config.datasets):
+        parts = prepare_examples(
+            dataset.data_source(),
+            tokenizer,
+            sequence_length=training.sequence_length,
+            packing=training.packing,
+            seed=training.seed + index,
+        )
+        if dataset.role != "constraint":
+            train_examples = [e for e in parts.train if isinstance(e, LMExample)]
+            if not train_examples:
+                raise ValueError(
+                    f"dataset {dataset.name!r} has no training examples left after the eval/test split: "
+                    "add rows or lower its eval_size/test_size"
+                )
+            streams.append(
+                DatasetStream(
+                    train_examples,
+                    batch_size=training.batch_size * world,
+                    pad_id=pad_id,
+                    seed=training.seed * 1000 + index,
+                )
+            )
+        if dataset.role in ("target", "constraint"):
+            domains[dataset.name] = EvalBatches.build(
+                dataset.name,
+                parts.eval,
+                parts.test,
+                num_batches=config.evaluation.batches,
+                batch_size=eval_batch_size,
+                pad_id=pad_id,
+                seed=training.seed + 7919 * (index + 1),
+            )
+
+    dataset_names = [d.name for d in config.training_datasets]
+    domain_configs = config.evaluation_domains
+    domain_list = [domains[d.name] for d in domain_configs]
+    for d, built in zip(domain_configs, domain_list, strict=True):
+        if built.metric != d.metric:
+            raise ValueError(f"dataset {d.name!r}: metric {d.metric!r} does not fit its rows ({built.metric})")
+    sampler = RankSlicedSampler(
+        MixtureSampler(streams, seed=training.seed), accelerator.process_index, world
+    )
+    learner = HFLearner(
+        model,
+        sampler,
+        dataset_names,
+        domain_list,
+        config.optimizer,
+        total_steps=training.total_steps,
+        gradient_accumulation=training.gradient_accumulation,
+        accelerator=accelerator,
+    )
+    policy: MixturePolicy = BroadcastPolicy(build_policy(config, dataset_names), accelerator)
+    num_targets = sum(1 for d in domain_configs if d.role == "target")
+    return BuiltRun(
+        config=config,
+        accelerator=accelerator,
+        tokenizer=tokenizer,
+        model=model,
+        learner=learner,
+        policy=policy,
+        targets=tuple(range(num_targets)),
+        constraints=tuple(range(num_targets, len(domain_configs))),
+        domain_metrics=[d.metric for d in domain_configs],
+    )
+
+
+class RunFolderWriter:
+    """Callbacks that keep the run folder and the progress bar up to date (rank 0 only)."""
+
+    def __init__(self, built: BuiltRun, out: Path, progress: bool) -> None:
+        self.built = built
+        self.out = out
+        self.metrics_log = rundir.JsonlLog(out / rundir.METRICS_FILE)
+        self.controller_log = rundir.JsonlLog(out / rundir.CONTROLLER_FILE)
+        self.best: EvaluationRecord | None = None
+        self.bar = tqdm(
+            total=built.config.training.total_steps,
+            desc=f"{built.policy.name}",
+            unit="step",
+            disable=not progress,
+            dynamic_ncols=True,
+        )
+
+    def on_update(self, update: UpdateRecord, history: RunHistory) -> None:
+        self.write_updates(history)
+        self.bar.set_postfix_str(self._postfix(update.weights, history), refresh=False)
+
+    def write_updates(self, history: RunHistory) -> None:
+        # The previous update's realized losses are known only now, so the whole (small)
+        # file is rewritten rather than appended to.
+        self.controller_log.rewrite(
+            {"dataset_names": history.dataset_names, **u.to_dict()} for u in history.updates
+        )
+
+    def on_evaluation(self, record: EvaluationRecord, history: RunHistory) -> None:
+        names = history.domain_names
+        reference = history.evaluations[0]
+        feasible = record.step > 0 and metrics.checkpoint_feasible(
+            record, reference, history.targets, history.constraints
+        )
+        slack = metrics.constraint_slack(record, reference, history.constraints)
+        row = {
+            "step": record.step,
+            "eval": rundir.named(record.eval, names),
+            "test": rundir.named(record.test, names),
+            "weights": rundir.named(record.weights, history.dataset_names) if record.weights.size else {},
+            "target_loss_sum": float(record.eval[list(history.targets)].sum()),
+            "constraint_slack": rundir.named(slack, [names[i] for i in history.constraints]),
+            "feasible": bool(feasible),
+            "wall_seconds": record.wall_seconds,
+        }
+        self.metrics_log.append(row)
+        self.built.accelerator.log(
+            {f"eval/{n}": float(v) for n, v in zip(names, record.eval, strict=True)}, step=record.step
+        )
+        if feasible and (
+            self.best is None
+            or record.eval[list(history.targets)].sum() < self.best.eval[list(history.targets)].sum()
+        ):
+            self.best = record
+            self._save_checkpoint(record.step)
+        if self.built.config.training.total_steps and record.weights.size:
+            self.bar.set_postfix_str(self._postfix(record.weights, history), refresh=False)
+
+    def on_train(self, steps: int, step_now: int) -> None:
+        self.bar.update(steps)
+
+    def _postfix(self, weights: np.ndarray, history: RunHistory) -> str:
+        parts = [f"w=[{', '.join(f'{w:.2f}' for w in weights)}]"]
+        if history.evaluations:
+            last = history.evaluations[-1]
+            parts.append(f"target={last.eval[list(history.targets)].sum():.3f}")
+            if history.constraints:
+                slack = metrics.constraint_slack(last, history.evaluations[0], history.constraints)
+                parts.append(f"worst slack={slack.min():+.3f}")
+        return " ".join(parts)
+
+    def _save_checkpoint(self, step: int) -> None:
+        model = self.built.accelerator.unwrap_model(self.built.model)
+
+        def write(folder: Path) -> None:
+            # PEFT models save only the adapter (adapter_model.safetensors +
+            # adapter_config.json); full fine-tuning saves model.safetensors.
+            model.save_pretrained(folder)
+            self.built.tokenizer.save_pretrained(folder)
+            (folder / "step.txt").write_text(f"{step}\n")
+
+        rundir.atomic_write_dir(self.out / rundir.CHECKPOINT_DIR, write)
+
+
+def summarize(built: BuiltRun, history: RunHistory, wall_seconds: float) -> dict[str, Any]:
+    """summary.json: the paper's metrics on this run, plus cost and prediction error."""
+    points = history.evaluations
+    targets, constraints = history.targets, history.constraints
+    best = metrics.best_feasible_checkpoint(points, targets, constraints)
+    feasible = best is not None
+    closest = (
+        metrics.max_violation_closest_to_feasibility(points, constraints)
+        if constraints and len(points) > 1
+        else None
+    )
+    config = built.config
+    schedule = built.policy.schedule
+    cost_model = CostModel(
+        eval_interval=config.evaluation.interval,
+        main_eval_batches=config.evaluation.batches,
+        reduced_eval_batches=config.evaluation.reduced_batches,
+    ).for_predictor(config.method.predictor)
+    probing = config.method.name == "dynamics"
+    errors = [u.prediction_error for u in history.updates if u.prediction_error is not None]
+    return {
+        "method": config.method.name,
+        "policy": built.policy.name,
+        "dataset_names": history.dataset_names,
+        "domain_names": history.domain_names,
+        "domain_metrics": built.domain_metrics,
+        "metric_convention": "lower is better: losses in nats, accuracy stored as -accuracy",
+        "targets": list(targets),
+        "constraints": list(constraints),
+        "total_steps": schedule.total_steps,
+        "feasible": feasible,
+        "best_checkpoint": None
+        if best is None
+        else {
+            "step": best.step,
+            "eval": rundir.named(best.eval, history.domain_names),
+            "test": rundir.named(best.test, history.domain_names),
+            "path": rundir.CHECKPOINT_DIR,
+        },
+        "constrained_ppl_reduction": metrics.constrained_perplexity_reduction(points, targets, constraints),
+        "closest_to_feasible": None if closest is None else {"step": closest[0], "max_violation": closest[1]},
+        "num_updates": len(history.updates),
+        "probe_seconds": float(sum(u.probe_seconds for u in history.updates)),
+        "wall_seconds": wall_seconds,
+        "predicted_cost": relative_cost(schedule, len(history.dataset_names), len(history.domain_names), cost_model)
+        if probing
+        else 1.0,
+        "cost_assumption": f"one training step = {cost_model.train_fwd_ratio:g} forward passes",
+        "mean_abs_prediction_error": rundir.named(np.abs(np.array(errors)).mean(axis=0), history.domain_names)
+        if errors
+        else None,
+    }
+
+
+def run(config: RunConfig, progress: bool = True) -> dict[str, Any]:
+    """Train ``config`` and write its run folder; returns the summary."""
+    started = time.perf_counter()
+    accelerator_main = _is_main_process()
+    out = Path(config.output_dir)
+    if accelerator_main:
+        rundir.prepare_run_dir(out)
+        rundir.atomic_write_text(out / rundir.CONFIG_FILE, config.to_yaml())
+    built = build_run(config)
+    accelerator = built.accelerator
+    if config.trackers:
+        accelerator.init_trackers("dynamics", config=config.model_dump(mode="json"))
+    writer = RunFolderWriter(built, out, progress and accelerator.is_main_process)
+    callbacks = (
+        LoopCallbacks(writer.on_evaluation, writer.on_update, writer.on_train)
+        if accelerator.is_main_process
+        else LoopCallbacks()
+    )
+    history = run_mixture_training(
+        built.learner,
+        built.policy,
+        targets=built.targets,
+        constraints=built.constraints,
+        eval_interval=config.evaluation.interval,
+        reduced_batches=config.evaluation.reduced_batches,
+        callbacks=callbacks,
+    )
+    writer.bar.close()
+    summary = summarize(built, history, time.perf_counter() - started)
+    if accelerator.is_main_process:
+        writer.write_updates(history)  # the final evaluation closed the last horizon
+        rundir.write_json(out / rundir.SUMMARY_FILE, summary)
+    if config.trackers:
+        accelerator.end_training()
+    accelerator.wait_for_everyone()
+    return summary
+
+
+def _is_main_process() -> bool:
+    # Before the Accelerator exists: torchrun / accelerate set RANK for every process.
+    return os.environ.get("RANK", "0") == "0"
+
+
+def trackers_missing(names: list[str]) -> list[str]:
+    """The requested trackers that are not installed (tensorboard, wandb)."""
+    modules = {"tensorboard": "tensorboard", "wandb": "wandb"}
+    return [n for n in names if importlib.util.find_spec(modules[n]) is None]

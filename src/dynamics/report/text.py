@@ -1,0 +1,66 @@
+"""A plain-text account of one run folder, read from its files only (DESIGN.md §4)."""
+
+from __future__ import annotations
+
+from dynamics.experiments.rundir import RunRecords
+
+
+def _display(value: float, metric: str) -> str:
+    # The core stores accuracy as -accuracy (lower is better); show it the human way.
+    return f"acc {0.0 - value:.3f}" if metric == "accuracy" else f"{value:.4f}"
+
+
+def run_report(records: RunRecords) -> str:
+    summary = records.summary
+    names = records.domain_names
+    kinds = dict(zip(names, summary["domain_metrics"], strict=True))
+    targets = [names[i] for i in records.targets]
+    constraints = [names[i] for i in records.constraints]
+    lines = [
+        f"run: {records.path}",
+        f"method: {summary['method']}  ({summary['num_updates']} mixture updates, "
+        f"{summary['total_steps']} steps, {summary['wall_seconds']:.0f} s, predicted cost "
+        f"{summary['predicted_cost']:.2f}x one fixed run; {summary['cost_assumption']})",
+        f"targets: {', '.join(targets)}   constraints: {', '.join(constraints) or 'none'}",
+        "",
+    ]
+    header = ["step", *[f"{t} (target)" for t in targets], *constraints, "feasible", "weights"]
+    rows = []
+    for row in records.evaluations:
+        weights = " ".join(f"{k}={v:.2f}" for k, v in row["weights"].items())
+        rows.append(
+            [
+                str(row["step"]),
+                *[_display(row["eval"][t], kinds[t]) for t in targets],
+                *[
+                    f"{_display(row['eval'][c], kinds[c])} ({row['constraint_slack'][c]:+.3f})"
+                    for c in constraints
+                ],
+                "yes" if row["feasible"] else "no",
+                weights,
+            ]
+        )
+    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines += ["", "eval split; constraint columns show value (slack = reference - value, >= 0 holds)", ""]
+    best = summary["best_checkpoint"]
+    if best is None:
+        closest = summary.get("closest_to_feasible")
+        lines.append("no feasible checkpoint: the base model stays the best choice (reduction 0%).")
+        if closest:
+            lines.append(
+                f"closest to feasible: step {closest['step']}, worst violation {closest['max_violation']:+.4f}"
+            )
+    else:
+        lines.append(
+            f"best feasible checkpoint: step {best['step']} ({records.path / best['path']}); "
+            f"test perplexity reduction on the targets: {100 * summary['constrained_ppl_reduction']:.1f}%"
+        )
+    errors = summary.get("mean_abs_prediction_error")
+    if errors:
+        lines.append(
+            "mean |realized - predicted| at the next update: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in errors.items())
+        )
+    return "\n".join(lines)

@@ -1,0 +1,107 @@
+"""Run config: validation names the field and the fix; overrides; docs stay in sync."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dynamics.engine.config import ConfigError, RunConfig, config_reference_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def minimal(**extra) -> dict:
+    data = {
+        "model": {"name_or_path": "Qwen/Qwen2.5-3B"},
+        "datasets": [
+            {"name": "math", "path": "math.jsonl", "role": "target", "format": "instruction", "budget": 2000},
+            {"name": "wiki", "hub_id": "wikimedia/wikipedia", "config_name": "20231101.en", "role": "non-target"},
+            {"name": "safety", "path": "safety.jsonl", "role": "constraint"},
+        ],
+    }
+    data.update(extra)
+    return data
+
+
+def test_defaults_follow_the_paper():
+    config = RunConfig.from_dict(minimal())
+    assert config.model.trust_remote_code is False
+    assert config.lora is not None and config.lora.rank == 32
+    assert config.optimizer.lr_schedule == "constant" and config.optimizer.warmup_steps == 0
+    assert (config.training.total_steps, config.training.batch_size, config.training.sequence_length) == (2048, 8, 512)
+    assert (config.evaluation.interval, config.evaluation.batches, config.evaluation.reduced_batches) == (64, 200, 50)
+    assert config.method.schedule == "dense-warmup" and config.method.predictor == "linear"
+    assert [d.name for d in config.training_datasets] == ["math", "wiki"]
+    assert [d.name for d in config.evaluation_domains] == ["math", "safety"]
+    # Constraint domains are evaluation-only: their rows split between eval and test.
+    source = config.datasets[2].data_source()
+    assert (source.eval_size, source.test_size) == (0.5, 0.5)
+
+
+def test_overrides_by_dotted_path_and_dataset_name():
+    config = RunConfig.from_dict(
+        minimal(), ["training.total_steps=256", "datasets.math.budget=500", "lora=null", "method.schedule=fixed:64"]
+    )
+    assert config.training.total_steps == 256
+    assert config.datasets[0].budget == 500
+    assert config.lora is None
+    assert config.method.schedule == "fixed:64"
+
+
+@pytest.mark.parametrize(
+    ("change", "fields"),
+    [
+        ({"training": {"total_steps": 0}}, ["training.total_steps"]),
+        ({"evaluation": {"batches": 10, "reduced_batches": 20}}, ["reduced_batches"]),
+        ({"method": {"schedule": "dense"}}, ["method.schedule", "dense-warmup"]),
+        ({"method": {"name": "fixed"}}, ["method.weights"]),
+        ({"method": {"name": "fixed", "weights": {"math": 1}}}, ["missing ['wiki']"]),
+        ({"optimiser": {}}, ["optimiser", "unknown field"]),
+        ({"model": {"name_or_path": "x", "init_config": {"model_type": "llama"}}}, ["exactly one"]),
+    ],
+)
+def test_errors_name_the_field(change, fields):
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict(minimal(**change))
+    for text in fields:
+        assert text in str(info.value)
+
+
+def test_dataset_errors():
+    bad_role = minimal()
+    bad_role["datasets"] = [{"name": "wiki", "path": "w.jsonl", "role": "non-target"}]
+    with pytest.raises(ConfigError, match="role 'target'"):
+        RunConfig.from_dict(bad_role)
+    mc_target = minimal()
+    mc_target["datasets"][0] = {"name": "mmlu", "path": "m.jsonl", "role": "target", "format": "multiple_choice"}
+    with pytest.raises(ConfigError, match=r"only be a\s+constraint"):
+        RunConfig.from_dict(mc_target)
+    dupes = minimal()
+    dupes["datasets"].append(dict(dupes["datasets"][0]))
+    with pytest.raises(ConfigError, match="unique"):
+        RunConfig.from_dict(dupes)
+
+
+def test_yaml_is_safe_loaded(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("model: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        RunConfig.from_yaml(path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        RunConfig.from_yaml(tmp_path / "missing.yaml")
+
+
+def test_yaml_round_trip():
+    config = RunConfig.from_dict(minimal())
+    import yaml
+
+    assert RunConfig.model_validate(yaml.safe_load(config.to_yaml())) == config
+
+
+def test_config_docs_are_in_sync():
+    assert (ROOT / "docs" / "config.md").read_text() == config_reference_markdown(), (
+        "docs/config.md is stale: regenerate it with "
+        "python -c 'from dynamics.engine.config import config_reference_markdown as m; "
+        "open(\"docs/config.md\", \"w\").write(m())'"
+    )

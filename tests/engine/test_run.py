@@ -1,0 +1,154 @@
+"""The whole run on a tiny random-init model: the run folder is complete and readable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from dynamics.cli import main as cli_main
+from dynamics.core import metrics
+from dynamics.engine.config import RunConfig
+from dynamics.engine.run import run
+from dynamics.experiments.rundir import read_run
+from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
+
+TINY_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 512,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tokenizer")
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def tiny_config(tokenizer_dir: Path, out: Path, **method) -> dict:
+    return {
+        "model": {"init_config": TINY_LLAMA, "tokenizer": str(tokenizer_dir)},
+        "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        "optimizer": {"lr": 1e-2},
+        "training": {"total_steps": 8, "batch_size": 2, "sequence_length": 128, "seed": 0},
+        "evaluation": {"interval": 4, "batches": 3, "reduced_batches": 2},
+        "method": {"name": "dynamics", "schedule": [0, 2, 4], **method},
+        "datasets": [
+            {
+                "name": "math",
+                "path": str(FIXTURES / "metamath.jsonl"),
+                "role": "target",
+                "format": "instruction",
+                "columns": {"prompt": "query"},
+                "budget": 6,
+                "eval_size": 3,
+                "test_size": 3,
+            },
+            {"name": "wiki", "path": str(FIXTURES / "wikipedia.jsonl"), "role": "non-target"},
+            {
+                "name": "orca",
+                "path": str(FIXTURES / "openorca.jsonl"),
+                "role": "constraint",
+                "format": "instruction",
+                "columns": {"prompt": "question", "system": "system_prompt"},
+            },
+            {
+                "name": "mmlu",
+                "path": str(FIXTURES / "tinymmlu.jsonl"),
+                "role": "constraint",
+                "format": "multiple_choice",
+                "metric": "accuracy",
+            },
+        ],
+        "output_dir": str(out),
+    }
+
+
+def test_dynamics_run_writes_a_complete_run_folder(tokenizer_dir, tmp_path):
+    out = tmp_path / "run"
+    config = RunConfig.from_dict(tiny_config(tokenizer_dir, out))
+    summary = run(config, progress=False)
+
+    for name in ("config.yaml", "metrics.jsonl", "controller.jsonl", "summary.json"):
+        assert (out / name).is_file(), name
+    records = read_run(out)
+    assert records.dataset_names == ["math", "wiki"]
+    assert records.domain_names == ["math", "orca", "mmlu"]
+    assert records.targets == [0] and records.constraints == [1, 2]
+    assert [row["step"] for row in records.evaluations] == [0, 4, 8]
+    assert [row["step"] for row in records.updates] == [0, 2, 4]
+    for update in records.updates:
+        slopes = np.array(update["slope_matrix"])
+        assert slopes.shape == (3, 2) and np.isfinite(slopes).all()
+        assert abs(sum(update["weights"]) - 1) < 1e-9
+        # Every horizon is closed by a later anchor or the final evaluation.
+        assert update["realized_losses"] is not None and update["prediction_error"] is not None
+    assert records.updates[0]["recycled_anchor"] and not records.updates[1]["recycled_anchor"]
+    # Accuracy is stored as -accuracy, in [-1, 0].
+    assert all(-1.0 <= row["eval"]["mmlu"] <= 0.0 for row in records.evaluations)
+
+    # The core metrics read the folder back and agree with the summary.
+    points = records.eval_points()
+    reduction = metrics.constrained_perplexity_reduction(points, records.targets, records.constraints)
+    assert summary["constrained_ppl_reduction"] == pytest.approx(reduction)
+    assert summary["feasible"] == metrics.run_feasible(points, records.targets, records.constraints)
+    if summary["feasible"]:
+        step = summary["best_checkpoint"]["step"]
+        assert (out / "best_checkpoint" / "adapter_model.safetensors").is_file()
+        assert (out / "best_checkpoint" / "step.txt").read_text().strip() == str(step)
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert RunConfig.model_validate(saved) == config
+
+
+def test_fixed_run_through_the_cli_with_overrides(tokenizer_dir, tmp_path, capsys):
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(yaml.safe_dump(tiny_config(tokenizer_dir, tmp_path / "unused")))
+    out = tmp_path / "fixed"
+    code = cli_main(
+        [
+            "run",
+            str(config_path),
+            "--out",
+            str(out),
+            "--no-progress",
+            "method.name=fixed",
+            "method.schedule=[0]",
+            "method.weights={math: 0.25, wiki: 0.75}",
+        ]
+    )
+    assert code == 0
+    records = read_run(out)
+    assert len(records.updates) == 1
+    assert records.updates[0]["weights"] == [0.25, 0.75]
+    assert all(row["weights"] == {"math": 0.25, "wiki": 0.75} for row in records.evaluations)
+    assert json.loads((out / "summary.json").read_text())["method"] == "fixed"
+
+
+def test_existing_run_folder_is_never_overwritten(tokenizer_dir, tmp_path, capsys):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("precious\n")
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(yaml.safe_dump(tiny_config(tokenizer_dir, out)))
+    assert cli_main(["run", str(config_path), "--no-progress"]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert (out / "metrics.jsonl").read_text() == "precious\n"
+
+
+def test_bad_config_is_a_one_line_error(tmp_path, capsys):
+    config_path = tmp_path / "bad.yaml"
+    config_path.write_text("model: {name_or_path: x}\ndatasets: []\ntraining: {total_steps: -1}\n")
+    assert cli_main(["run", str(config_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "training.total_steps" in err and "datasets" in err
