@@ -36,6 +36,7 @@ from accelerate import Accelerator
 from torch import Tensor, nn
 
 from dynamics.core.learner import Evaluation
+from dynamics.data.formatting import IGNORE_INDEX
 from dynamics.engine.config import OptimizerConfig
 from dynamics.engine.model import build_lr_scheduler, build_optimizer, trainable_parameters
 
@@ -208,7 +209,7 @@ class HFLearner:
                 last = micro_step == self.gradient_accumulation - 1
                 # Under DDP, gradients are all-reduced only on the last micro-batch.
                 with nullcontext() if last else self.accelerator.no_sync(self.model):
-                    loss = self._language_model_loss(batch) / self.gradient_accumulation
+                    loss = self._training_loss(batch) / self.gradient_accumulation
                     self.accelerator.backward(loss)
             if self.max_grad_norm is not None:
                 self.accelerator.clip_grad_norm_(self.trainable_parameters, self.max_grad_norm)
@@ -402,6 +403,30 @@ class HFLearner:
         )
         loss: Tensor = output.loss
         return loss.float()
+
+    def _training_loss(self, batch: Batch) -> Tensor:
+        """The training loss of this process's slice of a global batch.
+
+        With one process it is the mean token loss. With several, each rank's slice holds
+        a different number of loss tokens, and DDP averages the ranks' gradients: scaling
+        each rank's token-loss *sum* by ``world_size / global_tokens`` makes that average
+        exactly the gradient of the global batch's mean token loss, as one process with
+        the whole batch would compute it.
+        """
+        world_size = self.accelerator.num_processes
+        if world_size == 1:
+            return self._language_model_loss(batch)
+        batch = self._to_device(batch)
+        local_tokens = (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
+        global_tokens = self.accelerator.reduce(local_tokens, reduction="sum")
+        output = self.model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            labels=batch["labels"],
+            num_items_in_batch=global_tokens,
+        )
+        loss: Tensor = output.loss.float() * world_size
+        return loss
 
     def _choice_loss(self, batch: Batch) -> Tensor:
         """Cross-entropy of the correct letter among the choice letters' logits."""

@@ -1,0 +1,72 @@
+"""Two CPU processes (torchrun, gloo, one thread each) follow the same weight trajectory
+as one process with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.engine.test_run import TINY_LLAMA
+from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
+
+pytestmark = pytest.mark.slow
+
+
+def config(tokenizer_dir: Path, out: Path, batch_size: int) -> dict:
+    text = {"format": "text", "eval_size": 2, "test_size": 2}
+    return {
+        "model": {"init_config": TINY_LLAMA, "tokenizer": str(tokenizer_dir)},
+        "lora": {"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+        "optimizer": {"lr": 1e-2},
+        # Packed text: every sequence has the same number of loss tokens, so the mean of
+        # the two ranks' mean losses equals the one-process mean (DDP averages gradients).
+        "training": {"total_steps": 6, "batch_size": batch_size, "sequence_length": 32, "packing": True},
+        "evaluation": {"interval": 3, "batches": 2, "reduced_batches": 1, "batch_size": 4},
+        "method": {"name": "dynamics", "schedule": [0, 2, 4]},
+        "datasets": [
+            {"name": "wiki", "path": str(FIXTURES / "wikipedia.jsonl"), "role": "target", **text},
+            {"name": "wikitxt", "path": str(FIXTURES / "wikipedia.txt"), "role": "non-target", **text},
+            {"name": "orca", "path": str(FIXTURES / "openorca.jsonl"), "role": "constraint",
+             "format": "instruction", "columns": {"prompt": "question"}},
+        ],
+        "output_dir": str(out),
+    }
+
+
+def launch(tmp_path: Path, name: str, nproc: int, batch_size: int, tokenizer_dir: Path) -> list[dict]:
+    path = tmp_path / f"{name}.yaml"
+    out = tmp_path / name
+    path.write_text(yaml.safe_dump(config(tokenizer_dir, out, batch_size)))
+    env = {
+        **os.environ,
+        # Two processes with two threads each on two cores run ~40x slower.
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        "-m", "dynamics.cli", "run", str(path), "--no-progress",
+    ]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads(line) for line in (out / "controller.jsonl").read_text().splitlines()]
+
+
+def test_two_processes_match_one_process(tmp_path):
+    tokenizer_dir = tmp_path / "tokenizer"
+    tiny_tokenizer().save_pretrained(tokenizer_dir)
+    single = launch(tmp_path, "single", nproc=1, batch_size=4, tokenizer_dir=tokenizer_dir)
+    double = launch(tmp_path, "double", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir)
+    assert [u["step"] for u in single] == [u["step"] for u in double] == [0, 2, 4]
+    for one, two in zip(single, double, strict=True):
+        np.testing.assert_allclose(two["slope_matrix"], one["slope_matrix"], rtol=1e-3, atol=1e-5)
+        np.testing.assert_allclose(two["weights"], one["weights"], atol=1e-4)
+        np.testing.assert_allclose(two["current_losses"], one["current_losses"], rtol=1e-5)
