@@ -61,6 +61,11 @@ class ToyLearner:
         self.steps_per_dataset = self.steps_per_dataset + steps * np.asarray(weights, dtype=float)
         self.trained_steps += steps
 
+    def probe(self, steps: int, dataset: int) -> None:
+        one_hot = np.zeros(self.slopes.shape[1])
+        one_hot[dataset] = 1.0
+        self.train(steps, one_hot)
+
     def snapshot(self) -> tuple[np.ndarray, int]:
         return self.steps_per_dataset.copy(), self.trained_steps
 

@@ -98,6 +98,14 @@ class ListSampler:
         self.datasets = datasets
         self.rng = np.random.default_rng(seed)
         self.cursors = [0] * len(datasets)
+        # Probes read each dataset from the back, so probe batches differ from main ones.
+        self.probe_cursors = [0] * len(datasets)
+
+    def probe_batch(self, dataset: int) -> dict:
+        batches = self.datasets[dataset]
+        batch = batches[-1 - self.probe_cursors[dataset] % len(batches)]
+        self.probe_cursors[dataset] += 1
+        return batch
 
     def next_batch(self, weights: np.ndarray) -> tuple[int, dict]:
         j = int(self.rng.choice(len(self.datasets), p=weights))
@@ -106,10 +114,15 @@ class ListSampler:
         return j, batch
 
     def state_dict(self) -> dict[str, Any]:
-        return {"cursors": list(self.cursors), "rng": self.rng.bit_generator.state}
+        return {
+            "cursors": list(self.cursors),
+            "rng": self.rng.bit_generator.state,
+            "probe_streams": list(self.probe_cursors),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.cursors = list(state["cursors"])
+        self.probe_cursors = list(state["probe_streams"])
         self.rng.bit_generator.state = state["rng"]
 
 

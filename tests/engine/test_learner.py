@@ -29,13 +29,15 @@ def one_hot(j: int, n: int = 2) -> np.ndarray:
 
 
 def training_state(learner: HFLearner) -> dict[str, Any]:
-    """Everything a probe could disturb, read through public APIs, frozen weights included."""
+    """Everything a probe could disturb, read through public APIs, frozen weights included.
+    Probe streams are left out: they advance on purpose (see the probe-stream test)."""
+    sampler = {k: v for k, v in learner.sampler.state_dict().items() if k != "probe_streams"}
     return copy.deepcopy(
         {
             "parameters": dict(learner.model.named_parameters()),
             "optimizer": learner.torch_optimizer.state_dict(),
             "lr_scheduler": learner.lr_scheduler.state_dict(),
-            "sampler": learner.sampler.state_dict(),
+            "sampler": sampler,
             "rng": (torch.get_rng_state(), random.getstate(), np.random.get_state()),  # noqa: NPY002
             "training_mode": learner.model.training,
         }
@@ -93,7 +95,7 @@ def test_probes_then_restore_continue_bit_identically(make_learner, arch, lora, 
     snapshot = probed.snapshot()
     before = training_state(probed)
     for j in range(2):
-        probed.train(probe_steps, one_hot(j))
+        probed.probe(probe_steps, j)
         probed.evaluate("eval", 2)
         assert not torch.equal(probed.trainable_parameters[-1], snapshot.parameters[-1]), (
             "the probe must move weights"
@@ -106,6 +108,21 @@ def test_probes_then_restore_continue_bit_identically(make_learner, arch, lora, 
     direct = make_learner(arch, lora=lora_config)
     direct.train(warm_steps + continue_steps, MIXTURE)
     assert_identical(after_probing, training_state(direct))
+
+
+def test_probes_read_their_own_streams_which_are_not_rolled_back(make_learner):
+    learner = make_learner()
+    snapshot = learner.snapshot()
+    learner.probe(2, 1)
+    first = [p.detach().clone() for p in learner.trainable_parameters]
+    learner.restore(snapshot)
+    assert learner.sampler.state_dict()["probe_streams"] == [0, 2]
+    learner.probe(2, 1)  # the same probe again continues the stream: other batches, other weights
+    assert any(not torch.equal(a, b) for a, b in zip(first, learner.trainable_parameters, strict=True))
+    learner.restore(snapshot)
+    assert learner.sampler.state_dict()["cursors"] == [0, 0]  # the main order never moved
+    with pytest.raises(ValueError, match="dataset index"):
+        learner.probe(1, 2)
 
 
 def test_probe_and_restore_under_bf16_autocast(make_learner, bf16_accelerator):

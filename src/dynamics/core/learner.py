@@ -68,6 +68,11 @@ class Learner(Protocol):
         """Take ``steps`` optimizer steps, each batch drawn from dataset j with prob. w_j."""
         ...
 
+    def probe(self, steps: int, dataset: int) -> None:
+        """Algorithm 1's probe: ``steps`` optimizer steps on dataset ``dataset`` alone, with
+        the run's own optimizer; rolled back afterwards by ``restore``."""
+        ...
+
     def snapshot(self) -> Any:
         """Everything a probe may change: trainable parameters, optimizer state, LR scheduler,
         RNG and sampler state (in memory)."""

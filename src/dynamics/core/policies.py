@@ -92,11 +92,9 @@ class DynamicsPolicy:
         for j in range(num_datasets):
             # Algorithm 1: every probe starts from the same parameters and optimizer state.
             learner.restore(snapshot)
-            one_hot = np.zeros(num_datasets)
-            one_hot[j] = 1.0
             done = 0
             for k, checkpoint in enumerate(checkpoints):
-                learner.train(checkpoint - done, one_hot)
+                learner.probe(checkpoint - done, j)
                 done = checkpoint
                 trajectories[k, :, j] = learner.evaluate("eval", context.reduced_batches).means()
         learner.restore(snapshot)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -57,7 +57,14 @@ class BatchSampler(Protocol):
         """One batch, from dataset j with probability ``weights[j]``; returns (j, batch)."""
         ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def probe_batch(self, dataset: int) -> Batch:
+        """The next batch of dataset ``dataset``'s own probe stream (main order untouched)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Main streams and choice RNG under ``"streams"``/``"choice_rng"``, probe streams
+        under ``"probe_streams"``."""
+        ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
@@ -202,10 +209,21 @@ class HFLearner:
             raise ValueError(
                 f"weights must have shape ({len(self._dataset_names)},), got {weights.shape}"
             )
+        self._optimizer_steps(steps, lambda: self.sampler.next_batch(weights)[1])
+
+    def probe(self, steps: int, dataset: int) -> None:
+        """Algorithm 1's probe: ``steps`` optimizer steps on dataset ``dataset`` alone, its
+        batches drawn from the dataset's own probe stream, so probing never changes the
+        main run's data order and each update probes on fresh batches."""
+        if not 0 <= dataset < len(self._dataset_names):
+            raise ValueError(f"dataset index {dataset} outside [0, {len(self._dataset_names) - 1}]")
+        self._optimizer_steps(steps, lambda: self.sampler.probe_batch(dataset))
+
+    def _optimizer_steps(self, steps: int, next_batch: Callable[[], Batch]) -> None:
         self.model.train()
         for _ in range(steps):
             for micro_step in range(self.gradient_accumulation):
-                _, batch = self.sampler.next_batch(weights)
+                batch = next_batch()
                 last = micro_step == self.gradient_accumulation - 1
                 # Under DDP, gradients are all-reduced only on the last micro-batch.
                 with nullcontext() if last else self.accelerator.no_sync(self.model):
@@ -271,7 +289,11 @@ class HFLearner:
         if snapshot.grad_scaler is not None:
             assert self.accelerator.scaler is not None
             self.accelerator.scaler.load_state_dict(copy.deepcopy(snapshot.grad_scaler))
-        self.sampler.load_state_dict(copy.deepcopy(snapshot.sampler))
+        # Probe streams are not rolled back: the next probe of a dataset continues where the
+        # last one stopped instead of re-reading the same batches at every update.
+        sampler_state = copy.deepcopy(snapshot.sampler)
+        sampler_state["probe_streams"] = copy.deepcopy(self.sampler.state_dict()["probe_streams"])
+        self.sampler.load_state_dict(sampler_state)
         snapshot.rng.apply()
 
     def evaluate(self, split: str, num_batches: int | None = None) -> Evaluation:
