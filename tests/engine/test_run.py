@@ -152,3 +152,37 @@ def test_bad_config_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert "training.total_steps" in err and "datasets" in err
+
+
+def test_gradient_alignment_run(tokenizer_dir, tmp_path):
+    config = RunConfig.from_dict(
+        tiny_config(tokenizer_dir, tmp_path / "ga", name="gradient-alignment", alignment_batches=2)
+    )
+    summary = run(config, progress=False)
+    records = read_run(tmp_path / "ga")
+    assert summary["method"] == "gradient-alignment"
+    assert [u["step"] for u in records.updates] == [0, 2, 4]
+    for update in records.updates:
+        assert update["policy"] == "gradient-alignment"
+        assert np.isfinite(update["slope_matrix"]).all() and abs(sum(update["weights"]) - 1) < 1e-9
+
+
+def test_missing_tracker_is_a_clear_error(tokenizer_dir, tmp_path, monkeypatch):
+    import dynamics.engine.run as run_module
+
+    monkeypatch.setitem(run_module.TRACKER_MODULES, "wandb", "no_such_tracker_module_xyz")
+    data = tiny_config(tokenizer_dir, tmp_path / "tracked")
+    data["trackers"] = ["wandb"]
+    with pytest.raises(ValueError, match="pip install wandb"):
+        run(RunConfig.from_dict(data), progress=False)
+    assert not (tmp_path / "tracked").exists()  # nothing half-made was left behind
+
+
+def test_data_error_leaves_no_run_folder(tokenizer_dir, tmp_path, capsys):
+    data = tiny_config(tokenizer_dir, tmp_path / "never")
+    data["datasets"][1]["path"] = str(tmp_path / "missing.jsonl")
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    assert cli_main(["run", str(config_path), "--no-progress"]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()

@@ -35,11 +35,11 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from None
 
     from dynamics.data.loading import DataError
-    from dynamics.engine.run import run
+    from dynamics.engine.run import RunSetupError, run
 
     try:
         summary = run(config, progress=not args.no_progress)
-    except (RunDirError, DataError) as err:
+    except (RunDirError, DataError, RunSetupError) as err:
         raise UsageError(str(err)) from None
     print(json.dumps({k: summary[k] for k in ("feasible", "constrained_ppl_reduction", "best_checkpoint", "wall_seconds")}, indent=2))
     print(f"run folder: {config.output_dir}")

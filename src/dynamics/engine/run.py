@@ -55,6 +55,10 @@ from dynamics.experiments import rundir
 logger = logging.getLogger(__name__)
 
 
+class RunSetupError(ValueError):
+    """A run that cannot start as configured; the message says what to change."""
+
+
 class RankSlicedSampler:
     """Each optimizer step draws one *global* batch (from one dataset, the same on every
     rank since the choice RNG is seeded identically) and this rank keeps its rows, so the
@@ -154,9 +158,6 @@ def build_policy(config: RunConfig, dataset_names: list[str]) -> MixturePolicy:
 def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> BuiltRun:
     """Set up the tokenizer, model, data, learner and policy of ``config``."""
     training = config.training
-    missing = trackers_missing(list(config.trackers))
-    if missing:
-        raise ValueError(f"trackers {missing} are not installed: pip install {' '.join(missing)}, or remove them")
     if accelerator is None:
         accelerator = Accelerator(
             mixed_precision=training.mixed_precision,
@@ -390,12 +391,19 @@ def summarize(built: BuiltRun, history: RunHistory, wall_seconds: float) -> dict
 def run(config: RunConfig, progress: bool = True) -> dict[str, Any]:
     """Train ``config`` and write its run folder; returns the summary."""
     started = time.perf_counter()
+    # Checked before anything is written, so a bad request leaves no half-made run folder.
+    missing = trackers_missing(list(config.trackers))
+    if missing:
+        raise RunSetupError(f"trackers {missing} are not installed: pip install {' '.join(missing)}, or remove them")
     accelerator_main = _is_main_process()
     out = Path(config.output_dir)
     if accelerator_main:
+        rundir.check_run_dir(out)  # fail before minutes of setup, not after
+    built = build_run(config)
+    if accelerator_main:
+        # Created only once setup succeeded: a data or model error leaves no folder behind.
         rundir.prepare_run_dir(out)
         rundir.atomic_write_text(out / rundir.CONFIG_FILE, config.to_yaml())
-    built = build_run(config)
     accelerator = built.accelerator
     if config.trackers:
         accelerator.init_trackers("dynamics", config=config.model_dump(mode="json"))
@@ -430,7 +438,10 @@ def _is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+# Tracker name (config.trackers) -> the module accelerate needs for it.
+TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+
+
 def trackers_missing(names: list[str]) -> list[str]:
-    """The requested trackers that are not installed (tensorboard, wandb)."""
-    modules = {"tensorboard": "tensorboard", "wandb": "wandb"}
-    return [n for n in names if importlib.util.find_spec(modules[n]) is None]
+    """The requested trackers whose packages are not installed."""
+    return [n for n in names if importlib.util.find_spec(TRACKER_MODULES[n]) is None]

@@ -65,8 +65,8 @@ def atomic_write_dir(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
-def prepare_run_dir(path: str | Path) -> Path:
-    """Create the run folder; refuse one that already holds a run, so nothing is lost."""
+def check_run_dir(path: str | Path) -> Path:
+    """Refuse a folder that already holds something, so no earlier run is ever overwritten."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise RunDirError(f"output folder {out} is a file: choose another output_dir (or --out)")
@@ -74,6 +74,12 @@ def prepare_run_dir(path: str | Path) -> Path:
         raise RunDirError(
             f"output folder {out} is not empty: choose a new output_dir (or --out), or move the old run away"
         )
+    return out
+
+
+def prepare_run_dir(path: str | Path) -> Path:
+    """Create the run folder after :func:`check_run_dir`'s checks."""
+    out = check_run_dir(path)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
