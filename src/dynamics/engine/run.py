@@ -14,6 +14,7 @@ all ranks hold identical weights and slopes. Only rank 0 writes files.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -347,11 +348,12 @@ def summarize(built: BuiltRun, history: RunHistory, wall_seconds: float) -> dict
     )
     config = built.config
     schedule = built.policy.schedule
-    cost_model = CostModel(
+    cost_model = dataclasses.replace(
+        CostModel.for_predictor(config.method.predictor),
         eval_interval=config.evaluation.interval,
         main_eval_batches=config.evaluation.batches,
         reduced_eval_batches=config.evaluation.reduced_batches,
-    ).for_predictor(config.method.predictor)
+    )
     probing = config.method.name == "dynamics"
     errors = [u.prediction_error for u in history.updates if u.prediction_error is not None]
     return {

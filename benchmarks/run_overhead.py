@@ -1,0 +1,139 @@
+"""Wall time of a DynaMiCS run over a fixed-weight run of the same config, next to the
+cost model's prediction (appendix H) for it.
+
+    .venv/bin/python benchmarks/run_overhead.py [--steps 128] [--schedule dense-warmup]
+
+Both runs use the same tiny random-init Llama, data (the test fixtures), evaluation
+settings and steps; only the policy differs. The prediction is printed twice: with the
+paper's assumed ratio (one training step = 3 forward passes) and with the ratio measured
+here on this model. Prints one JSON object; ratios come from this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dynamics.core.cost import CostModel, relative_cost  # noqa: E402
+from dynamics.core.schedules import build_schedule  # noqa: E402
+from dynamics.engine.config import RunConfig  # noqa: E402
+from dynamics.engine.run import build_run, run  # noqa: E402
+from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer  # noqa: E402
+
+
+def config(tokenizer: Path, out: Path, steps: int, schedule: str, method: dict) -> RunConfig:
+    return RunConfig.from_dict(
+        {
+            "model": {
+                "init_config": {
+                    "model_type": "llama",
+                    "vocab_size": 512,
+                    "hidden_size": 128,
+                    "intermediate_size": 256,
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 4,
+                    "max_position_embeddings": 256,
+                },
+                "tokenizer": str(tokenizer),
+            },
+            "lora": {"rank": 8, "alpha": 16},
+            "optimizer": {"lr": 1e-3},
+            "training": {"total_steps": steps, "batch_size": 4, "sequence_length": 128},
+            # The paper's proportions: evaluate every T/32 steps on 4x the probe's batches.
+            "evaluation": {"interval": max(1, steps // 32), "batches": 8, "reduced_batches": 2},
+            "method": {"schedule": schedule, **method},
+            "datasets": [
+                {"name": "math", "path": str(FIXTURES / "metamath.jsonl"), "role": "target",
+                 "format": "instruction", "columns": {"prompt": "query"}, "eval_size": 3, "test_size": 3},
+                {"name": "wiki", "path": str(FIXTURES / "wikipedia.jsonl"), "role": "non-target"},
+                {"name": "orca", "path": str(FIXTURES / "openorca.jsonl"), "role": "constraint",
+                 "format": "instruction", "columns": {"prompt": "question"}},
+            ],
+            "output_dir": str(out),
+        }
+    )
+
+
+def measured_train_fwd_ratio(cfg: RunConfig, repeats: int = 20) -> float:
+    """Median time of one training step over one evaluation forward pass, same model."""
+    built = build_run(cfg)
+    learner = built.learner
+    weights = torch.tensor([0.5, 0.5]).numpy()
+    learner.train(2, weights)  # warm up
+    steps, forwards = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        learner.train(1, weights)
+        steps.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        learner.evaluate("eval", 1)
+        # one evaluation = one forward per domain
+        forwards.append((time.perf_counter() - t0) / len(learner.domain_names))
+    steps.sort()
+    forwards.sort()
+    return steps[len(steps) // 2] / forwards[len(forwards) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--schedule", default="dense-warmup")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        tiny_tokenizer().save_pretrained(folder / "tok")
+        walls = {}
+        for name, method in (
+            ("fixed", {"name": "fixed", "weights": {"math": 0.5, "wiki": 0.5}}),
+            ("dynamics", {"name": "dynamics"}),
+        ):
+            cfg = config(folder / "tok", folder / name, args.steps, args.schedule, method)
+            started = time.perf_counter()
+            run(cfg, progress=False)
+            walls[name] = time.perf_counter() - started
+        cfg = config(folder / "tok", folder / "ratio", args.steps, args.schedule, {"name": "dynamics"})
+        ratio = measured_train_fwd_ratio(cfg)
+    schedule = build_schedule(args.schedule, args.steps)
+    ev = cfg.evaluation
+
+    def predicted(train_fwd_ratio: float) -> float:
+        model = dataclasses.replace(
+            CostModel(train_fwd_ratio=train_fwd_ratio),
+            eval_interval=ev.interval,
+            main_eval_batches=ev.batches,
+            reduced_eval_batches=ev.reduced_batches,
+        )
+        return relative_cost(schedule, 2, 2, model)
+
+    print(
+        json.dumps(
+            {
+                "benchmark": "run_overhead",
+                "steps": args.steps,
+                "schedule": args.schedule,
+                "fixed_wall_s": round(walls["fixed"], 2),
+                "dynamics_wall_s": round(walls["dynamics"], 2),
+                "measured_cost_ratio": round(walls["dynamics"] / walls["fixed"], 3),
+                "predicted_cost_ratio_assumed_3": round(predicted(3.0), 3),
+                "measured_train_fwd_ratio": round(ratio, 2),
+                "predicted_cost_ratio_measured_ratio": round(predicted(ratio), 3),
+                "note": "wall times include model and data setup, which the cost model leaves out",
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
