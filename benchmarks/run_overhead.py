@@ -24,11 +24,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer  # noqa: E402
+
 from dynamics.core.cost import CostModel, relative_cost  # noqa: E402
 from dynamics.core.schedules import build_schedule  # noqa: E402
 from dynamics.engine.config import RunConfig  # noqa: E402
 from dynamics.engine.run import build_run, run  # noqa: E402
-from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer  # noqa: E402
 
 
 def config(tokenizer: Path, out: Path, steps: int, schedule: str, method: dict) -> RunConfig:
