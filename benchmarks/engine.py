@@ -49,8 +49,11 @@ class CyclingSampler:
         self.position += 1
         return 0, batch
 
+    def probe_batch(self, dataset: int) -> dict[str, torch.Tensor]:
+        return self.next_batch(np.ones(1))[1]
+
     def state_dict(self) -> dict[str, Any]:
-        return {"position": self.position}
+        return {"position": self.position, "probe_streams": []}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.position = state["position"]
