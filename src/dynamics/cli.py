@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "scenarios": "dynamics.commands.scenarios",
     "run": "dynamics.commands.run",
     "report": "dynamics.commands.report",
+    "demo": "dynamics.commands.demo",
 }
 
 

@@ -191,6 +191,8 @@ class HFLearner:
         self.lr_scheduler = build_lr_scheduler(self.torch_optimizer, optimizer, total_steps)
         self.model, self.optimizer = self.accelerator.prepare(model, self.torch_optimizer)
         self.model.train()
+        self.last_train_loss = float("nan")
+        """Mean training loss of the last step of the last ``train`` call (display only)."""
 
     # --- the Learner protocol --------------------------------------------------------
 
@@ -209,7 +211,9 @@ class HFLearner:
             raise ValueError(
                 f"weights must have shape ({len(self._dataset_names)},), got {weights.shape}"
             )
-        self._optimizer_steps(steps, lambda: self.sampler.next_batch(weights)[1])
+        loss = self._optimizer_steps(steps, lambda: self.sampler.next_batch(weights)[1])
+        # One host sync per call (not per step), for progress display only.
+        self.last_train_loss = float(loss)
 
     def probe(self, steps: int, dataset: int) -> None:
         """Algorithm 1's probe: ``steps`` optimizer steps on dataset ``dataset`` alone, its
@@ -219,9 +223,12 @@ class HFLearner:
             raise ValueError(f"dataset index {dataset} outside [0, {len(self._dataset_names) - 1}]")
         self._optimizer_steps(steps, lambda: self.sampler.probe_batch(dataset))
 
-    def _optimizer_steps(self, steps: int, next_batch: Callable[[], Batch]) -> None:
+    def _optimizer_steps(self, steps: int, next_batch: Callable[[], Batch]) -> Tensor:
+        """Train ``steps`` optimizer steps; returns the last step's loss (on device)."""
         self.model.train()
+        step_loss = torch.zeros((), device=self.accelerator.device)
         for _ in range(steps):
+            step_loss = torch.zeros((), device=self.accelerator.device)
             for micro_step in range(self.gradient_accumulation):
                 batch = next_batch()
                 last = micro_step == self.gradient_accumulation - 1
@@ -229,6 +236,7 @@ class HFLearner:
                 with nullcontext() if last else self.accelerator.no_sync(self.model):
                     loss = self._training_loss(batch) / self.gradient_accumulation
                     self.accelerator.backward(loss)
+                step_loss = step_loss + loss.detach()
             if self.max_grad_norm is not None:
                 self.accelerator.clip_grad_norm_(self.trainable_parameters, self.max_grad_norm)
             self.optimizer.step()
@@ -236,6 +244,7 @@ class HFLearner:
             if not self.optimizer.step_was_skipped:
                 self.lr_scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
+        return step_loss
 
     def snapshot(self) -> TrainingSnapshot:
         """Copy the training state (trainable weights, optimizer, scheduler, RNG, sampler)."""

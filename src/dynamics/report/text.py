@@ -19,7 +19,7 @@ def run_report(records: RunRecords) -> str:
     lines = [
         f"run: {records.path}",
         f"method: {summary['method']}  ({summary['num_updates']} mixture updates, "
-        f"{summary['total_steps']} steps, {summary['wall_seconds']:.0f} s, predicted cost "
+        f"{summary['total_steps']} steps, {summary['train_seconds']:.0f} s training, predicted cost "
         f"{summary['predicted_cost']:.2f}x one fixed run; {summary['cost_assumption']})",
         f"targets: {', '.join(targets)}   constraints: {', '.join(constraints) or 'none'}",
         "",

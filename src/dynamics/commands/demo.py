@@ -1,0 +1,35 @@
+"""``dynamics demo [--out DIR] [--quick]``: the offline end-to-end demonstration."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+
+HELP = "offline demo: DynaMiCS against the fixed-mixture sweep on a tiny pretrained model"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", help="output folder (default: runs/demo-<time>)")
+    parser.add_argument(
+        "--quick", action="store_true", help="DynaMiCS and two fixed mixtures only (w = 0.1, 0.5)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def main(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dynamics.cli import UsageError
+    from dynamics.experiments.demo import DemoSettings, run_demo
+    from dynamics.experiments.rundir import RunDirError
+
+    out = Path(args.out or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}")
+    try:
+        result = run_demo(out, DemoSettings(quick=args.quick), progress=not args.no_progress)
+    except RunDirError as err:
+        raise UsageError(str(err)) from None
+    print()
+    print((out / "table.txt").read_text())
+    print(result["verdict"])
+    print(f"report: {result['report']}")
+    return 0

@@ -1,0 +1,493 @@
+"""The demo's base model: a tiny byte-level Llama pretrained offline on the general domains.
+
+Public API:
+
+- ``ensure_base_model(cache_dir=None, *, quick=False, spec=None, progress=True) -> Path``:
+  the folder of a pretrained base model, built on first use (data + pretraining) and reused
+  afterwards. ``AutoModelForCausalLM.from_pretrained(folder)`` and
+  ``AutoTokenizer.from_pretrained(folder)`` load it offline; ``folder / "domains"`` holds the
+  offline domains' JSON-lines files (``domain_paths(folder)``) and ``folder /
+  "pretraining.json"`` what pretraining measured.
+- ``BaseModelSpec`` (``DEFAULT_SPEC``, ``QUICK_SPEC``): everything the model depends on;
+  ``spec.cache_key()`` names its cache folder.
+- ``byte_tokenizer()``: the byte-level tokenizer with a ChatML chat template.
+- ``default_cache_dir()``: ``$XDG_CACHE_HOME/dynamics`` or ``~/.cache/dynamics``.
+
+Why pretrain at all: the demo needs forgetting to be real. A random-init model has nothing
+to forget, so the base model first learns the general domains (stdlib ``code`` and
+``prose``, and the quiz ``facts``) and the demo then fine-tunes it on domains it has not
+seen (``arithmetic``, ``toolcall``) under constraints on what it knows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tqdm.auto import tqdm
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+from dynamics.data.formatting import (
+    IGNORE_INDEX,
+    ChoiceExample,
+    LMExample,
+    build_examples,
+    pad_token_id,
+)
+from dynamics.data.loading import DataSource
+from dynamics.data.offline import (
+    DATA_VERSION,
+    DOMAIN_FORMATS,
+    GENERAL_DOMAINS,
+    DomainSizes,
+    write_offline_domains,
+)
+
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (EOS, PAD, IM_START, IM_END)
+"""Ids 256-259, after the 256 bytes."""
+ANSWER_LETTERS = "ABCD"
+"""" A".." D" are single tokens, ids 260-263 (``byte_tokenizer`` says why)."""
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""ChatML, the template of Qwen and SmolLM2: the prompt of a turn is a prefix of the whole
+conversation, which the data layer's response-only loss mask relies on."""
+
+DOMAINS_DIR = "domains"
+REPORT_FILE = "pretraining.json"
+
+
+# ---------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------
+
+
+def _byte_characters() -> dict[int, str]:
+    """GPT-2's printable stand-in character for each byte (what ``ByteLevel`` maps to)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    characters = {b: chr(b) for b in printable}
+    unprintable = [b for b in range(256) if b not in characters]
+    characters.update({b: chr(256 + k) for k, b in enumerate(unprintable)})
+    return characters
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: token id = byte value for the 256 bytes, the special tokens
+    ``SPECIAL_TOKENS`` (ids 256-259), and one merge per answer letter, " A" to " D" (ids
+    260-263); no BOS; ChatML chat template. Every text round-trips exactly.
+
+    Why the four merges: the data layer scores a multiple-choice prompt ending in "Answer:"
+    by the next token's logits for the *last* token of " A".." D". With bytes alone that
+    next token is always the space, and the letter comes one position later; with " A" a
+    single token, the model's next token after "Answer:" is the answer, as with the
+    SentencePiece and BPE tokenizers of real models.
+    """
+    characters = _byte_characters()
+    vocab = {character: b for b, character in characters.items()}
+    vocab.update({token: 256 + k for k, token in enumerate(SPECIAL_TOKENS)})
+    space = characters[ord(" ")]
+    merges = [(space, letter) for letter in ANSWER_LETTERS]
+    vocab.update({space + letter: 260 + k for k, letter in enumerate(ANSWER_LETTERS)})
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=[IM_START, IM_END],
+    )
+    wrapped.chat_template = CHATML_TEMPLATE
+    return wrapped
+
+
+# ---------------------------------------------------------------------------------------
+# The spec and its cache key
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PretrainingConfig:
+    """The pretraining loop: AdamW, linear warmup then cosine decay to a floor."""
+
+    steps: int = 1200
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Packed sequences per step."""
+    sequence_length: int = 256
+    """Tokens (bytes) per packed sequence."""
+    lr: float = 3e-3
+    """Peak learning rate (module docstring: the sweep that chose it)."""
+    final_lr_ratio: float = 0.1
+    """The cosine ends at ``final_lr_ratio * lr``."""
+    warmup_steps: int = 50
+    """Linear warmup from 0 to ``lr``."""
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0
+    facts_repeat: int = 2
+    """Copies of the ``facts`` blocks in each epoch's pool: the quiz needs each fact seen
+    several times, while ``code`` and ``prose`` are many times larger."""
+    validation_fraction: float = 0.05
+    """Rows of ``code`` and ``prose`` held out of pretraining to measure its losses
+    (``facts`` keeps every row: the quiz measures it)."""
+    seed: int = 0
+    """Seed of the initialisation, the held-out rows and the batch order."""
+
+
+@dataclass(frozen=True)
+class BaseModelSpec:
+    """Everything the cached base model depends on (with the Python and torch versions)."""
+
+    model: dict[str, Any] = field(
+        default_factory=lambda: {
+            "hidden_size": 128,
+            "intermediate_size": 384,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "max_position_embeddings": 256,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": True,
+        }
+    )
+    """``LlamaConfig`` arguments; the vocabulary and special ids come from the tokenizer."""
+    pretraining: PretrainingConfig = field(default_factory=PretrainingConfig)
+    data_seed: int = 0
+    """Seed of ``write_offline_domains``."""
+    sizes: DomainSizes = field(default_factory=DomainSizes)
+
+    def cache_key(self) -> str:
+        """``base-`` and 16 hex digits of a hash of the spec, the data version, the Python
+        minor version (the stdlib text differs) and the torch version."""
+        content = {
+            "spec": asdict(self),
+            "data_version": DATA_VERSION,
+            "python": list(sys.version_info[:2]),
+            "torch": torch.__version__,
+        }
+        encoded = json.dumps(content, sort_keys=True).encode()
+        return "base-" + hashlib.sha256(encoded).hexdigest()[:16]
+
+    def llama_config(self, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
+        return LlamaConfig(
+            vocab_size=len(tokenizer),
+            bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **self.model,
+        )
+
+
+DEFAULT_SPEC = BaseModelSpec()
+QUICK_SPEC = BaseModelSpec(
+    model={
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "tie_word_embeddings": True,
+    },
+    pretraining=PretrainingConfig(steps=4, batch_size=4, sequence_length=64, warmup_steps=1),
+    sizes=DomainSizes(code=24, prose=24, arithmetic=16, toolcall=16, quiz=12),
+)
+"""A seconds-long build for tests and smoke runs: the same pipeline, nothing learned."""
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/dynamics``, or ``~/.cache/dynamics``."""
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "dynamics"
+
+
+def domain_paths(folder: str | os.PathLike[str]) -> dict[str, Path]:
+    """The offline domains' files of a base-model folder, by domain name."""
+    return {name: Path(folder) / DOMAINS_DIR / f"{name}.jsonl" for name in DOMAIN_FORMATS}
+
+
+def ensure_base_model(
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    quick: bool = False,
+    spec: BaseModelSpec | None = None,
+    progress: bool = True,
+) -> Path:
+    """The folder ``cache_dir/<spec.cache_key()>`` of the pretrained base model, built
+    first if absent. ``quick`` selects ``QUICK_SPEC`` (unless ``spec`` is given).
+
+    The folder is built in a temporary sibling and renamed into place, so it is either
+    complete or absent; if another process finished it first, its folder is kept.
+    """
+    spec = spec if spec is not None else (QUICK_SPEC if quick else DEFAULT_SPEC)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder = root / spec.cache_key()
+    if folder.is_dir():
+        return folder
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{folder.name}."))
+    try:
+        build_base_model(tmp, spec, progress=progress)
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if not folder.is_dir():
+                raise
+            shutil.rmtree(tmp)  # another process built it meanwhile; theirs is as good
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+# ---------------------------------------------------------------------------------------
+# Building: data, pretraining, measurement
+# ---------------------------------------------------------------------------------------
+
+
+def build_base_model(folder: Path, spec: BaseModelSpec, *, progress: bool = True) -> dict:
+    """Write the domains, pretrain, measure and save into ``folder``; return the report."""
+    start = time.perf_counter()
+    config = spec.pretraining
+    paths = write_offline_domains(folder / DOMAINS_DIR, spec.data_seed, spec.sizes)
+    tokenizer = byte_tokenizer()
+    rows = {name: _read_jsonl(path) for name, path in paths.items()}
+    train_blocks, validation = _pretraining_data(rows, tokenizer, config)
+
+    torch.manual_seed(config.seed)
+    model = LlamaForCausalLM(spec.llama_config(tokenizer))
+    curve = pretrain(model, train_blocks, config, progress=progress)
+    report = {
+        "cache_key": spec.cache_key(),
+        "spec": asdict(spec),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_tokens": config.steps * config.batch_size * config.sequence_length,
+        "losses": measure_base_model(model, tokenizer, rows, validation, config),
+        "loss_curve": curve,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def _held_out(num_rows: int, fraction: float, seed: int) -> set[int]:
+    count = math.ceil(fraction * num_rows)
+    return set(np.random.default_rng(seed).permutation(num_rows)[:count].tolist())
+
+
+def _examples(
+    rows: list[dict[str, Any]],
+    name: str,
+    tokenizer: PreTrainedTokenizerBase,
+    sequence_length: int,
+    packing: bool,
+) -> list[LMExample] | list[ChoiceExample]:
+    source = DataSource(path=f"{name}.jsonl", format=DOMAIN_FORMATS[name])  # type: ignore[arg-type]
+    return build_examples(
+        datasets.Dataset.from_list(rows),
+        tokenizer,
+        source,
+        sequence_length=sequence_length,
+        packing=packing,
+    )
+
+
+def _blocks(
+    rows: list[dict[str, Any]], name: str, tokenizer: PreTrainedTokenizerBase, length: int
+) -> list[np.ndarray]:
+    """The rows packed into blocks of ``length`` tokens; the last, partial block is dropped."""
+    packed = _examples(rows, name, tokenizer, length, packing=True)
+    return [example.input_ids for example in packed if len(example) == length]
+
+
+def _pretraining_data(
+    rows: dict[str, list[dict[str, Any]]],
+    tokenizer: PreTrainedTokenizerBase,
+    config: PretrainingConfig,
+) -> tuple[torch.Tensor, dict[str, list[LMExample]]]:
+    """Packed full-length training blocks ``(n, sequence_length)`` of the general domains,
+    and the held-out ``code``/``prose`` rows as packed validation examples."""
+    blocks: list[np.ndarray] = []
+    validation: dict[str, list[LMExample]] = {}
+    for index, name in enumerate(GENERAL_DOMAINS):
+        if name == "facts":
+            # Each copy packs the rows in a fresh order, so a fact's neighbours change.
+            rng = np.random.default_rng(config.seed)
+            for _ in range(config.facts_repeat):
+                shuffled = [rows[name][i] for i in rng.permutation(len(rows[name]))]
+                blocks.extend(_blocks(shuffled, name, tokenizer, config.sequence_length))
+            continue
+        held_out = _held_out(len(rows[name]), config.validation_fraction, config.seed + index)
+        train_rows = [r for i, r in enumerate(rows[name]) if i not in held_out]
+        blocks.extend(_blocks(train_rows, name, tokenizer, config.sequence_length))
+        validation_rows = [rows[name][i] for i in sorted(held_out)]
+        validation[name] = _examples(  # type: ignore[assignment]
+            validation_rows, name, tokenizer, config.sequence_length, packing=True
+        )
+    return torch.from_numpy(np.stack(blocks).astype(np.int64)), validation
+
+
+def pretraining_lr(step: int, config: PretrainingConfig) -> float:
+    """The learning rate of optimizer step ``step`` (0-based): linear warmup over
+    ``warmup_steps``, then a half cosine from ``lr`` to ``final_lr_ratio * lr``."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    floor = config.final_lr_ratio
+    return config.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def pretrain(
+    model: PreTrainedModel,
+    blocks: torch.Tensor,
+    config: PretrainingConfig,
+    *,
+    progress: bool = True,
+) -> list[tuple[int, float]]:
+    """Train ``model`` on random batches of ``blocks`` (a fresh seeded order each epoch);
+    return ``(step, mean training loss)`` every 50 steps and at the end."""
+    generator = torch.Generator().manual_seed(config.seed)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]  # norms: decaying them hurts
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": config.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=config.lr,
+        betas=(0.9, 0.95),
+    )
+    model.train()
+    order = torch.randperm(len(blocks), generator=generator)
+    cursor = 0
+    curve: list[tuple[int, float]] = []
+    window: list[float] = []
+    bar = tqdm(range(config.steps), desc="pretraining the base model", disable=not progress)
+    for step in bar:
+        if cursor + config.batch_size > len(order):
+            order, cursor = torch.randperm(len(blocks), generator=generator), 0
+        batch = blocks[order[cursor : cursor + config.batch_size]]
+        cursor += config.batch_size
+        for group in optimizer.param_groups:
+            group["lr"] = pretraining_lr(step, config)
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        window.append(loss.item())
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if (step + 1) % 50 == 0 or step + 1 == config.steps:
+            curve.append((step + 1, round(float(np.mean(window)), 4)))
+            window = []
+    model.eval()
+    return curve
+
+
+@torch.no_grad()
+def mean_loss(model: PreTrainedModel, examples: Sequence[LMExample], batch_size: int = 16) -> float:
+    """Token-weighted mean cross-entropy (nats per token) over ``examples``."""
+    total, count = 0.0, 0
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        length = max(len(e) for e in chunk)
+        input_ids = torch.zeros(len(chunk), length, dtype=torch.long)
+        labels = torch.full((len(chunk), length), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros(len(chunk), length, dtype=torch.long)
+        for row, example in enumerate(chunk):
+            input_ids[row, : len(example)] = torch.from_numpy(example.input_ids)
+            labels[row, : len(example)] = torch.from_numpy(example.labels)
+            mask[row, : len(example)] = 1
+        logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1]
+        targets = labels[:, 1:]
+        losses = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            targets.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+        total += float(losses)
+        count += int((targets != IGNORE_INDEX).sum())
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def choice_accuracy(
+    model: PreTrainedModel, examples: Sequence[ChoiceExample], pad_id: int, batch_size: int = 32
+) -> float:
+    """Letter-restricted argmax accuracy (paper appendix M): the share of questions whose
+    answer letter has the highest next-token logit among the choices' letters."""
+    correct = 0
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        length = max(len(e) for e in chunk)
+        input_ids = torch.full((len(chunk), length), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(chunk), length, dtype=torch.long)
+        for row, example in enumerate(chunk):
+            input_ids[row, : len(example)] = torch.from_numpy(example.input_ids)
+            mask[row, : len(example)] = 1
+        logits = model(input_ids=input_ids, attention_mask=mask).logits
+        for row, example in enumerate(chunk):
+            scores = logits[row, len(example) - 1, torch.from_numpy(example.choice_token_ids)]
+            correct += int(int(scores.argmax()) == example.answer_index)
+    return correct / max(len(examples), 1)
+
+
+def measure_base_model(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: dict[str, list[dict[str, Any]]],
+    validation: dict[str, list[LMExample]],
+    config: PretrainingConfig,
+    sample: int = 200,
+) -> dict[str, float]:
+    """Losses (nats per token) on the held-out general rows and on the first ``sample``
+    rows of the unlearned instruction domains (response tokens only), and the quiz's
+    accuracy (its share of correct answers; chance is 0.25)."""
+    losses = {name: round(mean_loss(model, examples), 4) for name, examples in validation.items()}
+    for name in ("arithmetic", "toolcall"):
+        examples = _examples(rows[name][:sample], name, tokenizer, config.sequence_length, False)
+        losses[name] = round(mean_loss(model, examples), 4)  # type: ignore[arg-type]
+    quiz = _examples(rows["quiz"], "quiz", tokenizer, config.sequence_length, packing=False)
+    losses["quiz_accuracy"] = round(choice_accuracy(model, quiz, pad_token_id(tokenizer)), 4)  # type: ignore[arg-type]
+    return losses

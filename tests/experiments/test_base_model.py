@@ -1,0 +1,142 @@
+"""The demo's base model: byte tokenizer, pretraining schedule, cached build and its key."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from dynamics.data import IGNORE_INDEX, DataSource, build_examples, letter_token_ids
+from dynamics.data.offline import DOMAIN_FORMATS, DomainSizes
+from dynamics.experiments import base_model
+from dynamics.experiments.base_model import (
+    DEFAULT_SPEC,
+    QUICK_SPEC,
+    PretrainingConfig,
+    byte_tokenizer,
+    domain_paths,
+    ensure_base_model,
+    pretraining_lr,
+)
+
+
+def test_byte_tokenizer_round_trips_bytes() -> None:
+    tokenizer = byte_tokenizer()
+    text = "def f(x):\n\treturn x ≤ 2  # naïve ✓\r\n"
+    ids = tokenizer(text)["input_ids"]
+    assert ids == list(text.encode("utf-8"))  # id = byte value, no BOS/EOS added
+    assert tokenizer.decode(ids) == text
+    assert len(tokenizer) == 264
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (256, 257)
+    assert tokenizer("<|im_start|>x<|im_end|>")["input_ids"] == [258, ord("x"), 259]
+
+
+def test_answer_letters_are_single_tokens() -> None:
+    tokenizer = byte_tokenizer()
+    # The token after "Answer:" is the answer itself, as the data layer scores it.
+    assert letter_token_ids(tokenizer, 4) == [260, 261, 262, 263]
+    text = "Answer: C, or B. A BAD Example"
+    ids = tokenizer(text)["input_ids"]
+    assert ids[:8] == [*b"Answer:", 262] and tokenizer.decode(ids) == text
+
+
+def test_chat_template_masks_the_prompt() -> None:
+    tokenizer = byte_tokenizer()
+    rows = datasets.Dataset.from_list([{"prompt": "What is 2 + 3?", "response": "5"}])
+    source = DataSource(path="arithmetic.jsonl", format="instruction")
+    (example,) = build_examples(rows, tokenizer, source, sequence_length=256)
+    labelled = example.labels[example.labels != IGNORE_INDEX].tolist()
+    assert tokenizer.decode(labelled) == "5<|im_end|>\n"
+    assert tokenizer.decode(example.input_ids.tolist()) == (
+        "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n5<|im_end|>\n"
+    )
+
+
+def test_pretraining_lr_warms_up_then_decays_to_its_floor() -> None:
+    config = PretrainingConfig(steps=100, lr=1e-3, warmup_steps=10, final_lr_ratio=0.1)
+    lrs = np.array([pretraining_lr(step, config) for step in range(config.steps + 1)])
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert np.all(np.diff(lrs[:10]) > 0) and np.all(np.diff(lrs[10:]) <= 0)
+    assert lrs[-1] == pytest.approx(1e-4)
+
+
+def test_cache_key_follows_everything_the_model_depends_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    key = DEFAULT_SPEC.cache_key()
+    assert key.startswith("base-") and len(key) == len("base-") + 16
+    assert dataclasses.replace(DEFAULT_SPEC).cache_key() == key
+    changed = [
+        dataclasses.replace(DEFAULT_SPEC, model={**DEFAULT_SPEC.model, "hidden_size": 64}),
+        dataclasses.replace(
+            DEFAULT_SPEC, pretraining=dataclasses.replace(DEFAULT_SPEC.pretraining, lr=1e-3)
+        ),
+        dataclasses.replace(DEFAULT_SPEC, data_seed=1),
+        dataclasses.replace(DEFAULT_SPEC, sizes=DomainSizes(arithmetic=10)),
+        QUICK_SPEC,
+    ]
+    keys = {spec.cache_key() for spec in changed}
+    assert key not in keys and len(keys) == len(changed)
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "__version__", "0.0.0")
+        assert DEFAULT_SPEC.cache_key() != key
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "version_info", (3, 99, 0))
+        assert DEFAULT_SPEC.cache_key() != key
+
+
+def test_quick_base_model_is_built_once_and_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = ensure_base_model(tmp_path, quick=True, progress=False)
+    assert folder == tmp_path / QUICK_SPEC.cache_key()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left over
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert model.config.hidden_size == QUICK_SPEC.model["hidden_size"]
+    assert tokenizer("hi")["input_ids"] == [104, 105] and tokenizer.chat_template
+    assert sorted(domain_paths(folder)) == sorted(DOMAIN_FORMATS)
+    assert all(path.is_file() for path in domain_paths(folder).values())
+    report = json.loads((folder / base_model.REPORT_FILE).read_text())
+    assert set(report["losses"]) == {"code", "prose", "arithmetic", "toolcall", "quiz_accuracy"}
+    assert report["loss_curve"][-1][0] == QUICK_SPEC.pretraining.steps
+
+    # The second call finds the folder and trains nothing.
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the cached base model was rebuilt")
+
+    monkeypatch.setattr(base_model, "build_base_model", fail)
+    assert ensure_base_model(tmp_path, quick=True, progress=False) == folder
+
+
+def test_a_failed_build_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def crash(folder: Path, *args: object, **kwargs: object) -> None:
+        (folder / "model.safetensors").write_text("half written")
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(base_model, "build_base_model", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        ensure_base_model(tmp_path, quick=True, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_cache_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert base_model.default_cache_dir() == tmp_path / "dynamics"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert base_model.default_cache_dir() == Path.home() / ".cache" / "dynamics"

@@ -1,0 +1,55 @@
+"""`dynamics demo` end to end at reduced size: a seconds-long base model, 16 steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dynamics.experiments.base_model import QUICK_SPEC
+from dynamics.experiments.demo import DemoSettings, fixed_runs, run_demo
+from dynamics.experiments.rundir import read_run
+
+pytestmark = pytest.mark.slow
+
+SMALL = DemoSettings(quick=True, base_spec=QUICK_SPEC, total_steps=16, eval_batches=2, target_budgets=(8, 4))
+
+
+def test_fixed_sweep_is_the_paper_grid_plus_fine_masses():
+    labels = [label for label, _ in fixed_runs(DemoSettings())]
+    assert labels[:7] == [f"uniform-w{w:g}" for w in (0, 0.05, 0.1, 0.2, 0.5, 0.8, 1)]
+    # w = 0 is the same mixture under both schemes, so its proportional twin is skipped.
+    assert "proportional-w0" not in labels and "proportional-w0.2" in labels
+    weights = dict(fixed_runs(DemoSettings()))["proportional-w0.2"]
+    assert weights["arithmetic"] == pytest.approx(0.2 * 1000 / 1500)
+    assert weights["code"] == weights["prose"] == pytest.approx(0.4)
+    assert [label for label, _ in fixed_runs(SMALL)] == ["uniform-w0.1", "uniform-w0.5"]
+
+
+def test_demo_writes_table_report_and_figures(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "demo"
+    result = run_demo(out, SMALL, progress=False)
+
+    assert (out / "report.md").is_file() and (out / "table.txt").is_file()
+    for name in ("weights", "constraints", "targets", "cost"):
+        png = out / "figures" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    report = (out / "report.md").read_text()
+    assert result["verdict"] in report
+    for domain in ("arithmetic", "toolcall", "code-heldout", "prose-heldout", "quiz"):
+        assert f"`{domain}`" in report  # every domain is explained
+
+    # The table's numbers are the run folders' numbers.
+    summary = json.loads((out / "demo.json").read_text())
+    rows = {row["label"]: row for row in summary["rows"]}
+    assert set(rows) == {"DynaMiCS", "fixed-uniform-w0.1", "fixed-uniform-w0.5"}
+    dynamics = read_run(out / "runs" / "dynamics")
+    assert rows["DynaMiCS"]["ppl_reduction"] == pytest.approx(dynamics.summary["constrained_ppl_reduction"])
+    assert dynamics.domain_names == ["arithmetic", "toolcall", "code-heldout", "prose-heldout", "quiz"]
+    assert dynamics.summary["domain_metrics"][-1] == "accuracy"
+
+    # Held-out constraint rows are exactly the rows pretraining held out: disjoint from training.
+    train = set((out / "data" / "code.jsonl").read_text().splitlines())
+    held = set((out / "data" / "code-heldout.jsonl").read_text().splitlines())
+    assert train and held and not train & held
