@@ -17,12 +17,13 @@ SMALL = DemoSettings(quick=True, base_spec=QUICK_SPEC, total_steps=16, eval_batc
 
 def test_fixed_sweep_is_the_paper_grid_plus_fine_masses():
     labels = [label for label, _ in fixed_runs(DemoSettings())]
-    assert labels[:7] == [f"uniform-w{w:g}" for w in (0, 0.05, 0.1, 0.2, 0.5, 0.8, 1)]
-    # w = 0 is the same mixture under both schemes, so its proportional twin is skipped.
-    assert "proportional-w0" not in labels and "proportional-w0.2" in labels
-    weights = dict(fixed_runs(DemoSettings()))["proportional-w0.2"]
+    # Equal target budgets: every proportional mixture equals a uniform one (section 4.4).
+    assert labels == [f"uniform-w{w:g}" for w in (0, 0.05, 0.1, 0.2, 0.5, 0.8, 1)]
+    unequal = dict(fixed_runs(DemoSettings(target_budgets=(1000, 500))))
+    assert "proportional-w0" not in unequal  # w = 0 is the same mixture under both schemes
+    weights = unequal["proportional-w0.2"]
     assert weights["arithmetic"] == pytest.approx(0.2 * 1000 / 1500)
-    assert weights["code"] == weights["prose"] == pytest.approx(0.4)
+    assert weights["code"] == weights["prose"] == weights["facts"] == pytest.approx(0.8 / 3)
     assert [label for label, _ in fixed_runs(SMALL)] == ["uniform-w0.1", "uniform-w0.5"]
 
 

@@ -186,7 +186,9 @@ def write_offline_domains(
     sources = stdlib_sources()
     # The quiz and the facts rows are about the same facts, drawn once.
     groups = answer_groups(quiz_facts(sources))
-    facts = sample_quiz_facts(random.Random(f"{seed}:quiz"), quiz_facts(sources), groups, sizes.quiz)
+    facts = sample_quiz_facts(
+        random.Random(f"{seed}:quiz"), quiz_facts(sources), groups, sizes.quiz
+    )
     builders: dict[str, Callable[[random.Random], list[dict[str, Any]]]] = {
         "code": lambda rng: _sample(rng, code_documents(sources), sizes.code),
         "prose": lambda rng: _sample(rng, prose_documents(sources), sizes.prose),
@@ -353,7 +355,9 @@ def answer_groups(facts: list[Fact]) -> list[tuple[str, ...]]:
         counts[fact.module] = counts.get(fact.module, 0) + 1
     ranked = sorted(counts, key=lambda module: (-counts[module], module))[: 4 * QUIZ_GROUPS]
     if len(ranked) < 4 * QUIZ_GROUPS:
-        raise ValueError(f"the quiz needs {4 * QUIZ_GROUPS} modules with facts, found {len(ranked)}")
+        raise ValueError(
+            f"the quiz needs {4 * QUIZ_GROUPS} modules with facts, found {len(ranked)}"
+        )
     return [tuple(sorted(ranked[k : k + 4])) for k in range(0, len(ranked), 4)]
 
 

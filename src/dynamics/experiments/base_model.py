@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -63,6 +64,8 @@ from dynamics.data.offline import (
     write_offline_domains,
 )
 
+logger = logging.getLogger(__name__)
+
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 IM_START = "<|im_start|>"
@@ -81,6 +84,8 @@ CHATML_TEMPLATE = (
 """ChatML, the template of Qwen and SmolLM2: the prompt of a turn is a prefix of the whole
 conversation, which the data layer's response-only loss mask relies on."""
 
+BUILD_VERSION = 1
+"""Bumped whenever the tokenizer or the pretraining code changes, so caches are rebuilt."""
 DOMAINS_DIR = "domains"
 REPORT_FILE = "pretraining.json"
 
@@ -168,33 +173,35 @@ class PretrainingConfig:
 
 
 @dataclass(frozen=True)
+class ModelShape:
+    """The shape of the Llama-style decoder (``LlamaConfig`` fields; embeddings are tied)."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    max_position_embeddings: int = 256
+    """The longest sequence, in tokens (bytes)."""
+
+
+@dataclass(frozen=True)
 class BaseModelSpec:
     """Everything the cached base model depends on (with the Python and torch versions)."""
 
-    model: dict[str, Any] = field(
-        default_factory=lambda: {
-            "hidden_size": 128,
-            "intermediate_size": 384,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "max_position_embeddings": 256,
-            "rope_theta": 10000.0,
-            "tie_word_embeddings": True,
-        }
-    )
-    """``LlamaConfig`` arguments; the vocabulary and special ids come from the tokenizer."""
+    model: ModelShape = field(default_factory=ModelShape)
     pretraining: PretrainingConfig = field(default_factory=PretrainingConfig)
     data_seed: int = 0
     """Seed of ``write_offline_domains``."""
     sizes: DomainSizes = field(default_factory=DomainSizes)
 
     def cache_key(self) -> str:
-        """``base-`` and 16 hex digits of a hash of the spec, the data version, the Python
-        minor version (the stdlib text differs) and the torch version."""
+        """``base-`` and 16 hex digits of a hash of the spec, the data and build versions,
+        the Python minor version (the stdlib text differs) and the torch version."""
         content = {
             "spec": asdict(self),
             "data_version": DATA_VERSION,
+            "build_version": BUILD_VERSION,
             "python": list(sys.version_info[:2]),
             "torch": torch.__version__,
         }
@@ -202,26 +209,27 @@ class BaseModelSpec:
         return "base-" + hashlib.sha256(encoded).hexdigest()[:16]
 
     def llama_config(self, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
+        """The model's config, with the tokenizer's vocabulary size and special ids."""
         return LlamaConfig(
             vocab_size=len(tokenizer),
             bos_token_id=None,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
-            **self.model,
+            tie_word_embeddings=True,
+            **asdict(self.model),
         )
 
 
 DEFAULT_SPEC = BaseModelSpec()
 QUICK_SPEC = BaseModelSpec(
-    model={
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 64,
-        "tie_word_embeddings": True,
-    },
+    model=ModelShape(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    ),
     pretraining=PretrainingConfig(steps=4, batch_size=4, sequence_length=64, warmup_steps=1),
     sizes=DomainSizes(code=24, prose=24, arithmetic=16, toolcall=16, quiz=12),
 )
@@ -257,6 +265,7 @@ def ensure_base_model(
     folder = root / spec.cache_key()
     if folder.is_dir():
         return folder
+    logger.info("building the demo's base model in %s (once; minutes on a laptop CPU)", folder)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{folder.name}."))
     try:
@@ -290,12 +299,14 @@ def build_base_model(folder: Path, spec: BaseModelSpec, *, progress: bool = True
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(spec.llama_config(tokenizer))
     curve = pretrain(model, train_blocks, config, progress=progress)
+    losses, quiz_accuracy = measure_base_model(model, tokenizer, rows, validation, config)
     report = {
         "cache_key": spec.cache_key(),
         "spec": asdict(spec),
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_tokens": config.steps * config.batch_size * config.sequence_length,
-        "losses": measure_base_model(model, tokenizer, rows, validation, config),
+        "losses": losses,
+        "quiz_accuracy": quiz_accuracy,
         "loss_curve": curve,
         "seconds": round(time.perf_counter() - start, 1),
     }
@@ -313,6 +324,16 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 def _held_out(num_rows: int, fraction: float, seed: int) -> set[int]:
     count = math.ceil(fraction * num_rows)
     return set(np.random.default_rng(seed).permutation(num_rows)[:count].tolist())
+
+
+def pretraining_held_out(config: PretrainingConfig, name: str, num_rows: int) -> set[int]:
+    """Indices of the rows of general domain ``name`` (``code`` or ``prose``, ``num_rows``
+    rows) that pretraining held out: a seeded ``validation_fraction`` of them, rounded up.
+    A fine-tuning run can measure forgetting on exactly the text the model never saw."""
+    if name not in GENERAL_DOMAINS or name == "facts":
+        raise ValueError(f"{name!r}: pretraining holds out rows of code and prose only")
+    seed = config.seed + GENERAL_DOMAINS.index(name)
+    return _held_out(num_rows, config.validation_fraction, seed)
 
 
 def _examples(
@@ -349,7 +370,7 @@ def _pretraining_data(
     and the held-out ``code``/``prose`` rows as packed validation examples."""
     blocks: list[np.ndarray] = []
     validation: dict[str, list[LMExample]] = {}
-    for index, name in enumerate(GENERAL_DOMAINS):
+    for name in GENERAL_DOMAINS:
         if name == "facts":
             # Each copy packs the rows in a fresh order, so a fact's neighbours change.
             rng = np.random.default_rng(config.seed)
@@ -357,7 +378,7 @@ def _pretraining_data(
                 shuffled = [rows[name][i] for i in rng.permutation(len(rows[name]))]
                 blocks.extend(_blocks(shuffled, name, tokenizer, config.sequence_length))
             continue
-        held_out = _held_out(len(rows[name]), config.validation_fraction, config.seed + index)
+        held_out = pretraining_held_out(config, name, len(rows[name]))
         train_rows = [r for i, r in enumerate(rows[name]) if i not in held_out]
         blocks.extend(_blocks(train_rows, name, tokenizer, config.sequence_length))
         validation_rows = [rows[name][i] for i in sorted(held_out)]
@@ -480,14 +501,14 @@ def measure_base_model(
     validation: dict[str, list[LMExample]],
     config: PretrainingConfig,
     sample: int = 200,
-) -> dict[str, float]:
-    """Losses (nats per token) on the held-out general rows and on the first ``sample``
-    rows of the unlearned instruction domains (response tokens only), and the quiz's
-    accuracy (its share of correct answers; chance is 0.25)."""
+) -> tuple[dict[str, float], float]:
+    """Losses (nats per token) on the held-out ``code``/``prose`` rows and on the first
+    ``sample`` rows of the unlearned instruction domains (response tokens only), and the
+    quiz's accuracy (share of questions answered right; chance is 0.25)."""
     losses = {name: round(mean_loss(model, examples), 4) for name, examples in validation.items()}
     for name in ("arithmetic", "toolcall"):
         examples = _examples(rows[name][:sample], name, tokenizer, config.sequence_length, False)
         losses[name] = round(mean_loss(model, examples), 4)  # type: ignore[arg-type]
     quiz = _examples(rows["quiz"], "quiz", tokenizer, config.sequence_length, packing=False)
-    losses["quiz_accuracy"] = round(choice_accuracy(model, quiz, pad_token_id(tokenizer)), 4)  # type: ignore[arg-type]
-    return losses
+    accuracy = choice_accuracy(model, quiz, pad_token_id(tokenizer))  # type: ignore[arg-type]
+    return losses, round(accuracy, 4)

@@ -133,8 +133,13 @@ def _verdict(dynamics: MethodRow, best_fixed: MethodRow | None, best_paper: Meth
     if dynamics.ppl_reduction > best_fixed.ppl_reduction:
         return head + " DynaMiCS wins: more reduction than any fixed mixture, for one run."
     if dynamics.ppl_reduction > 0 and dynamics.cost < k:
+        grid = (
+            " It does beat every mixture of the paper's grid."
+            if best_paper is not None and dynamics.ppl_reduction > best_paper.ppl_reduction
+            else ""
+        )
         return head + (
             " DynaMiCS does not beat the best fixed mixture, which was found only by running all "
-            f"{k} of them."
+            f"{k} of them.{grid}"
         )
     return head + " DynaMiCS does not win here."
