@@ -81,6 +81,12 @@ def test_dataset_errors():
     dupes["datasets"].append(dict(dupes["datasets"][0]))
     with pytest.raises(ConfigError, match="unique"):
         RunConfig.from_dict(dupes)
+    evaluated_non_target = minimal()
+    evaluated_non_target["datasets"].append(
+        {"name": "wiki", "path": "w.jsonl", "role": "non-target", "eval_batch_size": 32}
+    )
+    with pytest.raises(ConfigError, match="not evaluated; remove its eval_batch_size"):
+        RunConfig.from_dict(evaluated_non_target)
 
 
 def test_yaml_is_safe_loaded(tmp_path):

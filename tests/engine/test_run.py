@@ -12,7 +12,7 @@ import yaml
 from dynamics.cli import main as cli_main
 from dynamics.core import metrics
 from dynamics.engine.config import RunConfig
-from dynamics.engine.run import run
+from dynamics.engine.run import build_run, run
 from dynamics.experiments.rundir import read_run
 from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
 
@@ -108,6 +108,15 @@ def test_dynamics_run_writes_a_complete_run_folder(tokenizer_dir, tmp_path):
         assert (out / "best_checkpoint" / "step.txt").read_text().strip() == str(step)
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert RunConfig.model_validate(saved) == config
+
+
+def test_a_domain_can_have_its_own_evaluation_batch_size(tokenizer_dir, tmp_path):
+    data = tiny_config(tokenizer_dir, tmp_path / "run")
+    data["datasets"][3]["eval_batch_size"] = 5  # the accuracy constraint
+    built = build_run(RunConfig.from_dict(data))
+    sizes = {d.name: [len(b["input_ids"]) for b in d.eval_batches] for d in built.learner.domains}
+    assert sizes == {"math": [2, 2, 2], "orca": [2, 2, 2], "mmlu": [5, 5, 5]}
+    assert [len(b["input_ids"]) for b in built.learner.domains[2].test_batches] == [5, 5, 5]
 
 
 def test_fixed_run_through_the_cli_with_overrides(tokenizer_dir, tmp_path, capsys):

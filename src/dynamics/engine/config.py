@@ -155,6 +155,12 @@ class DatasetConfig(_Section):
     test_size: int | float | None = Field(
         None, description="Rows held out for the test split, as eval_size."
     )
+    eval_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Evaluation batch size of this domain (default: evaluation.batch_size). Larger for "
+        "short rows, e.g. an accuracy constraint, where each question of a small sample moves it a lot.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> DatasetConfig:
@@ -172,6 +178,8 @@ class DatasetConfig(_Section):
             )
         if self.role == "constraint" and self.budget is not None:
             raise ValueError(f"dataset {self.name!r}: a constraint is evaluated only; remove its budget")
+        if self.role == "non-target" and self.eval_batch_size is not None:
+            raise ValueError(f"dataset {self.name!r}: a non-target is not evaluated; remove its eval_batch_size")
         return self
 
     def data_source(self) -> DataSource:

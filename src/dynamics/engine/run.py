@@ -214,7 +214,7 @@ def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> Buil
                 parts.eval,
                 parts.test,
                 num_batches=config.evaluation.batches,
-                batch_size=eval_batch_size,
+                batch_size=dataset.eval_batch_size or eval_batch_size,
                 pad_id=pad_id,
                 seed=training.seed + 7919 * (index + 1),
             )
