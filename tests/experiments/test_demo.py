@@ -24,7 +24,7 @@ def test_fixed_sweep_is_the_paper_grid_plus_fine_masses():
     weights = unequal["proportional-w0.2"]
     assert weights["arithmetic"] == pytest.approx(0.2 * 1000 / 1500)
     assert weights["code"] == weights["prose"] == weights["facts"] == pytest.approx(0.8 / 3)
-    assert [label for label, _ in fixed_runs(SMALL)] == ["uniform-w0.1", "uniform-w0.5"]
+    assert [label for label, _ in fixed_runs(SMALL)] == ["uniform-w0.05", "uniform-w0.2"]
 
 
 def test_demo_writes_table_report_and_figures(tmp_path, monkeypatch):
@@ -44,7 +44,7 @@ def test_demo_writes_table_report_and_figures(tmp_path, monkeypatch):
     # The table's numbers are the run folders' numbers.
     summary = json.loads((out / "demo.json").read_text())
     rows = {row["label"]: row for row in summary["rows"]}
-    assert set(rows) == {"DynaMiCS", "fixed-uniform-w0.1", "fixed-uniform-w0.5"}
+    assert set(rows) == {"DynaMiCS", "fixed-uniform-w0.05", "fixed-uniform-w0.2"}
     dynamics = read_run(out / "runs" / "dynamics")
     assert rows["DynaMiCS"]["ppl_reduction"] == pytest.approx(dynamics.summary["constrained_ppl_reduction"])
     assert dynamics.domain_names == ["arithmetic", "toolcall", "code-heldout", "prose-heldout", "quiz"]
