@@ -50,6 +50,12 @@ def test_demo_writes_table_report_and_figures(tmp_path, monkeypatch):
     assert dynamics.domain_names == ["arithmetic", "toolcall", "code-heldout", "prose-heldout", "quiz"]
     assert dynamics.summary["domain_metrics"][-1] == "accuracy"
 
+    # The report lists where DynaMiCS broke each constraint, as the metrics file has it.
+    first, later = dynamics.evaluations[0]["eval"], dynamics.evaluations[1:]
+    for name in ("code-heldout", "prose-heldout", "quiz"):
+        steps = [row["step"] for row in later if row["eval"][name] > first[name]]
+        assert f"- `{name}`: {', '.join(map(str, steps)) if steps else 'never'}" in report
+
     # Held-out constraint rows are exactly the rows pretraining held out: disjoint from training.
     train = set((out / "data" / "code.jsonl").read_text().splitlines())
     held = set((out / "data" / "code-heldout.jsonl").read_text().splitlines())

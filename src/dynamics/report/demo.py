@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from dynamics.core import metrics
 from dynamics.experiments import rundir
 from dynamics.report.compare import MethodRow, markdown_table, method_row, text_table, write_plots
 
@@ -20,6 +21,21 @@ def _on_paper_grid(label: str) -> bool:
 def _best(rows: list[MethodRow]) -> MethodRow | None:
     """The fixed run a practitioner would keep: highest reduction, then largest slack."""
     return max(rows, key=lambda r: (r.ppl_reduction, r.worst_slack)) if rows else None
+
+
+def broken_steps(records: rundir.RunRecords) -> dict[str, list[int]]:
+    """For each constraint, the main-evaluation steps (eval split) where it was above its
+    step-0 reference: where a run lost what the base model had."""
+    points = records.eval_points()
+    reference = metrics.reference_point(points)
+    constraints = records.constraints
+    broken: dict[str, list[int]] = {records.domain_names[c]: [] for c in constraints}
+    for point in (p for p in points if p.step > 0):
+        slack = metrics.constraint_slack(point, reference, constraints)
+        for c, value in zip(constraints, slack, strict=True):
+            if value < 0:
+                broken[records.domain_names[c]].append(point.step)
+    return broken
 
 
 def write_demo_report(
@@ -45,6 +61,7 @@ def write_demo_report(
     verdict = _verdict(dynamics_row, best_fixed, best_paper, len(fixed_rows))
     dyn = records["dynamics"].summary
     errors = dyn.get("mean_abs_prediction_error") or {}
+    broken = broken_steps(records["dynamics"])
     lines = [
         "# dynamics demo",
         "",
@@ -83,6 +100,12 @@ def write_demo_report(
         "",
         "Constrained perplexity reduction against cost: the expected best of k fixed runs (cost k)",
         "against one DynaMiCS run at its measured cost.",
+        "",
+        "## Where DynaMiCS broke a constraint",
+        "",
+        "Main-evaluation steps (eval split) at which a constraint was worse than at step 0:",
+        "",
+        *[f"- `{name}`: {', '.join(map(str, steps)) if steps else 'never'}" for name, steps in broken.items()],
         "",
         "## How well DynaMiCS predicted",
         "",
