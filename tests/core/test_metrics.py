@@ -49,6 +49,13 @@ def test_feasible_needs_every_constraint_held_and_the_target_sum_down() -> None:
     assert not feasible([2.0, 0.9, -0.70])  # target unchanged
 
 
+def test_a_constraint_equal_up_to_rounding_holds() -> None:
+    # E.g. the same number of right answers averaged over differently filled batches.
+    assert feasible([1.8, 1.0, -0.60 + 1e-15])
+    assert feasible([1.8, 1.0 + 1e-12, -0.60])
+    assert not feasible([1.8, 1.0 + 1e-6, -0.60])  # a real change is never a tie
+
+
 def test_feasibility_is_on_the_summed_target_loss() -> None:
     base = point(0, [2.0, 3.0, 1.0])
     # One target worse, the other better by more: the sum went down.

@@ -297,6 +297,12 @@ def test_accuracy_is_letter_restricted_argmax_at_the_last_real_token():
     np.testing.assert_array_equal(learner.evaluate("eval").per_batch, [[-0.5, -1.0]])
     np.testing.assert_array_equal(learner.evaluate("test").per_batch, [[-0.5, -0.5]])
 
+    # Accuracy is exact in float64: one of three right is -1/3, not float32's -0.33333334.
+    third = {**batches[0], "answer_index": torch.tensor([2, 1, 1, 3])[:3]}
+    third = {key: value[:3] for key, value in third.items()}
+    learner.domains = [Domain("letters", "accuracy", [third], [third])]
+    assert learner.evaluate("eval").per_batch[0, 0] == -1 / 3
+
 
 def test_domains_must_have_equally_many_batches():
     datasets, domains = standard_data()

@@ -11,7 +11,9 @@ HELP = "offline demo: DynaMiCS against the fixed-mixture sweep on a tiny pretrai
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="output folder (default: runs/demo-<time>)")
     parser.add_argument(
-        "--quick", action="store_true", help="DynaMiCS and two fixed mixtures only (w = 0.05, the best of the full sweep; w = 0.2)"
+        "--quick",
+        action="store_true",
+        help="DynaMiCS and two fixed mixtures only: w = 0.05 (the full sweep's best) and w = 0.2",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 

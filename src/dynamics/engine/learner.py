@@ -327,7 +327,7 @@ class HFLearner:
                 values = [
                     torch.stack(
                         [self._batch_metric(domain, batch) for batch in domain_batches[:count]]
-                    )
+                    ).double()
                     for domain, domain_batches in zip(self.domains, batches, strict=True)
                 ]
         finally:
@@ -469,7 +469,8 @@ class HFLearner:
             return self._language_model_loss(batch)
         batch = self._to_device(batch)
         predicted = choice_logits(self.model, batch).argmax(dim=-1)
-        return -(predicted == batch["answer_index"]).float().mean()
+        # float64: k/n exactly rounded, where float32 made 63/72 right read as 0.87499999.
+        return -(predicted == batch["answer_index"]).double().mean()
 
     def _split_batches(self, domain: EvaluationDomain, split: str) -> Sequence[Batch]:
         if split == "eval":

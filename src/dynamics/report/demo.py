@@ -7,6 +7,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dynamics.core import metrics
 from dynamics.experiments import rundir
 from dynamics.report.compare import MethodRow, markdown_table, method_row, text_table, write_plots
@@ -33,7 +35,7 @@ def broken_steps(records: rundir.RunRecords) -> dict[str, list[int]]:
     for point in (p for p in points if p.step > 0):
         slack = metrics.constraint_slack(point, reference, constraints)
         for c, value in zip(constraints, slack, strict=True):
-            if value < 0:
+            if value < -metrics.TIE_TOLERANCE:
                 broken[records.domain_names[c]].append(point.step)
     return broken
 
@@ -119,6 +121,7 @@ def write_demo_report(
         "",
         f"- base model: built or reused in {base_seconds:.0f} s (cached under ~/.cache/dynamics)",
         f"- quick: {settings.quick}; schedule: {settings.schedule}; fine-tuning lr: {settings.fine_tuning_lr:g}",
+        _run_settings(records["dynamics"].path / "config.yaml"),
         f"- runs: {', '.join(records)}",
         "",
     ]
@@ -135,6 +138,17 @@ def write_demo_report(
     }
     rundir.write_json(out / "demo.json", json.loads(json.dumps(result)))
     return result
+
+
+def _run_settings(config_path: Path) -> str:
+    """One line on the training and evaluation sizes, from a run's resolved config."""
+    config = yaml.safe_load(config_path.read_text())
+    training, evaluation = config["training"], config["evaluation"]
+    return (
+        f"- {training['total_steps']} steps of {training['batch_size']} x {training['sequence_length']} "
+        f"tokens; evaluation every {evaluation['interval']} steps on {evaluation['batches']} batches per "
+        f"domain, probes on the first {evaluation['reduced_batches']}"
+    )
 
 
 def _verdict(dynamics: MethodRow, best_fixed: MethodRow | None, best_paper: MethodRow | None, k: int) -> str:
