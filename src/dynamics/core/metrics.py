@@ -93,10 +93,20 @@ def checkpoint_feasible(
     summed target loss strictly below step 0's (the model learned something without
     forgetting)."""
     values, ref = split_values(point, split), split_values(reference, split)
-    c, t = list(constraints), list(targets)
-    constraints_hold = bool(np.all(values[c] <= ref[c] + TIE_TOLERANCE))
+    t = list(targets)
     targets_improved = bool(values[t].sum() < ref[t].sum())
-    return constraints_hold and targets_improved
+    return bool(constraints_held(point, reference, constraints, split).all()) and targets_improved
+
+
+def constraints_held(
+    point: Checkpoint,
+    reference: Checkpoint,
+    constraints: Sequence[int],
+    split: str = "eval",
+) -> np.ndarray:
+    """Per constraint, whether it is at or below its reference (up to ``TIE_TOLERANCE``),
+    shape (|C|,)."""
+    return constraint_slack(point, reference, constraints, split) >= -TIE_TOLERANCE
 
 
 def run_feasible(

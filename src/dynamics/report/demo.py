@@ -33,9 +33,9 @@ def broken_steps(records: rundir.RunRecords) -> dict[str, list[int]]:
     constraints = records.constraints
     broken: dict[str, list[int]] = {records.domain_names[c]: [] for c in constraints}
     for point in (p for p in points if p.step > 0):
-        slack = metrics.constraint_slack(point, reference, constraints)
-        for c, value in zip(constraints, slack, strict=True):
-            if value < -metrics.TIE_TOLERANCE:
+        held = metrics.constraints_held(point, reference, constraints)
+        for c, ok in zip(constraints, held, strict=True):
+            if not ok:
                 broken[records.domain_names[c]].append(point.step)
     return broken
 
