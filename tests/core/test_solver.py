@@ -457,8 +457,9 @@ def test_custom_grid_and_json() -> None:
     data = json.loads(json.dumps(solution.to_dict()))
     assert set(data) == {
         "weights", "objective", "lambda", "eps", "predicted_losses", "feasible", "max_violation",
-        "lp_feasible", "lp_weights", "lp_objective", "num_candidates",
+        "lp_feasible", "lp_weights", "lp_objective", "num_candidates", "source",
     }  # fmt: skip
+    assert data["source"] == "grid"
     assert data["weights"] == [float(x) for x in solution.weights]
     assert isinstance(data["feasible"], bool) and isinstance(data["lambda"], float)
 

@@ -21,8 +21,17 @@ from dynamics.core.learner import AlignmentLearner, Learner
 from dynamics.core.predictors import PREDICTORS, probe_progress
 from dynamics.core.problem import MixtureProblem, SolverGrid
 from dynamics.core.records import UpdateRecord
+from dynamics.core.robust import (
+    PredictionCalibration,
+    RobustOptions,
+    RobustProblem,
+    calibrated,
+    select_robust,
+    slope_standard_errors,
+    solve_direct,
+)
 from dynamics.core.schedules import UpdateSchedule, build_schedule
-from dynamics.core.solver import solve
+from dynamics.core.solver import grid_candidates, solution_of, solve
 
 PAPER_TARGET_MASSES = (0.0, 0.2, 0.5, 0.8, 1.0)
 
@@ -68,12 +77,17 @@ class DynamicsPolicy:
 
     predictor: "linear" (eq. 3.3, one evaluation per probe) or "curve" (appendix J,
     evaluations at several points of each probe and a fitted curve per entry).
+    options:   robustness options beyond the paper (:mod:`dynamics.core.robust`); all off
+    is the paper's method. Every update records the slopes' standard errors either way.
     """
 
     schedule: UpdateSchedule
     predictor: str = "linear"
     grid: SolverGrid = field(default_factory=SolverGrid)
     name: str = "dynamics"
+    options: RobustOptions = field(default_factory=RobustOptions)
+    _calibration: PredictionCalibration | None = field(default=None, init=False, repr=False)
+    _last_prediction: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
@@ -88,6 +102,7 @@ class DynamicsPolicy:
         num_datasets = len(learner.dataset_names)
         num_domains = len(learner.domain_names)
         trajectories = np.empty((len(checkpoints), num_domains, num_datasets))
+        probed = np.empty((num_datasets, num_domains, context.reduced_batches))
         snapshot = learner.snapshot()
         for j in range(num_datasets):
             # Algorithm 1: every probe starts from the same parameters and optimizer state.
@@ -96,7 +111,9 @@ class DynamicsPolicy:
             for k, checkpoint in enumerate(checkpoints):
                 learner.probe(checkpoint - done, j)
                 done = checkpoint
-                trajectories[k, :, j] = learner.evaluate("eval", context.reduced_batches).means()
+                evaluation = learner.evaluate("eval", context.reduced_batches)
+                trajectories[k, :, j] = evaluation.means()
+            probed[j] = evaluation.per_batch
         learner.restore(snapshot)
         anchor = context.anchor.means()
         fit = predictor.slopes(
@@ -106,13 +123,69 @@ class DynamicsPolicy:
             probe_budget=budget,
             horizon=context.horizon,
         )
-        return _solve_update(
-            self.name,
-            context,
-            fit.slope_matrix,
-            self.grid,
-            probe_seconds=time.perf_counter() - started,
-            extra={"predictor": self.predictor, **fit.details},
+        slope_errors = slope_standard_errors(context.anchor.per_batch[:, : context.reduced_batches], probed, budget)
+        extra = {"predictor": self.predictor, **fit.details, "slope_errors": slope_errors}
+        probe_seconds = time.perf_counter() - started
+        if self.options.is_paper:
+            return _solve_update(self.name, context, fit.slope_matrix, self.grid, probe_seconds, extra)
+        return self._robust_update(context, fit.slope_matrix, slope_errors, probe_seconds, extra)
+
+    def _robust_update(
+        self,
+        context: UpdateContext,
+        slope_matrix: np.ndarray,
+        slope_errors: np.ndarray,
+        probe_seconds: float,
+        extra: dict,
+    ) -> UpdateRecord:
+        """The update with the options of :mod:`dynamics.core.robust` on."""
+        nominal = MixtureProblem(
+            slopes=slope_matrix,
+            current_losses=context.anchor.means(),
+            reference_losses=context.reference_losses,
+            targets=context.targets,
+            constraints=context.constraints,
+            horizon=context.horizon,
+            grid=self.grid,
+        )
+        problem = nominal
+        if self.options.calibration:
+            if self._calibration is None:
+                self._calibration = PredictionCalibration(len(nominal.current_losses))
+            if self._last_prediction is not None:
+                predicted, horizon = self._last_prediction
+                self._calibration.observe(predicted, nominal.current_losses, horizon)
+            bias = self._calibration.bias()
+            problem = calibrated(nominal, bias)
+            extra["calibration_bias"] = bias
+        robust = RobustProblem(problem, slope_errors, self.options.noise_margin, self.options.target_noise)
+        candidates = grid_candidates(problem)
+        direct = solve_direct(robust) if self.options.lp_candidate else None
+        choice = select_robust(robust, [c.weights for c in candidates], direct)
+        grid_choice = candidates[choice.index] if choice.source == "grid" else None
+        solution = solution_of(
+            problem,
+            choice.weights,
+            lam=grid_choice.lam if grid_choice is not None else float("nan"),
+            eps=grid_choice.eps if grid_choice is not None else 0.0,
+            num_candidates=len(candidates) + (direct is not None),
+            source=choice.source,
+        )
+        self._last_prediction = (nominal.predicted_losses(choice.weights), context.horizon)
+        extra["robust"] = {**self.options.to_dict(), **choice.to_dict()}
+        return UpdateRecord(
+            policy=self.name,
+            step=context.step,
+            horizon=context.horizon,
+            probe_budget=context.probe_budget,
+            weights=np.asarray(solution.weights, dtype=float),
+            current_losses=nominal.current_losses,
+            recycled_anchor=context.recycled_anchor,
+            slope_matrix=slope_matrix,
+            predicted_losses=np.asarray(solution.predicted_losses, dtype=float),
+            solver=solution.to_dict(),
+            probe_seconds=probe_seconds,
+            extra=extra,
         )
 
 

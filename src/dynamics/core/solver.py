@@ -347,6 +347,8 @@ class Solution:
     max_violation:    max_i in C of L_hat_i(w*) - L^ref_i, 0 when feasible.
     lp_feasible, lp_weights, lp_objective: the hard-constrained LP (:func:`solve_lp`).
     num_candidates:   grid points tried (len(lambdas) * len(epsilons)).
+    source:           "grid", or "direct" when a robustness option's direct solution of the
+                      constrained program was chosen (:mod:`dynamics.core.robust`).
     """
 
     weights: np.ndarray
@@ -360,6 +362,7 @@ class Solution:
     lp_weights: np.ndarray | None
     lp_objective: float | None
     num_candidates: int
+    source: str = "grid"
 
     def __post_init__(self) -> None:
         # Frozen means frozen: the arrays are read-only copies.
@@ -384,11 +387,15 @@ class Solution:
             "lp_weights": None if self.lp_weights is None else [float(x) for x in self.lp_weights],
             "lp_objective": None if self.lp_objective is None else float(self.lp_objective),
             "num_candidates": int(self.num_candidates),
+            "source": self.source,
         }
 
 
 @dataclass(frozen=True, eq=False)
-class _Candidate:
+class GridCandidate:
+    """Eq. 3.4's minimiser at one (lambda, eps) grid point, with its target objective and
+    largest predicted violation."""
+
     lam: float
     eps: float
     weights: np.ndarray
@@ -400,7 +407,7 @@ class _Candidate:
         return self.max_violation <= FEASIBILITY_TOL
 
 
-def _select(candidates: list[_Candidate]) -> _Candidate:
+def _select(candidates: list[GridCandidate]) -> GridCandidate:
     """Appendix G: the feasible candidate with the lowest target objective; if none is
     feasible, the one with the smallest maximum violation (then the lower objective).
     Remaining ties go to the earliest grid point."""
@@ -424,8 +431,14 @@ def _blas_controller() -> ThreadpoolController:
     return ThreadpoolController()
 
 
-def _solve_grid(problem: MixtureProblem) -> Solution:
-    candidates: list[_Candidate] = []
+def grid_candidates(problem: MixtureProblem) -> list[GridCandidate]:
+    """Eq. 3.4 solved at every (lambda, eps) point of ``problem.grid``, in grid order."""
+    with _blas_controller().limit(limits=1, user_api="blas"):
+        return _grid_candidates(problem)
+
+
+def _grid_candidates(problem: MixtureProblem) -> list[GridCandidate]:
+    candidates: list[GridCandidate] = []
     # Each solve is warm-started from its neighbour on the grid: the previous lambda, or
     # for the smallest lambda the same lambda at the previous eps.
     smallest_lambda_solution: np.ndarray | None = None
@@ -441,7 +454,7 @@ def _solve_grid(problem: MixtureProblem) -> Solution:
             # else: a solution that pays no penalty stays optimal for every larger lambda,
             # F_lam'(w) >= F_lam(w) >= F_lam(w*) = F_lam'(w*) for all w.
             candidates.append(
-                _Candidate(
+                GridCandidate(
                     lam=float(lam),
                     eps=float(eps),
                     weights=weights,
@@ -449,18 +462,32 @@ def _solve_grid(problem: MixtureProblem) -> Solution:
                     max_violation=problem.max_violation(weights),
                 )
             )
-    chosen = _select(candidates)
+    return candidates
+
+
+def solution_of(
+    problem: MixtureProblem, weights: np.ndarray, lam: float, eps: float, num_candidates: int, source: str = "grid"
+) -> Solution:
+    """The :class:`Solution` record of ``weights`` chosen for ``problem`` (with the LP beside it)."""
     lp = solve_lp(problem)
+    max_violation = problem.max_violation(weights)
     return Solution(
-        weights=chosen.weights,
-        objective=chosen.objective,
-        lambda_=chosen.lam,
-        eps=chosen.eps,
-        predicted_losses=problem.predicted_losses(chosen.weights),
-        feasible=chosen.feasible,
-        max_violation=chosen.max_violation,
+        weights=weights,
+        objective=problem.target_objective(weights),
+        lambda_=lam,
+        eps=eps,
+        predicted_losses=problem.predicted_losses(weights),
+        feasible=max_violation <= FEASIBILITY_TOL,
+        max_violation=max_violation,
         lp_feasible=lp.feasible,
         lp_weights=lp.weights,
         lp_objective=lp.objective,
-        num_candidates=len(candidates),
+        num_candidates=num_candidates,
+        source=source,
     )
+
+
+def _solve_grid(problem: MixtureProblem) -> Solution:
+    candidates = _grid_candidates(problem)
+    chosen = _select(candidates)
+    return solution_of(problem, chosen.weights, chosen.lam, chosen.eps, len(candidates))

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dynamics.core.robust import VARIANTS, RobustOptions
 from dynamics.core.schedules import ScheduleError, build_schedule
 from dynamics.data.loading import DataSource
 
@@ -124,6 +125,32 @@ class MethodConfig(_Section):
         None, description="Fixed method only: weight per fine-tuning dataset name (normalised)."
     )
     alignment_batches: int = Field(200, ge=1, description="Gradient alignment: batches per gradient average.")
+    variant: Literal["paper", "robust"] = Field(
+        "paper",
+        description="DynaMiCS as the paper states it, or with every robustness option on "
+        "(docs/beyond-the-paper.md); the four fields below override single options.",
+    )
+    lp_candidate: bool | None = Field(
+        None, description="Add the directly solved constrained optimum to the (lambda, eps) grid's candidates."
+    )
+    noise_margin: float | None = Field(
+        None, ge=0, description="Constraint margin in standard errors of each predicted change (0: none)."
+    )
+    target_noise: float | None = Field(
+        None, ge=0, description="Score the target objective this many standard errors pessimistically (0: none)."
+    )
+    calibration: bool | None = Field(
+        None, description="Correct predictions by the per-step error realized at past updates."
+    )
+
+    def robust_options(self) -> RobustOptions:
+        """The variant's options with the fields set here overriding it."""
+        preset = VARIANTS[self.variant]
+        chosen = {
+            name: getattr(self, name) if getattr(self, name) is not None else getattr(preset, name)
+            for name in ("lp_candidate", "noise_margin", "target_noise", "calibration")
+        }
+        return RobustOptions(**chosen)
 
 
 COLUMN_KEYS = ("text", "prompt", "response", "system", "messages", "question", "choices", "answer")
@@ -245,6 +272,11 @@ class RunConfig(_Section):
                 raise ValueError("method.weights must be >= 0 with a positive sum")
         elif self.method.weights is not None:
             raise ValueError("method.weights is only used by the fixed method; remove it or set method.name: fixed")
+        if self.method.name != "dynamics" and not self.method.robust_options().is_paper:
+            raise ValueError(
+                "method.variant and the robustness options need probes, so only method.name: dynamics "
+                "uses them; remove them or set method.name: dynamics"
+            )
         return self
 
     # --- views in the paper's terms -------------------------------------------------

@@ -155,7 +155,7 @@ def build_policy(config: RunConfig, dataset_names: list[str]) -> MixturePolicy:
     schedule = build_schedule(method.schedule, total_steps, method.probe_cap)
     if method.name == "gradient-alignment":
         return GradientAlignmentPolicy(schedule, num_batches=method.alignment_batches, grid=grid)
-    return DynamicsPolicy(schedule, predictor=method.predictor, grid=grid)
+    return DynamicsPolicy(schedule, predictor=method.predictor, grid=grid, options=method.robust_options())
 
 
 def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> BuiltRun:

@@ -1,0 +1,389 @@
+"""Options beyond the paper that make a mixture update robust to noisy probes.
+
+The paper's update (section 3.3, appendix G) trusts the slope matrix as measured: every
+probe is one short run scored on a few evaluation batches, and its change is extrapolated
+``H_t / c_t`` times. Four options, each off in ``variant: paper`` (``docs/beyond-the-paper.md``
+explains them and what they measured):
+
+* ``lp_candidate``: the hard-constrained program (eq. 3.1 with the prediction of eq. 3.3) is
+  solved directly and its optimum joins the (lambda, eps) grid's candidates. The grid alone
+  can miss a feasible interior mixture that lies between its lambda values, and an eps > 0
+  margin can be unreachable when ``H_t |S|`` is far below eps; the direct optimum cannot.
+  With no feasible mixture the direct candidate is the one with the smallest largest
+  violation.
+* ``noise_margin`` (z >= 0): each constraint must hold with a margin of ``z`` standard errors
+  of its predicted change, ``z H_t ||sigma_i * w||``, where ``sigma_ij`` is the standard error
+  of slope ``S_ij`` from the per-batch spread of the probe's paired differences
+  (:func:`slope_standard_errors`). The same margin decides which candidate counts as
+  feasible. It is the robust counterpart of the linear constraint for independent
+  per-dataset errors (a second-order cone), and it is never negative.
+* ``target_noise`` (z >= 0): the target objective is scored pessimistically,
+  ``g.w + z ||tau * w||`` with ``tau_j`` the standard error of the summed target slope of
+  dataset j. Two datasets whose target slopes differ by less than their noise then share
+  the weight instead of one of them taking all of it (without it, eq. 3.4 with no active
+  constraint is linear and always picks a vertex). It acts through the direct candidate,
+  so it turns ``lp_candidate`` on.
+* ``calibration``: realized against predicted losses of the past updates give a per-step
+  bias per constraint, ``b_i = sum(realized - predicted) / sum(H)``, shrunk by ``n / (n + 1)``
+  after n updates; the next prediction adds ``H_t b_i`` (:class:`PredictionCalibration`).
+
+``variant: robust`` turns all four on (:data:`VARIANTS`); each can also be set alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from scipy.optimize import linprog, minimize
+
+from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
+
+
+@dataclass(frozen=True)
+class RobustOptions:
+    """Which robustness options an update uses (all off: the paper's method)."""
+
+    lp_candidate: bool = False
+    noise_margin: float = 0.0
+    target_noise: float = 0.0
+    calibration: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("noise_margin", "target_noise"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0 (standard errors), got {value}")
+        if self.target_noise > 0 and not self.lp_candidate:
+            # The grid's candidates minimise the nominal objective; only the direct
+            # candidate minimises the pessimistic one.
+            object.__setattr__(self, "lp_candidate", True)
+
+    @property
+    def needs_direct_candidate(self) -> bool:
+        return self.lp_candidate
+
+    @property
+    def is_paper(self) -> bool:
+        return self == RobustOptions()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lp_candidate": self.lp_candidate,
+            "noise_margin": self.noise_margin,
+            "target_noise": self.target_noise,
+            "calibration": self.calibration,
+        }
+
+
+VARIANTS: dict[str, RobustOptions] = {
+    "paper": RobustOptions(),
+    "robust": RobustOptions(lp_candidate=True, noise_margin=1.0, target_noise=1.0, calibration=True),
+}
+"""Named combinations; ``method.variant`` picks one and single options override it."""
+
+
+def slope_standard_errors(anchor: np.ndarray, probed: np.ndarray, probe_budget: int) -> np.ndarray:
+    """Standard error of each slope from the per-batch spread of a probe's change.
+
+    anchor: (M, R) per-batch metric at theta_t; probed: (N, M, R) per-batch metric after the
+    probe on dataset j, on the same R batches. The change on batch b, ``probed - anchor``, is
+    a paired difference; its mean over batches (divided by c_t) is the slope, and its sample
+    standard deviation over sqrt(R) (divided by c_t) the slope's standard error. Shape (M, N),
+    in metric units per step. With one batch the spread is unknown and the errors are 0.
+    """
+    anchor = np.asarray(anchor, dtype=float)
+    probed = np.asarray(probed, dtype=float)
+    if probed.ndim != 3 or probed.shape[1:] != anchor.shape:
+        raise ValueError(f"probed must have shape (N, {anchor.shape[0]}, {anchor.shape[1]}), got {probed.shape}")
+    if probe_budget < 1:
+        raise ValueError(f"probe_budget must be >= 1, got {probe_budget}")
+    num_batches = anchor.shape[1]
+    if num_batches < 2:
+        return np.zeros((anchor.shape[0], probed.shape[0]))
+    change = probed - anchor[None]  # (N, M, R)
+    spread = change.std(axis=2, ddof=1)  # (N, M)
+    return (spread / math.sqrt(num_batches) / probe_budget).T
+
+
+@dataclass
+class PredictionCalibration:
+    """Closed-loop correction: the average per-step prediction error of past updates.
+
+    ``observe`` is called at each update with the previous update's prediction and the
+    losses actually reached; ``bias()`` is ``n / (n + 1) * sum(error) / sum(horizon)`` per
+    domain, in metric units per step (positive: losses ended higher than predicted).
+    Weighting by horizon lets long stretches, whose errors are signal, outweigh the
+    one-step updates of a dense warmup, whose errors are mostly evaluation noise; the
+    shrinkage keeps a single update from setting the whole correction.
+    """
+
+    num_domains: int
+    error_sum: np.ndarray = field(init=False)
+    horizon_sum: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.error_sum = np.zeros(self.num_domains)
+
+    def observe(self, predicted: np.ndarray, realized: np.ndarray, horizon: int) -> None:
+        error = np.asarray(realized, dtype=float) - np.asarray(predicted, dtype=float)
+        if error.shape != (self.num_domains,) or not np.all(np.isfinite(error)):
+            return  # nothing trustworthy to learn from
+        self.error_sum = self.error_sum + error
+        self.horizon_sum += float(horizon)
+        self.count += 1
+
+    def bias(self) -> np.ndarray:
+        if self.count == 0 or self.horizon_sum <= 0:
+            return np.zeros(self.num_domains)
+        return self.count / (self.count + 1) * self.error_sum / self.horizon_sum
+
+
+@dataclass(frozen=True)
+class RobustProblem:
+    """A mixture problem with standard errors of its slopes (robust counterpart of eq. 3.1).
+
+    problem:          the nominal problem (its current losses may already include a
+                      calibration shift).
+    slope_errors:     sigma, shape (M, N), standard errors of the slopes (metric per step).
+    constraint_z:     margin in standard errors of each constraint's predicted change.
+    target_z:         pessimism in standard errors of the summed target slope.
+    """
+
+    problem: MixtureProblem
+    slope_errors: np.ndarray
+    constraint_z: float = 0.0
+    target_z: float = 0.0
+
+    def __post_init__(self) -> None:
+        errors = np.asarray(self.slope_errors, dtype=float)
+        if errors.shape != self.problem.slopes.shape or not np.all(np.isfinite(errors)) or np.any(errors < 0):
+            raise ValueError(f"slope_errors must be finite, >= 0 and of shape {self.problem.slopes.shape}")
+        object.__setattr__(self, "slope_errors", errors)
+
+    @property
+    def _constraint_rows(self) -> list[int]:
+        return list(self.problem.constraints)
+
+    @property
+    def target_errors(self) -> np.ndarray:
+        """tau_j: standard error of sum_{i in T} S_ij (target domains are scored on their own
+        batches, so their errors add in quadrature)."""
+        t = list(self.problem.targets)
+        return np.sqrt((self.slope_errors[t] ** 2).sum(axis=0))
+
+    def margins(self, weights: np.ndarray) -> np.ndarray:
+        """z H_t ||sigma_i * w|| for each constraint, shape (|C|,); never negative."""
+        w = np.asarray(weights, dtype=float)
+        sigma = self.slope_errors[self._constraint_rows]
+        return self.constraint_z * self.problem.horizon * np.sqrt(((sigma * w) ** 2).sum(axis=1))
+
+    def violations(self, weights: np.ndarray) -> np.ndarray:
+        """Predicted loss plus margin minus reference, per constraint (positive = violated)."""
+        return self.problem.violations(weights) + self.margins(weights)
+
+    def max_violation(self, weights: np.ndarray) -> float:
+        v = self.violations(weights)
+        return float(max(0.0, v.max())) if v.size else 0.0
+
+    def objective(self, weights: np.ndarray) -> float:
+        """g.w + z ||tau * w||: the target objective, pessimistic by z standard errors."""
+        w = np.asarray(weights, dtype=float)
+        spread = float(np.sqrt(((self.target_errors * w) ** 2).sum()))
+        return self.problem.target_objective(w) + self.target_z * spread
+
+
+@dataclass(frozen=True)
+class DirectCandidate:
+    """The direct solution of the robust program: its weights and whether it is feasible
+    (every robust violation <= FEASIBILITY_TOL); when infeasible, the weights minimise the
+    largest robust violation."""
+
+    weights: np.ndarray
+    feasible: bool
+    max_violation: float
+
+
+def solve_direct(rp: RobustProblem) -> DirectCandidate:
+    """min_w  g.w + z_T ||tau * w||   s.t.   L_hat_i(w) + z_C H ||sigma_i * w|| <= L^ref_i,
+    w on the simplex; or, when no w satisfies the constraints, min_w max_i of the left side
+    minus the right.
+
+    Without noise terms both programs are linear and solved exactly by HiGHS; with them they
+    are convex (second-order cones) and solved by SLSQP from the linear solution, then made
+    exactly feasible by moving toward the most feasible point (convexity makes the segment
+    between a feasible point and the strictly feasible centre feasible from some point on).
+    """
+    problem = rp.problem
+    n = problem.num_datasets
+    conic = rp.constraint_z > 0 and bool(np.any(rp.slope_errors[list(problem.constraints)] > 0))
+    centre = _most_feasible(rp, conic)
+    if rp.max_violation(centre) > FEASIBILITY_TOL:
+        return DirectCandidate(centre, False, rp.max_violation(centre))
+    if n == 1:
+        return DirectCandidate(centre, True, 0.0)
+    linear = _linear_optimum(rp) if not conic else None
+    pessimistic = rp.target_z > 0 and bool(np.any(rp.target_errors > 0))
+    if linear is not None and not pessimistic:
+        linear = _pull_into_feasible(rp, linear, centre)
+        return DirectCandidate(linear, True, rp.max_violation(linear))
+    start = linear if linear is not None else centre
+    scale = max(float(np.abs(problem.slopes[list(problem.targets)].sum(axis=0)).max()), 1e-12)
+    result = minimize(
+        lambda w: rp.objective(w) / scale,
+        start,
+        method="SLSQP",
+        bounds=[(0.0, 1.0)] * n,
+        constraints=[
+            {"type": "eq", "fun": lambda w: np.array([w.sum() - 1.0])},
+            {"type": "ineq", "fun": lambda w: -rp.violations(w)},
+        ],
+        options={"ftol": 1e-12, "maxiter": 500},
+    )
+    weights = _simplex(result.x)
+    if not np.isfinite(rp.objective(weights)) or rp.objective(weights) > rp.objective(start):
+        weights = start
+    weights = _pull_into_feasible(rp, weights, centre)
+    return DirectCandidate(weights, True, rp.max_violation(weights))
+
+
+def _simplex(w: np.ndarray) -> np.ndarray:
+    w = np.clip(np.asarray(w, dtype=float), 0.0, None)
+    total = w.sum()
+    return w / total if np.isfinite(total) and total > 0 else np.full(w.shape, 1.0 / w.size)
+
+
+def _most_feasible(rp: RobustProblem, conic: bool) -> np.ndarray:
+    """The mixture with the smallest largest robust violation (phase one)."""
+    problem = rp.problem
+    n = problem.num_datasets
+    c = list(problem.constraints)
+    if not c:
+        return np.full(n, 1.0 / n)
+    change = problem.horizon * problem.slopes[c]
+    slack = problem.reference_losses[c] - problem.current_losses[c]
+    # min t  s.t.  A w - t <= b,  1.w = 1,  w >= 0   (variables w, t)
+    result = linprog(
+        c=np.concatenate([np.zeros(n), [1.0]]),
+        A_ub=np.hstack([change, -np.ones((len(c), 1))]),
+        b_ub=slack,
+        A_eq=np.concatenate([np.ones(n), [0.0]])[None, :],
+        b_eq=[1.0],
+        bounds=[(0.0, None)] * n + [(None, None)],
+        method="highs",
+        options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
+    )
+    best = _simplex(result.x[:n]) if result.status == 0 else np.full(n, 1.0 / n)
+    if not conic:
+        return best
+    starts = [best, np.full(n, 1.0 / n)]
+    for start in starts:
+        t0 = rp.max_violation(start) + 1.0
+        out = minimize(
+            lambda x: x[n],
+            np.concatenate([start, [t0]]),
+            jac=lambda x: np.concatenate([np.zeros(n), [1.0]]),
+            method="SLSQP",
+            bounds=[(0.0, 1.0)] * n + [(None, None)],
+            constraints=[
+                {"type": "eq", "fun": lambda x: np.array([x[:n].sum() - 1.0])},
+                {"type": "ineq", "fun": lambda x: x[n] - rp.violations(x[:n])},
+            ],
+            options={"ftol": 1e-14, "maxiter": 500},
+        )
+        candidate = _simplex(out.x[:n])
+        if _worst(rp, candidate) < _worst(rp, best):
+            best = candidate
+    return best
+
+
+def _worst(rp: RobustProblem, w: np.ndarray) -> float:
+    v = rp.violations(w)
+    return float(v.max()) if v.size else -math.inf
+
+
+def _linear_optimum(rp: RobustProblem) -> np.ndarray | None:
+    """The exact optimum of the linear program (no noise margin), or None if infeasible."""
+    problem = rp.problem
+    n = problem.num_datasets
+    c = list(problem.constraints)
+    g = problem.slopes[list(problem.targets)].sum(axis=0)
+    scale = max(float(np.abs(g).max()), 1e-12)
+    result = linprog(
+        c=g / scale,
+        A_ub=problem.horizon * problem.slopes[c] if c else None,
+        b_ub=(problem.reference_losses[c] - problem.current_losses[c]) if c else None,
+        A_eq=np.ones((1, n)),
+        b_eq=[1.0],
+        bounds=(0.0, None),
+        method="highs",
+        options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
+    )
+    return _simplex(result.x) if result.status == 0 else None
+
+
+def _pull_into_feasible(rp: RobustProblem, weights: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """The point closest to ``weights`` on the segment to the feasible ``centre`` that
+    satisfies every robust constraint (bisection; the feasible part is an interval that
+    contains the centre)."""
+    if rp.max_violation(weights) <= FEASIBILITY_TOL:
+        return weights
+    low, high = 0.0, 1.0  # fraction of the way to the centre: high is feasible
+    for _ in range(60):
+        mid = 0.5 * (low + high)
+        if rp.max_violation((1 - mid) * weights + mid * centre) <= FEASIBILITY_TOL:
+            high = mid
+        else:
+            low = mid
+    return _simplex((1 - high) * weights + high * centre)
+
+
+@dataclass(frozen=True)
+class RobustChoice:
+    """What the robust selection picked, for the update record."""
+
+    weights: np.ndarray
+    index: int  # position among the candidates: the grid's in order, then the direct one
+    source: str  # "grid" or "direct"
+    feasible: bool  # robust feasibility (margins included)
+    max_violation: float  # robust, >= 0
+    objective: float  # pessimistic target objective
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "weights": [float(x) for x in self.weights],
+            "source": self.source,
+            "feasible": bool(self.feasible),
+            "max_violation": float(self.max_violation),
+            "objective": float(self.objective),
+        }
+
+
+def select_robust(rp: RobustProblem, grid_weights: Sequence[np.ndarray], direct: DirectCandidate | None) -> RobustChoice:
+    """Appendix G's rule with the robust measures: among candidates whose robust violations
+    are all <= FEASIBILITY_TOL, the lowest pessimistic objective; if none, the smallest
+    largest robust violation. The grid's candidates come first, so ties keep the paper's
+    choice."""
+    scored = [("grid", np.asarray(w, dtype=float)) for w in grid_weights]
+    if direct is not None:
+        scored.append(("direct", direct.weights))
+    rows = [(index, source, w, rp.max_violation(w), rp.objective(w)) for index, (source, w) in enumerate(scored)]
+    feasible = [r for r in rows if r[3] <= FEASIBILITY_TOL]
+    if feasible:
+        index, source, w, violation, objective = min(feasible, key=lambda r: (r[4], r[0]))
+    else:
+        index, source, w, violation, objective = min(rows, key=lambda r: (r[3], r[4], r[0]))
+    return RobustChoice(w, index, source, violation <= FEASIBILITY_TOL, violation, objective)
+
+
+def calibrated(problem: MixtureProblem, bias: np.ndarray) -> MixtureProblem:
+    """The problem with each constraint's current loss shifted by ``H_t * bias_i`` (the
+    calibrated prediction of eq. 3.3 is then ``L_i + H_t (S_i.w + b_i)``)."""
+    shift = np.zeros_like(problem.current_losses)
+    c = list(problem.constraints)
+    shift[c] = problem.horizon * np.asarray(bias, dtype=float)[c]
+    return replace(problem, current_losses=problem.current_losses + shift)

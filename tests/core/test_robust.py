@@ -1,0 +1,248 @@
+"""The robustness options beyond the paper (``dynamics.core.robust``), each mechanism alone.
+
+References: brute force over a fine simplex grid for the direct (conic) program, HiGHS for
+its linear case, the closed-form sample standard deviation for the slope errors, and the
+analytic toy learner for the policy.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dynamics.core.controller import run_mixture_training
+from dynamics.core.policies import DynamicsPolicy
+from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
+from dynamics.core.robust import (
+    VARIANTS,
+    PredictionCalibration,
+    RobustOptions,
+    RobustProblem,
+    calibrated,
+    select_robust,
+    slope_standard_errors,
+    solve_direct,
+)
+from dynamics.core.schedules import build_schedule
+from dynamics.core.solver import grid_candidates, solve, solve_lp
+from tests.core.toy_learner import ToyLearner
+
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+def simplex_grid(n: int, resolution: int) -> np.ndarray:
+    """Every point of the simplex with coordinates in multiples of 1/resolution, (P, n)."""
+    points = [c for c in itertools.product(range(resolution + 1), repeat=n - 1) if sum(c) <= resolution]
+    return np.array([[*c, resolution - sum(c)] for c in points], dtype=float) / resolution
+
+
+def random_problem(seed: int, n: int = 3, slack: float = 0.05) -> tuple[MixtureProblem, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    slopes = rng.normal(0.0, 1e-3, size=(3, n))
+    current = np.array([2.0, 1.0, 1.5])
+    reference = np.array([np.nan, 1.0 + slack * rng.uniform(), 1.5 + slack * rng.uniform()])
+    problem = MixtureProblem(slopes, current, reference, targets=(0,), constraints=(1, 2), horizon=64)
+    errors = np.abs(rng.normal(0.0, 3e-4, size=(3, n)))
+    return problem, errors
+
+
+# ------------------------------------------------------------- slope errors
+
+
+def test_slope_errors_are_the_paired_standard_error_per_step():
+    rng = np.random.default_rng(0)
+    anchor = rng.normal(size=(2, 5))
+    probed = anchor[None] + rng.normal(0.1, 0.2, size=(3, 2, 5))
+    errors = slope_standard_errors(anchor, probed, probe_budget=16)
+    for j, i in itertools.product(range(3), range(2)):
+        change = probed[j, i] - anchor[i]
+        expected = np.sqrt(((change - change.mean()) ** 2).sum() / 4) / np.sqrt(5) / 16
+        assert errors[i, j] == pytest.approx(expected, rel=1e-12)
+
+
+def test_slope_errors_ignore_batch_offsets_that_the_probe_does_not_change():
+    # Batches differ a lot, but a probe that shifts every batch by the same amount has an
+    # exactly known slope: paired differences have no spread.
+    anchor = np.array([[0.0, 5.0, -3.0, 1.0]])
+    probed = (anchor + 0.25)[None]
+    np.testing.assert_allclose(slope_standard_errors(anchor, probed, 4), 0.0, atol=1e-15)
+
+
+def test_slope_errors_with_one_batch_are_zero_not_nan():
+    errors = slope_standard_errors(np.ones((2, 1)), np.zeros((3, 2, 1)), 8)
+    assert errors.shape == (2, 3) and np.all(errors == 0.0)
+
+
+# ------------------------------------------------------------- noise-aware margins
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10_000), z=st.floats(0.0, 5.0))
+def test_noise_margins_are_never_negative_and_only_tighten(seed: int, z: float):
+    problem, errors = random_problem(seed)
+    rp = RobustProblem(problem, errors, constraint_z=z)
+    for w in simplex_grid(3, 10):
+        margins = rp.margins(w)
+        assert np.all(margins >= 0.0)
+        assert np.all(rp.violations(w) >= problem.violations(w))
+    assert np.all(RobustProblem(problem, errors, constraint_z=0.0).margins(np.ones(3) / 3) == 0.0)
+
+
+def test_negative_margins_and_bad_errors_are_refused():
+    problem, errors = random_problem(0)
+    with pytest.raises(ValueError, match="noise_margin"):
+        RobustOptions(noise_margin=-1.0)
+    with pytest.raises(ValueError, match="slope_errors"):
+        RobustProblem(problem, -errors)
+    with pytest.raises(ValueError, match="slope_errors"):
+        RobustProblem(problem, errors[:, :2])
+
+
+# ------------------------------------------------------------- the direct candidate
+
+
+def test_direct_candidate_without_noise_is_the_lp_optimum():
+    for seed in range(20):
+        problem, errors = random_problem(seed)
+        lp = solve_lp(problem)
+        direct = solve_direct(RobustProblem(problem, errors))
+        assert direct.feasible == lp.feasible
+        if lp.feasible:
+            # solve_lp allows FEASIBILITY_TOL of violation, the direct candidate none: equal up
+            # to what that tolerance buys (slopes are ~1e-3 per step, the horizon 64).
+            assert problem.target_objective(direct.weights) == pytest.approx(lp.objective, abs=1e-10)
+
+
+def test_lp_candidate_recovers_the_feasible_interior_mixture_the_grid_misses():
+    """The toy of the issue: early in a dense warmup H |S| is far below every eps > 0, and
+    the eps = 0 candidates stop just past the boundary, so the paper's rule falls back to the
+    safest vertex. The LP optimum mixes, keeps every constraint and improves the target."""
+    slopes = np.array([[-0.010, -0.001, 0.000], [0.004, -0.001, 0.000], [0.001, -0.0005, 0.0]])
+    current = np.array([3.0, 2.0, 2.5])
+    problem = MixtureProblem(slopes, current, np.array([np.nan, 2.0, 2.5]), (0,), (1, 2), horizon=2)
+    paper = solve(problem)
+    np.testing.assert_allclose(paper.weights, [0.0, 1.0, 0.0], atol=1e-9)
+    rp = RobustProblem(problem, np.zeros_like(slopes))
+    choice = select_robust(rp, [c.weights for c in grid_candidates(problem)], solve_direct(rp))
+    assert choice.source == "direct" and choice.feasible
+    np.testing.assert_allclose(choice.weights, [0.2, 0.8, 0.0], atol=1e-9)
+    assert problem.target_objective(choice.weights) < problem.target_objective(paper.weights)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 10_000), z=st.sampled_from([0.5, 1.0, 2.0]), zt=st.sampled_from([0.0, 1.0]))
+def test_direct_conic_candidate_matches_brute_force(seed: int, z: float, zt: float):
+    problem, errors = random_problem(seed, slack=0.1)
+    rp = RobustProblem(problem, errors, constraint_z=z, target_z=zt)
+    direct = solve_direct(rp)
+    points = simplex_grid(3, 150)
+    worst = np.array([rp.violations(w).max() for w in points])
+    assert direct.max_violation >= 0.0
+    if direct.feasible:
+        assert rp.max_violation(direct.weights) <= FEASIBILITY_TOL
+        best = min(rp.objective(w) for w in points[worst <= 0])
+        # The grid's best is feasible, so the exact optimum is at least as good (up to a
+        # solver tolerance far below the slopes' size of 1e-3).
+        assert rp.objective(direct.weights) <= best + 1e-7
+    else:
+        assert worst.min() > -1e-6  # brute force finds nothing clearly feasible either
+        assert rp.violations(direct.weights).max() <= worst.min() + 1e-6
+
+
+def test_target_noise_shares_weight_between_datasets_within_noise():
+    # Two datasets teach the target equally well up to a difference far below their
+    # standard errors; no constraint binds. The paper's objective puts everything on the
+    # marginally better one, the pessimistic one splits the weight.
+    slopes = np.array([[-1.00e-3, -0.99e-3, 0.0], [0.0, 0.0, 0.0]])
+    problem = MixtureProblem(slopes, np.array([2.0, 1.0]), np.array([np.nan, 1.0]), (0,), (1,), horizon=64)
+    errors = np.array([[2e-4, 2e-4, 1e-5], [0.0, 0.0, 0.0]])
+    np.testing.assert_allclose(solve(problem).weights, [1.0, 0.0, 0.0], atol=1e-9)
+    direct = solve_direct(RobustProblem(problem, errors, target_z=1.0))
+    assert direct.feasible
+    assert 0.3 < direct.weights[0] < 0.7 and 0.3 < direct.weights[1] < 0.7
+    assert direct.weights[2] < 0.05
+
+
+def test_target_noise_turns_the_direct_candidate_on():
+    assert RobustOptions(target_noise=1.0).lp_candidate
+    assert VARIANTS["paper"].is_paper and not VARIANTS["robust"].is_paper
+
+
+# ------------------------------------------------------------- calibration
+
+
+def test_calibration_bias_is_the_shrunk_per_step_error():
+    calibration = PredictionCalibration(2)
+    np.testing.assert_array_equal(calibration.bias(), [0.0, 0.0])
+    calibration.observe(np.array([1.0, 2.0]), np.array([1.2, 1.9]), horizon=10)
+    calibration.observe(np.array([1.0, 2.0]), np.array([1.1, 2.0]), horizon=30)
+    calibration.observe(np.array([1.0, np.nan]), np.array([5.0, 2.0]), horizon=30)  # ignored
+    np.testing.assert_allclose(calibration.bias(), 2 / 3 * np.array([0.3, -0.1]) / 40)
+
+
+def test_calibrated_problem_shifts_only_constraints_by_the_horizon():
+    problem, _ = random_problem(3)
+    shifted = calibrated(problem, np.array([1.0, 0.01, -0.02]))
+    np.testing.assert_allclose(shifted.current_losses - problem.current_losses, [0.0, 0.64, -1.28])
+
+
+# ------------------------------------------------------------- the policy on the toy learner
+
+SLOPES = np.array([[-0.010, -0.001, 0.000], [0.004, -0.001, 0.000], [0.001, -0.0005, 0.0]])
+INITIAL = np.array([3.0, 2.0, 2.5])
+
+
+def run(policy, learner):
+    return run_mixture_training(
+        learner, policy, targets=[0], constraints=[1, 2], eval_interval=32, reduced_batches=4
+    )
+
+
+def test_paper_variant_records_are_unchanged_by_the_options_code():
+    paper = run(DynamicsPolicy(build_schedule("dense-warmup", 128)), ToyLearner(SLOPES, INITIAL))
+    for update in paper.updates:
+        assert "robust" not in update.extra
+        assert update.solver["source"] == "grid"
+        # The toy's per-batch offsets cancel in paired differences: exact slopes, no spread.
+        np.testing.assert_allclose(update.extra["slope_errors"], 0.0, atol=1e-12)
+
+
+def test_robust_variant_keeps_constraints_and_beats_the_papers_target_on_the_toy():
+    schedule = build_schedule("dense-warmup", 128)
+    histories = {}
+    for variant in ("paper", "robust"):
+        learner = ToyLearner(SLOPES, INITIAL)
+        histories[variant] = run(DynamicsPolicy(schedule, options=VARIANTS[variant]), learner)
+    robust = histories["robust"]
+    first, last = robust.evaluations[0], robust.evaluations[-1]
+    assert np.all(last.eval[1:] <= first.eval[1:] + 1e-9)
+    assert last.eval[0] < histories["paper"].evaluations[-1].eval[0]
+    assert any(u.extra["robust"]["source"] == "direct" for u in robust.updates)
+    for update in robust.updates:
+        assert update.extra["robust"]["feasible"]
+        np.testing.assert_allclose(update.extra["calibration_bias"], 0.0, atol=1e-12)  # exact toy
+
+
+def test_calibration_learns_a_bias_the_probes_cannot_see():
+    # Dataset 0's harm to constraint 1 grows with the steps trained on it (quadratic), so
+    # short probes under-predict it. After a few updates the bias is positive and the
+    # calibrated run puts less weight on dataset 0 than the uncalibrated one.
+    def accelerating(steps):
+        out = SLOPES @ steps
+        out[1] += 2e-5 * steps[0] ** 2
+        return out
+
+    schedule = build_schedule([0, 16, 32, 64, 96], 128, probe_cap=4)
+    weights = {}
+    for calibration in (False, True):
+        learner = ToyLearner(SLOPES, INITIAL, effect=accelerating)
+        policy = DynamicsPolicy(schedule, options=RobustOptions(lp_candidate=True, calibration=calibration))
+        history = run(policy, learner)
+        weights[calibration] = np.array([u.weights[0] for u in history.updates])
+        if calibration:
+            assert history.updates[-1].extra["calibration_bias"][1] > 0
+    assert weights[True][-1] < weights[False][-1]
