@@ -153,6 +153,27 @@ def test_direct_conic_candidate_matches_brute_force(seed: int, z: float, zt: flo
         assert rp.violations(direct.weights).max() <= worst.min() + 1e-6
 
 
+def test_a_stuck_broken_constraint_does_not_hide_the_others():
+    """Constraint 1 is already broken and no dataset moves it (an accuracy that a short probe
+    does not change): every mixture ties on the largest violation. The paper's rule then
+    takes the best target objective, the smallest lambda's candidate, nearly all on
+    dataset 0, which breaks constraint 2 as well.
+    The lexicographic fallback keeps constraint 2 and improves the target within it."""
+    slopes = np.array([[-1e-3, 0.0, 0.0], [0.0, 0.0, 0.0], [1e-3, -1e-3, 0.0]])
+    problem = MixtureProblem(slopes, np.array([2.0, -0.80, 1.0]), np.array([np.nan, -0.85, 1.0]), (0,), (1, 2),
+                             horizon=16)
+    paper = solve(problem)
+    assert paper.weights[0] > 0.95
+    assert problem.violations(paper.weights)[1] > 0.01
+    rp = RobustProblem(problem, np.zeros_like(slopes))
+    direct = solve_direct(rp)
+    assert not direct.feasible and direct.max_violation == pytest.approx(0.05)
+    np.testing.assert_allclose(direct.weights, [0.5, 0.5, 0.0], atol=1e-6)
+    choice = select_robust(rp, [c.weights for c in grid_candidates(problem)], direct)
+    assert problem.violations(choice.weights)[1] <= 1e-6
+    assert problem.target_objective(choice.weights) == pytest.approx(-0.5e-3, abs=1e-8)
+
+
 def test_target_noise_shares_weight_between_datasets_within_noise():
     # Two datasets teach the target equally well up to a difference far below their
     # standard errors; no constraint binds. The paper's objective puts everything on the
@@ -175,13 +196,25 @@ def test_target_noise_turns_the_direct_candidate_on():
 # ------------------------------------------------------------- calibration
 
 
-def test_calibration_bias_is_the_shrunk_per_step_error():
+def test_calibration_bias_is_least_squares_with_a_prior_of_one_update_at_the_horizon():
     calibration = PredictionCalibration(2)
-    np.testing.assert_array_equal(calibration.bias(), [0.0, 0.0])
+    np.testing.assert_array_equal(calibration.bias(8), [0.0, 0.0])
     calibration.observe(np.array([1.0, 2.0]), np.array([1.2, 1.9]), horizon=10)
     calibration.observe(np.array([1.0, 2.0]), np.array([1.1, 2.0]), horizon=30)
     calibration.observe(np.array([1.0, np.nan]), np.array([5.0, 2.0]), horizon=30)  # ignored
-    np.testing.assert_allclose(calibration.bias(), 2 / 3 * np.array([0.3, -0.1]) / 40)
+    weighted = np.array([0.2 * 10 + 0.1 * 30, -0.1 * 10])
+    np.testing.assert_allclose(calibration.bias(20), weighted / (100 + 900 + 400))
+    # Errors that grow linearly with the horizon are recovered as the evidence piles up.
+    exact = PredictionCalibration(1)
+    for _ in range(200):
+        exact.observe(np.array([0.0]), np.array([0.5]), horizon=100)
+    assert exact.bias(100)[0] == pytest.approx(0.005, rel=0.01)
+
+
+def test_a_noisy_one_step_error_barely_moves_a_long_prediction():
+    calibration = PredictionCalibration(1)
+    calibration.observe(np.array([0.0]), np.array([1 / 72]), horizon=1)  # one quiz question
+    assert 128 * calibration.bias(128)[0] < 0.01 / 72  # under 1% of a question
 
 
 def test_calibrated_problem_shifts_only_constraints_by_the_horizon():

@@ -155,7 +155,7 @@ class DynamicsPolicy:
             if self._last_prediction is not None:
                 predicted, horizon = self._last_prediction
                 self._calibration.observe(predicted, nominal.current_losses, horizon)
-            bias = self._calibration.bias()
+            bias = self._calibration.bias(context.horizon)
             problem = calibrated(nominal, bias)
             extra["calibration_bias"] = bias
         robust = RobustProblem(problem, slope_errors, self.options.noise_margin, self.options.target_noise)

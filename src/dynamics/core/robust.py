@@ -24,8 +24,8 @@ explains them and what they measured):
   constraint is linear and always picks a vertex). It acts through the direct candidate,
   so it turns ``lp_candidate`` on.
 * ``calibration``: realized against predicted losses of the past updates give a per-step
-  bias per constraint, ``b_i = sum(realized - predicted) / sum(H)``, shrunk by ``n / (n + 1)``
-  after n updates; the next prediction adds ``H_t b_i`` (:class:`PredictionCalibration`).
+  bias per constraint, fitted by least squares with a prior toward zero
+  (:class:`PredictionCalibration`); the next prediction adds ``H_t b_i``.
 
 ``variant: robust`` turns all four on (:data:`VARIANTS`); each can also be set alone.
 """
@@ -111,36 +111,40 @@ def slope_standard_errors(anchor: np.ndarray, probed: np.ndarray, probe_budget: 
 
 @dataclass
 class PredictionCalibration:
-    """Closed-loop correction: the average per-step prediction error of past updates.
+    """Closed-loop correction: a per-step bias of past predictions, per domain.
 
-    ``observe`` is called at each update with the previous update's prediction and the
-    losses actually reached; ``bias()`` is ``n / (n + 1) * sum(error) / sum(horizon)`` per
-    domain, in metric units per step (positive: losses ended higher than predicted).
-    Weighting by horizon lets long stretches, whose errors are signal, outweigh the
-    one-step updates of a dense warmup, whose errors are mostly evaluation noise; the
-    shrinkage keeps a single update from setting the whole correction.
+    Update k predicted losses ``horizon_k`` steps ahead and missed by ``e_k = realized -
+    predicted``. Read as ``e_k = b H_k + noise`` with noise of constant size (evaluation
+    noise does not grow with the horizon), the least-squares bias is ``sum e_k H_k /
+    sum H_k^2``. :meth:`bias` adds ``H^2`` of the horizon about to be predicted to the
+    denominator: a prior that the bias is zero, as strong as one past update of that
+    horizon. So a dense warmup's one-step updates, whose errors are one quiz question of
+    noise, cannot set a correction that is then multiplied by a 128-step horizon, and the
+    correction grows only as past horizons reach the one being predicted.
+    Units: metric per step (positive: losses ended higher than predicted).
     """
 
     num_domains: int
-    error_sum: np.ndarray = field(init=False)
-    horizon_sum: float = 0.0
+    weighted_error: np.ndarray = field(init=False)
+    horizon_squares: float = 0.0
     count: int = 0
 
     def __post_init__(self) -> None:
-        self.error_sum = np.zeros(self.num_domains)
+        self.weighted_error = np.zeros(self.num_domains)
 
     def observe(self, predicted: np.ndarray, realized: np.ndarray, horizon: int) -> None:
         error = np.asarray(realized, dtype=float) - np.asarray(predicted, dtype=float)
         if error.shape != (self.num_domains,) or not np.all(np.isfinite(error)):
             return  # nothing trustworthy to learn from
-        self.error_sum = self.error_sum + error
-        self.horizon_sum += float(horizon)
+        self.weighted_error = self.weighted_error + error * horizon
+        self.horizon_squares += float(horizon) ** 2
         self.count += 1
 
-    def bias(self) -> np.ndarray:
-        if self.count == 0 or self.horizon_sum <= 0:
+    def bias(self, horizon: float) -> np.ndarray:
+        """The per-step bias to add to a prediction ``horizon`` steps ahead."""
+        if self.count == 0:
             return np.zeros(self.num_domains)
-        return self.count / (self.count + 1) * self.error_sum / self.horizon_sum
+        return self.weighted_error / (self.horizon_squares + float(horizon) ** 2)
 
 
 @dataclass(frozen=True)
@@ -210,8 +214,9 @@ class DirectCandidate:
 
 def solve_direct(rp: RobustProblem) -> DirectCandidate:
     """min_w  g.w + z_T ||tau * w||   s.t.   L_hat_i(w) + z_C H ||sigma_i * w|| <= L^ref_i,
-    w on the simplex; or, when no w satisfies the constraints, min_w max_i of the left side
-    minus the right.
+    w on the simplex. When no w satisfies the constraints, the fallback is lexicographic:
+    the smallest largest violation, then among those the smallest total violation, then the
+    best objective (:func:`_least_violating`).
 
     Without noise terms both programs are linear and solved exactly by HiGHS; with them they
     are convex (second-order cones) and solved by SLSQP from the linear solution, then made
@@ -223,7 +228,8 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     conic = rp.constraint_z > 0 and bool(np.any(rp.slope_errors[list(problem.constraints)] > 0))
     centre = _most_feasible(rp, conic)
     if rp.max_violation(centre) > FEASIBILITY_TOL:
-        return DirectCandidate(centre, False, rp.max_violation(centre))
+        fallback = _least_violating(rp, centre, conic)
+        return DirectCandidate(fallback, False, rp.max_violation(fallback))
     if n == 1:
         return DirectCandidate(centre, True, 0.0)
     linear = _linear_optimum(rp) if not conic else None
@@ -301,6 +307,50 @@ def _most_feasible(rp: RobustProblem, conic: bool) -> np.ndarray:
     return best
 
 
+def _least_violating(rp: RobustProblem, centre: np.ndarray, conic: bool) -> np.ndarray:
+    """Among mixtures whose largest violation is that of ``centre`` (the smallest there is),
+    the one with the smallest total violation, and among those the best objective.
+
+    The paper's fallback stops at the first criterion. When one constraint is broken at
+    theta_t and no dataset moves it within the probe (an accuracy that no short probe
+    changes), every mixture ties on it, and the tie went to the best target objective,
+    which then ignored every other constraint."""
+    n = rp.problem.num_datasets
+    num_c = len(rp.problem.constraints)
+    cap = _worst(rp, centre) + FEASIBILITY_TOL
+    # Variables x = (w, s): s_i >= max(0, v_i(w)) is constraint i's violation.
+    simplex = {"type": "eq", "fun": lambda x: np.array([x[:n].sum() - 1.0])}
+    capped = {"type": "ineq", "fun": lambda x: cap - rp.violations(x[:n])}
+    above = {"type": "ineq", "fun": lambda x: x[n:] - rp.violations(x[:n])}
+    bounds = [(0.0, 1.0)] * n + [(0.0, None)] * num_c
+    x0 = np.concatenate([centre, np.maximum(rp.violations(centre), 0.0)])
+    options = {"ftol": 1e-14, "maxiter": 500}
+    total = minimize(lambda x: x[n:].sum(), x0, method="SLSQP", bounds=bounds,
+                     constraints=[simplex, capped, above], options=options)
+    first = _simplex(total.x[:n]) if total.success else centre
+    best_total = _total_violation(rp, first)
+    if _worst(rp, first) > cap or best_total > _total_violation(rp, centre):
+        first, best_total = centre, _total_violation(rp, centre)
+    limit = best_total + FEASIBILITY_TOL
+    scale = max(float(np.abs(rp.problem.slopes[list(rp.problem.targets)].sum(axis=0)).max()), 1e-12)
+    budget = {"type": "ineq", "fun": lambda x: limit - x[n:].sum()}
+    x1 = np.concatenate([first, np.maximum(rp.violations(first), 0.0)])
+    best = minimize(lambda x: rp.objective(x[:n]) / scale, x1, method="SLSQP", bounds=bounds,
+                    constraints=[simplex, capped, above, budget], options=options)
+    candidate = _simplex(best.x[:n])
+    if (
+        _worst(rp, candidate) <= cap
+        and _total_violation(rp, candidate) <= limit
+        and rp.objective(candidate) < rp.objective(first)
+    ):
+        return candidate
+    return first
+
+
+def _total_violation(rp: RobustProblem, w: np.ndarray) -> float:
+    return float(np.maximum(rp.violations(w), 0.0).sum())
+
+
 def _worst(rp: RobustProblem, w: np.ndarray) -> float:
     v = rp.violations(w)
     return float(v.max()) if v.size else -math.inf
@@ -366,8 +416,8 @@ class RobustChoice:
 def select_robust(rp: RobustProblem, grid_weights: Sequence[np.ndarray], direct: DirectCandidate | None) -> RobustChoice:
     """Appendix G's rule with the robust measures: among candidates whose robust violations
     are all <= FEASIBILITY_TOL, the lowest pessimistic objective; if none, the smallest
-    largest robust violation. The grid's candidates come first, so ties keep the paper's
-    choice."""
+    largest robust violation, then the smallest total violation, then the objective. The
+    grid's candidates come first, so ties keep the paper's choice."""
     scored = [("grid", np.asarray(w, dtype=float)) for w in grid_weights]
     if direct is not None:
         scored.append(("direct", direct.weights))
@@ -376,7 +426,13 @@ def select_robust(rp: RobustProblem, grid_weights: Sequence[np.ndarray], direct:
     if feasible:
         index, source, w, violation, objective = min(feasible, key=lambda r: (r[4], r[0]))
     else:
-        index, source, w, violation, objective = min(rows, key=lambda r: (r[3], r[4], r[0]))
+        # Largest violation first, then the total, each equal up to FEASIBILITY_TOL, then the
+        # objective: see _least_violating for why the paper's rule needs the second key.
+        smallest = min(r[3] for r in rows)
+        rows = [r for r in rows if r[3] <= smallest + FEASIBILITY_TOL]
+        least_total = min(_total_violation(rp, r[2]) for r in rows)
+        rows = [r for r in rows if _total_violation(rp, r[2]) <= least_total + FEASIBILITY_TOL]
+        index, source, w, violation, objective = min(rows, key=lambda r: (r[4], r[0]))
     return RobustChoice(w, index, source, violation <= FEASIBILITY_TOL, violation, objective)
 
 

