@@ -44,7 +44,11 @@ def test_demo_writes_table_report_and_figures(tmp_path, monkeypatch):
     # The table's numbers are the run folders' numbers.
     summary = json.loads((out / "demo.json").read_text())
     rows = {row["label"]: row for row in summary["rows"]}
-    assert set(rows) == {"DynaMiCS", "fixed-uniform-w0.05", "fixed-uniform-w0.2"}
+    assert set(rows) == {"DynaMiCS", "DynaMiCS (robust)", "fixed-uniform-w0.05", "fixed-uniform-w0.2"}
+    robust = read_run(out / "runs" / "dynamics-robust")
+    assert rows["DynaMiCS (robust)"]["ppl_reduction"] == pytest.approx(robust.summary["constrained_ppl_reduction"])
+    assert all(u["extra"]["robust"]["lp_candidate"] for u in robust.updates)
+    assert "The robust variant (method.variant: robust): " in result["verdict"]
     dynamics = read_run(out / "runs" / "dynamics")
     assert rows["DynaMiCS"]["ppl_reduction"] == pytest.approx(dynamics.summary["constrained_ppl_reduction"])
     assert dynamics.domain_names == ["arithmetic", "toolcall", "code-heldout", "prose-heldout", "quiz"]

@@ -134,6 +134,9 @@ class DemoSettings:
     """The quiz's evaluation batch: a probe's 4 x 18 scores all 72 of its eval questions (the
     main evaluation's 8 x 18 counts each twice, which leaves the accuracy unchanged). At the
     loss domains' batch size a probe saw 16 of them: one question moved accuracy by 6%."""
+    robust: bool = True
+    """Also run DynaMiCS with ``method.variant: robust`` (options beyond the paper, measured in
+    docs/beyond-the-paper.md); the paper's method stays the demo's reference row."""
     target_budgets: tuple[int, int] = (1000, 1000)
     """Training rows of arithmetic and toolcall. Equal, so by the paper's rule (section 4.4)
     every proportional configuration equals a uniform one and is skipped: this keeps the
@@ -224,6 +227,11 @@ def run_demo(out: Path, settings: DemoSettings, *, progress: bool = True) -> dic
     runs: dict[str, Path] = {}
     plan: Sequence[tuple[str, dict[str, Any]]] = [
         ("dynamics", {"name": "dynamics", "schedule": settings.schedule}),
+        *(
+            [("dynamics-robust", {"name": "dynamics", "schedule": settings.schedule, "variant": "robust"})]
+            if settings.robust
+            else []
+        ),
         *[(f"fixed-{label}", {"name": "fixed", "weights": w, "schedule": [0]}) for label, w in fixed_runs(settings)],
     ]
     for index, (label, method) in enumerate(plan, start=1):

@@ -14,6 +14,8 @@ from dynamics.experiments import rundir
 from dynamics.report.compare import MethodRow, markdown_table, method_row, text_table, write_plots
 
 PAPER_GRID_LABELS = ("w0.2", "w0.5", "w0.8", "w1", "w0")
+ROBUST_RUN = "dynamics-robust"
+ROBUST_LABEL = "DynaMiCS (robust)"
 
 
 def _on_paper_grid(label: str) -> bool:
@@ -44,13 +46,14 @@ def write_demo_report(
     out: Path, runs: dict[str, Path], why: dict[str, str], *, base_seconds: float, settings: Any
 ) -> dict[str, Any]:
     records = {label: rundir.read_run(path) for label, path in runs.items()}
-    fixed_labels = [label for label in records if label != "dynamics"]
+    fixed_labels = [label for label in records if not label.startswith("dynamics")]
     unit = statistics.median(records[label].summary["train_seconds"] for label in fixed_labels)
     dynamics_row = method_row("DynaMiCS", records["dynamics"], unit)
+    robust_row = method_row(ROBUST_LABEL, records[ROBUST_RUN], unit) if ROBUST_RUN in records else None
     fixed_rows = [method_row(label, records[label], unit) for label in fixed_labels]
     best_fixed = _best(fixed_rows)
     best_paper = _best([r for r in fixed_rows if _on_paper_grid(r.label)])
-    rows = [dynamics_row, *fixed_rows]
+    rows = [dynamics_row, *([robust_row] if robust_row else []), *fixed_rows]
 
     figures = write_plots(
         out / "figures",
@@ -61,6 +64,8 @@ def write_demo_report(
         fixed_rows,
     )
     verdict = _verdict(dynamics_row, best_fixed, best_paper, len(fixed_rows))
+    if robust_row is not None:
+        verdict += " " + _robust_verdict(robust_row, dynamics_row, best_fixed)
     dyn = records["dynamics"].summary
     errors = dyn.get("mean_abs_prediction_error") or {}
     broken = broken_steps(records["dynamics"])
@@ -180,3 +185,17 @@ def _verdict(dynamics: MethodRow, best_fixed: MethodRow | None, best_paper: Meth
             f"{k} of them.{grid}"
         )
     return head + " DynaMiCS does not win here."
+
+
+def _robust_verdict(robust: MethodRow, paper: MethodRow, best_fixed: MethodRow | None) -> str:
+    """One sentence on the robust variant (an option beyond the paper) against the paper's
+    method and the best fixed mixture."""
+    head = (
+        f"The robust variant (method.variant: robust): {'feasible' if robust.feasible else 'infeasible'}, "
+        f"{100 * robust.ppl_reduction:.1f}% at {robust.cost:.2f}x"
+    )
+    compared = [f"{'above' if robust.ppl_reduction > paper.ppl_reduction else 'not above'} the paper's method"]
+    if best_fixed is not None:
+        better = robust.ppl_reduction >= best_fixed.ppl_reduction
+        compared.append(f"{'at or above' if better else 'below'} the best fixed mixture")
+    return f"{head}: {' and '.join(compared)}."
