@@ -31,7 +31,7 @@ from dynamics.core.robust import (
     solve_direct,
 )
 from dynamics.core.schedules import UpdateSchedule, build_schedule
-from dynamics.core.solver import grid_candidates, solution_of, solve
+from dynamics.core.solver import Solution, grid_candidates, solution_of, solve
 
 PAPER_TARGET_MASSES = (0.0, 0.2, 0.5, 0.8, 1.0)
 
@@ -45,7 +45,13 @@ def _solve_update(
     extra: dict | None = None,
 ) -> UpdateRecord:
     """Eq. 3.3 + 3.4 on the given slopes, as an update record."""
-    problem = MixtureProblem(
+    problem = _problem_at(context, slope_matrix, grid)
+    return _update_record(name, context, problem, solve(problem), probe_seconds, extra or {})
+
+
+def _problem_at(context: UpdateContext, slope_matrix: np.ndarray, grid: SolverGrid) -> MixtureProblem:
+    """The mixture problem of eqs. 3.3-3.4 at the update described by ``context``."""
+    return MixtureProblem(
         slopes=slope_matrix,
         current_losses=context.anchor.means(),
         reference_losses=context.reference_losses,
@@ -54,7 +60,12 @@ def _solve_update(
         horizon=context.horizon,
         grid=grid,
     )
-    solution = solve(problem)
+
+
+def _update_record(
+    name: str, context: UpdateContext, problem: MixtureProblem, solution: Solution, probe_seconds: float, extra: dict
+) -> UpdateRecord:
+    """The record of one update; ``current_losses`` are the measured anchor's."""
     return UpdateRecord(
         policy=name,
         step=context.step,
@@ -63,11 +74,11 @@ def _solve_update(
         weights=np.asarray(solution.weights, dtype=float),
         current_losses=problem.current_losses,
         recycled_anchor=context.recycled_anchor,
-        slope_matrix=slope_matrix,
+        slope_matrix=problem.slopes,
         predicted_losses=np.asarray(solution.predicted_losses, dtype=float),
         solver=solution.to_dict(),
         probe_seconds=probe_seconds,
-        extra=extra or {},
+        extra=extra,
     )
 
 
@@ -139,15 +150,7 @@ class DynamicsPolicy:
         extra: dict,
     ) -> UpdateRecord:
         """The update with the options of :mod:`dynamics.core.robust` on."""
-        nominal = MixtureProblem(
-            slopes=slope_matrix,
-            current_losses=context.anchor.means(),
-            reference_losses=context.reference_losses,
-            targets=context.targets,
-            constraints=context.constraints,
-            horizon=context.horizon,
-            grid=self.grid,
-        )
+        nominal = _problem_at(context, slope_matrix, self.grid)
         problem = nominal
         if self.options.calibration:
             if self._calibration is None:
@@ -173,20 +176,7 @@ class DynamicsPolicy:
         )
         self._last_prediction = (nominal.predicted_losses(choice.weights), context.horizon)
         extra["robust"] = {**self.options.to_dict(), **choice.to_dict()}
-        return UpdateRecord(
-            policy=self.name,
-            step=context.step,
-            horizon=context.horizon,
-            probe_budget=context.probe_budget,
-            weights=np.asarray(solution.weights, dtype=float),
-            current_losses=nominal.current_losses,
-            recycled_anchor=context.recycled_anchor,
-            slope_matrix=slope_matrix,
-            predicted_losses=np.asarray(solution.predicted_losses, dtype=float),
-            solver=solution.to_dict(),
-            probe_seconds=probe_seconds,
-            extra=extra,
-        )
+        return _update_record(self.name, context, nominal, solution, probe_seconds, extra)
 
 
 @dataclass
