@@ -98,7 +98,7 @@ class EvalBatches:
 
     Built once per run and never reshuffled: every evaluation of the run sees the same
     batches, and the reduced evaluation used by probes is the first ``R`` batches of the
-    main one (DESIGN.md §7, "same batches, same estimator").
+    main one (docs/method.md, "Same batches, same estimator").
     """
 
     name: str

@@ -1,4 +1,4 @@
-"""The run configuration: typed, validated once, saved as YAML (DESIGN.md §3-§4).
+"""The run configuration: typed, validated once, saved as YAML (docs/config.md lists every field).
 
 Every field has a docstring-style description; ``RunConfig.from_yaml`` applies
 ``key=value`` overrides (dotted paths, values parsed as YAML scalars) before validation,

@@ -1,4 +1,4 @@
-"""The Learner for Hugging Face causal LMs (DESIGN.md §3; paper section 3, appendices K, M).
+"""The Learner for Hugging Face causal LMs (docs/method.md; paper section 3 and the appendices on gradient alignment and accuracy constraints).
 
 ``HFLearner`` implements :class:`dynamics.core.learner.Learner` and
 :class:`~dynamics.core.learner.AlignmentLearner`:

@@ -1,5 +1,5 @@
 """One fine-tuning run from a config: build, train with the configured mixture policy,
-write the run folder (DESIGN.md §4). The recipe reads top to bottom:
+write the run folder (docs/method.md, "The run folder"). The recipe reads top to bottom:
 
     setup  -> tokenizer, model (+LoRA), data, evaluation batches, learner, policy
     train  -> ``core.controller.run_mixture_training`` with file/progress callbacks

@@ -1,4 +1,4 @@
-"""A plain-text account of one run folder, read from its files only (DESIGN.md §4)."""
+"""A plain-text account of one run folder, read from its files only (docs/method.md, "The run folder")."""
 
 from __future__ import annotations
 
