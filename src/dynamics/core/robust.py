@@ -43,6 +43,7 @@ import numpy as np
 from scipy.optimize import linprog, minimize
 
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
+from dynamics.core.solver import _to_simplex
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,6 @@ class RobustOptions:
             # The grid's candidates minimise the nominal objective; only the direct
             # candidate minimises the pessimistic one.
             object.__setattr__(self, "lp_candidate", True)
-
-    @property
-    def needs_direct_candidate(self) -> bool:
-        return self.lp_candidate
 
     @property
     def is_paper(self) -> bool:
@@ -232,7 +229,7 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     conic = rp.constraint_z > 0 and bool(np.any(rp.slope_errors[list(problem.constraints)] > 0))
     centre = _most_feasible(rp, conic)
     if rp.max_violation(centre) > FEASIBILITY_TOL:
-        fallback = _least_violating(rp, centre, conic)
+        fallback = _least_violating(rp, centre)
         return DirectCandidate(fallback, False, rp.max_violation(fallback))
     if n == 1:
         return DirectCandidate(centre, True, 0.0)
@@ -254,17 +251,11 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
         ],
         options={"ftol": 1e-12, "maxiter": 500},
     )
-    weights = _simplex(result.x)
+    weights = _to_simplex(result.x)
     if not np.isfinite(rp.objective(weights)) or rp.objective(weights) > rp.objective(start):
         weights = start
     weights = _pull_into_feasible(rp, weights, centre)
     return DirectCandidate(weights, True, rp.max_violation(weights))
-
-
-def _simplex(w: np.ndarray) -> np.ndarray:
-    w = np.clip(np.asarray(w, dtype=float), 0.0, None)
-    total = w.sum()
-    return w / total if np.isfinite(total) and total > 0 else np.full(w.shape, 1.0 / w.size)
 
 
 def _most_feasible(rp: RobustProblem, conic: bool) -> np.ndarray:
@@ -287,7 +278,7 @@ def _most_feasible(rp: RobustProblem, conic: bool) -> np.ndarray:
         method="highs",
         options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
     )
-    best = _simplex(result.x[:n]) if result.status == 0 else np.full(n, 1.0 / n)
+    best = _to_simplex(result.x[:n]) if result.status == 0 else np.full(n, 1.0 / n)
     if not conic:
         return best
     starts = [best, np.full(n, 1.0 / n)]
@@ -305,13 +296,13 @@ def _most_feasible(rp: RobustProblem, conic: bool) -> np.ndarray:
             ],
             options={"ftol": 1e-14, "maxiter": 500},
         )
-        candidate = _simplex(out.x[:n])
+        candidate = _to_simplex(out.x[:n])
         if _worst(rp, candidate) < _worst(rp, best):
             best = candidate
     return best
 
 
-def _least_violating(rp: RobustProblem, centre: np.ndarray, conic: bool) -> np.ndarray:
+def _least_violating(rp: RobustProblem, centre: np.ndarray) -> np.ndarray:
     """Among mixtures whose largest violation is that of ``centre`` (the smallest there is),
     the one with the smallest total violation, and among those the best objective.
 
@@ -331,7 +322,7 @@ def _least_violating(rp: RobustProblem, centre: np.ndarray, conic: bool) -> np.n
     options = {"ftol": 1e-14, "maxiter": 500}
     total = minimize(lambda x: x[n:].sum(), x0, method="SLSQP", bounds=bounds,
                      constraints=[simplex, capped, above], options=options)
-    first = _simplex(total.x[:n]) if total.success else centre
+    first = _to_simplex(total.x[:n]) if total.success else centre
     best_total = _total_violation(rp, first)
     if _worst(rp, first) > cap or best_total > _total_violation(rp, centre):
         first, best_total = centre, _total_violation(rp, centre)
@@ -341,7 +332,7 @@ def _least_violating(rp: RobustProblem, centre: np.ndarray, conic: bool) -> np.n
     x1 = np.concatenate([first, np.maximum(rp.violations(first), 0.0)])
     best = minimize(lambda x: rp.objective(x[:n]) / scale, x1, method="SLSQP", bounds=bounds,
                     constraints=[simplex, capped, above, budget], options=options)
-    candidate = _simplex(best.x[:n])
+    candidate = _to_simplex(best.x[:n])
     if (
         _worst(rp, candidate) <= cap
         and _total_violation(rp, candidate) <= limit
@@ -377,7 +368,7 @@ def _linear_optimum(rp: RobustProblem) -> np.ndarray | None:
         method="highs",
         options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
     )
-    return _simplex(result.x) if result.status == 0 else None
+    return _to_simplex(result.x) if result.status == 0 else None
 
 
 def _pull_into_feasible(rp: RobustProblem, weights: np.ndarray, centre: np.ndarray) -> np.ndarray:
@@ -393,7 +384,7 @@ def _pull_into_feasible(rp: RobustProblem, weights: np.ndarray, centre: np.ndarr
             high = mid
         else:
             low = mid
-    return _simplex((1 - high) * weights + high * centre)
+    return _to_simplex((1 - high) * weights + high * centre)
 
 
 @dataclass(frozen=True)
