@@ -126,3 +126,95 @@ def test_curve_predictor_beats_linear_extrapolation_on_saturating_losses():
         history = run(DynamicsPolicy(schedule, predictor=predictor), learner, eval_interval=64)
         errors[predictor] = np.mean([np.abs(u.prediction_error).mean() for u in history.updates])
     assert errors["curve"] < 0.5 * errors["linear"]
+
+
+# Backtracking (an option beyond the paper). Dataset 0 teaches the target; its harm to the
+# constraint grows with the square of the steps trained on it, so short probes see almost
+# none of it and the linear prediction lets the constraint break at a main evaluation.
+HIDDEN_SLOPES = np.array([[-0.02, -0.002], [0.0, -0.0005]])
+HIDDEN_INITIAL = np.array([3.0, 2.0])
+
+
+def hidden_harm(steps):
+    return HIDDEN_SLOPES @ steps + np.array([0.0, 2e-4]) * steps[0] ** 2
+
+
+class RecordingPolicy:
+    """Wraps a policy and keeps the learner state each decision started from."""
+
+    def __init__(self, policy):
+        self.inner = policy
+        self.states = []
+
+    name = property(lambda self: self.inner.name)
+    schedule = property(lambda self: self.inner.schedule)
+
+    def decide(self, learner, context):
+        self.states.append((context.step, learner.snapshot(), context.reference_losses.copy()))
+        return self.inner.decide(learner, context)
+
+
+class StateLoggingLearner(ToyLearner):
+    """Keeps the state every main evaluation saw, by the step it was taken at."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.main_eval_states = {}
+
+    def evaluate(self, split, num_batches=None):
+        if split == "eval" and num_batches is None:
+            self.main_eval_states.setdefault(self.trained_steps, self.snapshot())
+        return super().evaluate(split, num_batches)
+
+
+def run_hidden(max_backtracks):
+    learner = StateLoggingLearner(HIDDEN_SLOPES, HIDDEN_INITIAL, effect=hidden_harm)
+    policy = RecordingPolicy(DynamicsPolicy(build_schedule([0, 32], 96, probe_cap=4)))
+    history = run_mixture_training(
+        learner, policy, targets=[0], constraints=[1], eval_interval=16, reduced_batches=4,
+        max_backtracks=max_backtracks,
+    )
+    return learner, policy, history
+
+
+def test_without_backtracking_the_hidden_harm_breaks_the_constraint():
+    _, _, history = run_hidden(max_backtracks=0)
+    assert not history.backtracks
+    reference = history.evaluations[0].eval[1]
+    assert any(e.eval[1] > reference + 1e-6 for e in history.evaluations)
+
+
+def test_backtracking_returns_to_the_exact_feasible_state_and_keeps_the_constraint():
+    learner, policy, history = run_hidden(max_backtracks=3)
+    assert history.backtracks
+    reference = history.evaluations[0]
+    for backtrack in history.backtracks:
+        # The re-decision starts from exactly the state the main evaluation at that step saw
+        # (48 here: inside the update made at 32, so the policy decides at an unscheduled step).
+        redecided = [snap for s, snap, _ in policy.states if s == backtrack["to_step"]][-1]
+        saved = learner.main_eval_states[backtrack["to_step"]]
+        np.testing.assert_array_equal(redecided[0], saved[0])
+        assert redecided[1] == saved[1] == backtrack["to_step"]
+        assert backtrack["violations"]["e1"] > 0
+    # Every state the run kept holds the constraint; the abandoned ones are marked.
+    for e in history.kept_evaluations:
+        assert e.eval[1] <= reference.eval[1] + 1e-9
+    assert sum(e.backtracked for e in history.evaluations) == len(history.backtracks)
+    # The learned margin lowers the reference the policy sees, by the violation seen.
+    first = history.backtracks[0]
+    later_refs = [ref[1] for s, _, ref in policy.states if s >= first["to_step"]][-1]
+    assert later_refs <= policy.states[0][2][1] - first["violations"]["e1"] + 1e-12
+    # The learner trained the kept updates' steps only: abandoned branches were rolled back.
+    kept = [u for u in history.updates if not u.extra.get("abandoned")]
+    ends = [u.step for u in kept[1:]] + [96]  # an update cut short by a backtrack ends early
+    steps = sum((end - u.step) * u.weights for u, end in zip(kept, ends, strict=True))
+    np.testing.assert_allclose(learner.steps_per_dataset, steps, atol=1e-9)
+    assert learner.trained_steps == 96
+    assert any("backtrack" in u.extra for u in kept)
+
+
+def test_backtracking_stops_after_max_backtracks():
+    _, _, history = run_hidden(max_backtracks=1)
+    assert len(history.backtracks) == 1
+    with pytest.raises(ValueError, match="max_backtracks"):
+        run_hidden(max_backtracks=-1)

@@ -195,3 +195,26 @@ def test_data_error_leaves_no_run_folder(tokenizer_dir, tmp_path, capsys):
     assert cli_main(["run", str(config_path), "--no-progress"]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
     assert not (tmp_path / "never").exists()
+
+
+def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(tokenizer_dir, tmp_path):
+    # At lr 1.0 the stretch after step 4 breaks the orca constraint (seed 0, on CPU), so the
+    # run returns to step 4, re-decides there with the violation as a margin, and goes on.
+    data = tiny_config(tokenizer_dir, tmp_path / "run", backtrack=1)
+    data["optimizer"]["lr"] = 1.0
+    summary = run(RunConfig.from_dict(data), progress=False)
+    records = read_run(tmp_path / "run")
+    assert len(summary["backtracks"]) == 1
+    backtrack = summary["backtracks"][0]
+    assert backtrack["to_step"] < backtrack["from_step"]
+    assert backtrack["violations"]["orca"] == backtrack["margins"]["orca"] > 0
+    marked = [row["step"] for row in records.evaluations if row["backtracked"]]
+    assert marked == [backtrack["from_step"]] and not any(r["feasible"] for r in records.evaluations if r["backtracked"])
+    assert [p.step for p in records.eval_points()] == [0, 4, 8]
+    abandoned = [u for u in records.updates if u["extra"].get("abandoned")]
+    redecided = [u for u in records.updates if "backtrack" in u["extra"]]
+    assert [u["step"] for u in redecided] == [backtrack["to_step"]]
+    assert abandoned and all(u["step"] >= backtrack["to_step"] for u in abandoned)
+    # The learner is back in exactly the state it left: the same anchor, bit for bit.
+    first = next(u for u in abandoned if u["step"] == backtrack["to_step"])
+    assert redecided[0]["current_losses"] == first["current_losses"]

@@ -13,11 +13,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from dynamics.core.learner import Evaluation, Learner
+from dynamics.core.metrics import TIE_TOLERANCE, constraint_slack
 from dynamics.core.records import EvaluationRecord, UpdateRecord
 from dynamics.core.schedules import UpdateSchedule
 
@@ -28,7 +29,8 @@ class UpdateContext:
 
     anchor:            reduced evaluation at theta_t, shape (M, R) per batch.
     reference_losses:  step-0 values on the same R batches, NaN for non-constraints
-                       (DESIGN.md §7: the solver's references use the probe's batches).
+                       (the solver's references use the probe's batches), lowered by
+                       the margins backtracking learned.
     """
 
     step: int
@@ -40,6 +42,7 @@ class UpdateContext:
     targets: tuple[int, ...]
     constraints: tuple[int, ...]
     reduced_batches: int
+    after_backtrack: bool = False  # the learner was just returned to this step's state
 
 
 class MixturePolicy(Protocol):
@@ -69,6 +72,12 @@ class RunHistory:
     constraints: tuple[int, ...]
     evaluations: list[EvaluationRecord] = field(default_factory=list)
     updates: list[UpdateRecord] = field(default_factory=list)
+    backtracks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def kept_evaluations(self) -> list[EvaluationRecord]:
+        """The main evaluations of the states the run kept (not those it backtracked from)."""
+        return [e for e in self.evaluations if not e.backtracked]
 
 
 @dataclass
@@ -88,6 +97,26 @@ def evaluation_steps(total_steps: int, eval_interval: int) -> list[int]:
     return steps
 
 
+@dataclass
+class _FeasibleState:
+    """Where backtracking returns to: the last main evaluation that kept every constraint."""
+
+    event_index: int
+    step: int
+    evaluation: Evaluation
+    snapshot: Any
+    num_updates: int  # updates recorded before this step's own update
+
+
+def _unscheduled_update(schedule: UpdateSchedule, step: int) -> tuple[int, int]:
+    """Horizon and probe budget of an update at ``step`` outside the schedule: it runs to
+    the next scheduled update and probes no longer than the update in force there did."""
+    later = [s for s in schedule.steps if s > step]
+    horizon = (later[0] if later else schedule.total_steps) - step
+    in_force = max(s for s in schedule.steps if s <= step)
+    return horizon, min(horizon, schedule.probe_budget(in_force))
+
+
 def run_mixture_training(
     learner: Learner,
     policy: MixturePolicy,
@@ -97,11 +126,21 @@ def run_mixture_training(
     eval_interval: int,
     reduced_batches: int,
     callbacks: LoopCallbacks | None = None,
+    max_backtracks: int = 0,
 ) -> RunHistory:
     """Train for ``policy.schedule.total_steps`` steps, updating weights on schedule.
 
     ``reduced_batches`` is R, the number of evaluation batches per domain a probe uses;
     the main evaluation uses all of the learner's batches.
+
+    ``max_backtracks`` > 0 turns on backtracking, an option beyond the paper (which leaves
+    it to future work): when a main evaluation shows a constraint above its reference on
+    the eval split, the learner returns to the last main evaluation that kept every
+    constraint (parameters, optimizer, scheduler, RNG and data positions, as in a probe),
+    each broken constraint's reference is lowered by the violation just seen for the rest
+    of the run (a margin learned from the miss), and the policy decides again there. The
+    abandoned evaluation stays in the history marked ``backtracked``, the abandoned
+    updates carry ``extra["abandoned"]``, and the new update ``extra["backtrack"]``.
     """
     schedule = policy.schedule
     total_steps = schedule.total_steps
@@ -109,6 +148,8 @@ def run_mixture_training(
         raise ValueError(f"eval_interval must be a positive number of steps, got {eval_interval}")
     if reduced_batches < 1:
         raise ValueError(f"reduced_batches must be >= 1, got {reduced_batches}")
+    if max_backtracks < 0:
+        raise ValueError(f"max_backtracks must be >= 0, got {max_backtracks}")
     if not schedule.steps or schedule.steps[0] != 0:
         raise ValueError("the policy's schedule must start at step 0")
     callbacks = callbacks or LoopCallbacks()
@@ -122,10 +163,19 @@ def run_mixture_training(
     events = sorted(set(eval_steps) | set(schedule.steps))
 
     reference_losses: np.ndarray | None = None
+    margins = np.zeros(len(history.domain_names))
     weights: np.ndarray | None = None
-    for index, step in enumerate(events):
+    last_update: UpdateRecord | None = None  # the latest update not abandoned by a backtrack
+    feasible_state: _FeasibleState | None = None
+    backtrack: dict[str, Any] | None = None  # set while re-deciding at a restored state
+    index = 0
+    while True:
+        step = events[index]
         main_eval: Evaluation | None = None
-        if step in eval_steps:
+        if backtrack is not None:
+            assert feasible_state is not None
+            main_eval = feasible_state.evaluation  # recorded already, before the backtrack
+        elif step in eval_steps:
             started = time.perf_counter()
             main_eval = learner.evaluate("eval")
             test_eval = learner.evaluate("test")
@@ -135,7 +185,7 @@ def run_mixture_training(
                     f"the {reduced_batches} reduced batches the probes use: lower reduced_batches"
                 )
             if reference_losses is None:
-                # Reference values L_i^ref = L_i(theta_0) on the probe's batches (DESIGN.md §7).
+                # Reference values L_i^ref = L_i(theta_0) on the probe's batches (docs/method.md).
                 reference_losses = np.full(len(history.domain_names), np.nan)
                 idx = list(history.constraints)
                 reference_losses[idx] = main_eval.means(reduced_batches)[idx]
@@ -147,48 +197,95 @@ def run_mixture_training(
                 wall_seconds=time.perf_counter() - started,
             )
             history.evaluations.append(record)
+            if max_backtracks:
+                slack = constraint_slack(record, history.evaluations[0], history.constraints)
+                if (slack >= -TIE_TOLERANCE).all():
+                    feasible_state = _FeasibleState(index, step, main_eval, learner.snapshot(), len(history.updates))
+                elif feasible_state is not None and len(history.backtracks) < max_backtracks:
+                    record.backtracked = True
+                    if callbacks.on_evaluation is not None:
+                        callbacks.on_evaluation(record, history)
+                    broken = {
+                        history.domain_names[k]: float(-s)
+                        for k, s in zip(history.constraints, slack, strict=True)
+                        if s < -TIE_TOLERANCE
+                    }
+                    for k, s in zip(history.constraints, slack, strict=True):
+                        margins[k] += max(0.0, float(-s))
+                    for update in history.updates[feasible_state.num_updates :]:
+                        update.extra["abandoned"] = True
+                    live = [u for u in history.updates if not u.extra.get("abandoned")]
+                    last_update = live[-1] if live else None
+                    if last_update is not None and last_update.step + last_update.horizon > feasible_state.step:
+                        last_update.realized_losses = None  # reached only on the abandoned branch
+                    backtrack = {
+                        "from_step": step,
+                        "to_step": feasible_state.step,
+                        "violations": broken,
+                        "margins": {history.domain_names[k]: float(margins[k]) for k in history.constraints},
+                        "retrained_steps": step - feasible_state.step,
+                    }
+                    history.backtracks.append(backtrack)
+                    learner.restore(feasible_state.snapshot)
+                    index = feasible_state.event_index
+                    continue
 
-        if step in schedule:
+        if step in schedule or backtrack is not None:
             recycled = main_eval is not None
             anchor = (
                 Evaluation(main_eval.per_batch[:, :reduced_batches])
                 if main_eval is not None
                 else learner.evaluate("eval", reduced_batches)
             )
-            if history.updates:
-                history.updates[-1].realized_losses = anchor.means()
+            if last_update is not None and last_update.step + last_update.horizon == step:
+                # Realized at the end of its horizon; an update cut short by a backtrack
+                # keeps no realized losses.
+                last_update.realized_losses = anchor.means()
             assert reference_losses is not None  # step 0 is always evaluated first
+            horizon, probe_budget = (
+                (schedule.horizon(step), schedule.probe_budget(step))
+                if step in schedule
+                else _unscheduled_update(schedule, step)
+            )
             context = UpdateContext(
                 step=step,
-                horizon=schedule.horizon(step),
-                probe_budget=schedule.probe_budget(step),
+                horizon=horizon,
+                probe_budget=probe_budget,
                 anchor=anchor,
                 recycled_anchor=recycled,
-                reference_losses=reference_losses,
+                reference_losses=reference_losses - margins,
                 targets=history.targets,
                 constraints=history.constraints,
                 reduced_batches=reduced_batches,
+                after_backtrack=backtrack is not None,
             )
             update = policy.decide(learner, context)
+            if backtrack is not None:
+                update.extra["backtrack"] = backtrack
+            elif margins.any():
+                update.extra["margins"] = {history.domain_names[k]: float(margins[k]) for k in history.constraints}
             weights = np.asarray(update.weights, dtype=float)
             history.updates.append(update)
+            last_update = update
             if callbacks.on_update is not None:
                 callbacks.on_update(update, history)
 
-        if main_eval is not None:
+        if main_eval is not None and backtrack is None:
             # Weights in force from this step on (known only after a same-step update).
             history.evaluations[-1].weights = np.array([]) if weights is None else weights.copy()
             if callbacks.on_evaluation is not None:
                 callbacks.on_evaluation(history.evaluations[-1], history)
+        backtrack = None
 
         if step == total_steps:
             # The final evaluation closes the last update's horizon.
-            if history.updates and main_eval is not None:
-                history.updates[-1].realized_losses = main_eval.means(reduced_batches)
+            if last_update is not None and main_eval is not None:
+                last_update.realized_losses = main_eval.means(reduced_batches)
             break
         assert weights is not None  # step 0 is always an update step
         steps_to_train = events[index + 1] - step
         learner.train(steps_to_train, weights)
         if callbacks.on_train is not None:
             callbacks.on_train(steps_to_train, events[index + 1])
+        index += 1
     return history

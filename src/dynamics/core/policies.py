@@ -155,7 +155,8 @@ class DynamicsPolicy:
         if self.options.calibration:
             if self._calibration is None:
                 self._calibration = PredictionCalibration(len(nominal.current_losses))
-            if self._last_prediction is not None:
+            # After a backtrack the last prediction's horizon was never completed.
+            if self._last_prediction is not None and not context.after_backtrack:
                 predicted, horizon = self._last_prediction
                 self._calibration.observe(predicted, nominal.current_losses, horizon)
             bias = self._calibration.bias(context.horizon)

@@ -37,6 +37,7 @@ class EvaluationRecord:
     test: np.ndarray  # (M,)
     weights: np.ndarray  # (N,) weights used for the steps that follow
     wall_seconds: float = 0.0
+    backtracked: bool = False  # the run returned from this state to an earlier one
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(asdict(self))

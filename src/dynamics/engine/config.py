@@ -142,6 +142,12 @@ class MethodConfig(_Section):
     calibration: bool | None = Field(
         None, description="Correct predictions by the per-step error realized at past updates."
     )
+    backtrack: int = Field(
+        0,
+        ge=0,
+        description="Times a run may return to its last feasible main evaluation when one shows a broken "
+        "constraint, and decide again with that violation as a margin (0: never, as in the paper).",
+    )
 
     def robust_options(self) -> RobustOptions:
         """The variant's options with the fields set here overriding it."""
@@ -276,6 +282,11 @@ class RunConfig(_Section):
             raise ValueError(
                 "method.variant and the robustness options need probes, so only method.name: dynamics "
                 "uses them; remove them or set method.name: dynamics"
+            )
+        if self.method.name == "fixed" and self.method.backtrack:
+            raise ValueError(
+                "method.backtrack re-decides the mixture, which fixed weights never do; remove it or "
+                "set method.name: dynamics"
             )
         return self
 

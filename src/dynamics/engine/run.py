@@ -297,6 +297,7 @@ class RunFolderWriter:
             "target_loss_sum": float(record.eval[list(history.targets)].sum()),
             "constraint_slack": rundir.named(slack, [names[i] for i in history.constraints]),
             "feasible": bool(feasible),
+            "backtracked": record.backtracked,
             "wall_seconds": record.wall_seconds,
         }
         self.metrics_log.append(row)
@@ -341,7 +342,7 @@ class RunFolderWriter:
 
 def summarize(built: BuiltRun, history: RunHistory, wall_seconds: float) -> dict[str, Any]:
     """summary.json: the paper's metrics on this run, plus cost and prediction error."""
-    points = history.evaluations
+    points = history.kept_evaluations
     targets, constraints = history.targets, history.constraints
     best = metrics.best_feasible_checkpoint(points, targets, constraints)
     feasible = best is not None
@@ -382,6 +383,7 @@ def summarize(built: BuiltRun, history: RunHistory, wall_seconds: float) -> dict
         "constrained_ppl_reduction": metrics.constrained_perplexity_reduction(points, targets, constraints),
         "closest_to_feasible": None if closest is None else {"step": closest[0], "max_violation": closest[1]},
         "num_updates": len(history.updates),
+        "backtracks": history.backtracks,
         "probe_seconds": float(sum(u.probe_seconds for u in history.updates)),
         "wall_seconds": wall_seconds,
         "predicted_cost": relative_cost(schedule, len(history.dataset_names), len(history.domain_names), cost_model)
@@ -432,6 +434,7 @@ def run(config: RunConfig, progress: bool = True) -> dict[str, Any]:
         eval_interval=config.evaluation.interval,
         reduced_batches=config.evaluation.reduced_batches,
         callbacks=callbacks,
+        max_backtracks=config.method.backtrack,
     )
     writer.bar.close()
     summary = summarize(built, history, time.perf_counter() - started)

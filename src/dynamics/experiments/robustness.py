@@ -83,6 +83,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "no_margin": {"variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True},
     # The robust variant's options, as chosen from seed 0 (the same options as no_margin).
     "robust": {"variant": "robust"},
+    # Backtracking (up to two returns per run) on top of the paper and of the robust variant.
+    "backtrack": {"variant": "paper", "backtrack": 2},
+    "robust_backtrack": {"variant": "robust", "backtrack": 2},
 }
 """DynaMiCS settings measured: the paper, each option alone, combinations, and the robust
 variant (whatever :data:`dynamics.core.robust.VARIANTS` holds now)."""

@@ -138,7 +138,8 @@ class RunRecords:
         return list(self.summary["constraints"])
 
     def eval_points(self) -> list[EvalPoint]:
-        """The main evaluations as the core metrics' ``EvalPoint`` (lower-is-better values)."""
+        """The main evaluations of the states the run kept (not those a backtrack left), as
+        the core metrics' ``EvalPoint`` (lower-is-better values)."""
         names = self.domain_names
         return [
             EvalPoint(
@@ -147,6 +148,7 @@ class RunRecords:
                 test=np.array([row["test"][n] for n in names], dtype=float),
             )
             for row in self.evaluations
+            if not row.get("backtracked", False)
         ]
 
 

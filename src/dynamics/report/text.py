@@ -36,7 +36,7 @@ def run_report(records: RunRecords) -> str:
                     f"{_display(row['eval'][c], kinds[c])} ({row['constraint_slack'][c]:+.3f})"
                     for c in constraints
                 ],
-                "yes" if row["feasible"] else "no",
+                "no (backtracked)" if row.get("backtracked") else "yes" if row["feasible"] else "no",
                 weights,
             ]
         )
