@@ -13,7 +13,7 @@ from dynamics.cli import main as cli_main
 from dynamics.core import metrics
 from dynamics.engine.config import RunConfig
 from dynamics.engine.run import build_run, run
-from dynamics.experiments.rundir import read_run
+from dynamics.runs.rundir import read_run
 from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
 
 TINY_LLAMA = {

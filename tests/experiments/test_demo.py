@@ -8,7 +8,7 @@ import pytest
 
 from dynamics.experiments.base_model import QUICK_SPEC
 from dynamics.experiments.demo import DemoSettings, fixed_runs, run_demo
-from dynamics.experiments.rundir import read_run
+from dynamics.runs.rundir import read_run
 
 pytestmark = pytest.mark.slow
 

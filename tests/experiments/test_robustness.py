@@ -17,7 +17,7 @@ from dynamics.experiments.robustness import (
     smollm2_folder,
     write_report,
 )
-from dynamics.experiments.rundir import read_jsonl
+from dynamics.runs.rundir import read_jsonl
 
 pytestmark = pytest.mark.slow
 

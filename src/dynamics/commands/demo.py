@@ -24,7 +24,7 @@ def main(args: argparse.Namespace) -> int:
 
     from dynamics.cli import UsageError
     from dynamics.experiments.demo import DemoSettings, run_demo
-    from dynamics.experiments.rundir import RunDirError
+    from dynamics.runs.rundir import RunDirError
 
     out = Path(args.out or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}")
     try:

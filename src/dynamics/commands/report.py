@@ -15,8 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from dynamics.cli import UsageError
-    from dynamics.experiments.rundir import RunDirError, read_run
     from dynamics.report.text import run_report
+    from dynamics.runs.rundir import RunDirError, read_run
 
     try:
         records = read_run(args.run_dir)

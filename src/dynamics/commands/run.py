@@ -24,7 +24,7 @@ def main(args: argparse.Namespace) -> int:
     # Imported here so that other commands never pay for torch and transformers.
     from dynamics.cli import UsageError
     from dynamics.engine.config import ConfigError, RunConfig
-    from dynamics.experiments.rundir import RunDirError
+    from dynamics.runs.rundir import RunDirError
 
     overrides = list(args.overrides)
     if args.out:

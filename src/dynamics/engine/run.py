@@ -53,7 +53,7 @@ from dynamics.engine.config import RunConfig
 from dynamics.engine.learner import HFLearner
 from dynamics.engine.model import load_causal_lm, prepare_model
 from dynamics.engine.sampler import DatasetStream, MixtureSampler
-from dynamics.experiments import rundir
+from dynamics.runs import rundir
 
 logger = logging.getLogger(__name__)
 

@@ -65,7 +65,6 @@ from pathlib import Path
 from typing import Any
 
 from dynamics.core.policies import PAPER_TARGET_MASSES, fixed_mixture_sweep
-from dynamics.experiments import rundir
 from dynamics.experiments.base_model import (
     DEFAULT_SPEC,
     REPORT_FILE,
@@ -75,6 +74,7 @@ from dynamics.experiments.base_model import (
     ensure_base_model,
     pretraining_held_out,
 )
+from dynamics.runs import rundir
 
 DEMO_STEPS = 256
 

@@ -34,8 +34,8 @@ from typing import Any
 
 from dynamics.core import metrics
 from dynamics.core.policies import fixed_mixture_sweep
-from dynamics.experiments import rundir
 from dynamics.experiments.demo import DemoSettings, demo_config, split_general_files
+from dynamics.runs import rundir
 
 TRAINING = ("arithmetic", "toolcall", "code", "prose", "facts")
 ROLES = {"arithmetic": "target", "toolcall": "target", "code": "non-target", "prose": "non-target", "facts": "non-target"}

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from dynamics.core import metrics
-from dynamics.experiments.rundir import RunRecords
+from dynamics.runs.rundir import RunRecords
 
 
 @dataclass(frozen=True)

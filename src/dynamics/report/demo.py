@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from dynamics.core import metrics
-from dynamics.experiments import rundir
 from dynamics.report.compare import MethodRow, markdown_table, method_row, text_table, write_plots
+from dynamics.runs import rundir
 
 PAPER_GRID_LABELS = ("w0.2", "w0.5", "w0.8", "w1", "w0")
 ROBUST_RUN = "dynamics-robust"

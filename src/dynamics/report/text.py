@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dynamics.experiments.rundir import RunRecords
+from dynamics.runs.rundir import RunRecords
 
 
 def _display(value: float, metric: str) -> str:

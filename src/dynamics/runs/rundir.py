@@ -1,4 +1,4 @@
-"""The run folder: the contract between training and reporting (DESIGN.md §4).
+"""The run folder: the contract between training and reporting (docs/method.md, "The run folder").
 
 A run writes ``config.yaml`` (resolved), ``metrics.jsonl`` (one line per main evaluation),
 ``controller.jsonl`` (one line per mixture update), ``summary.json`` and, when a feasible
