@@ -82,7 +82,19 @@ class TrainingConfig(_Section):
         "no", description="Mixed precision through accelerate (GPU only; CPU runs in fp32)."
     )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
-    seed: int = Field(0, description="Seed of data order, splits, sampling and initialisation.")
+    seed: int = Field(0, ge=0, description="Seed of the training data order, mixture sampling and initialisation.")
+    data_seed: int = Field(
+        0,
+        ge=0,
+        description="Seed of the eval/test splits and of the fixed evaluation batches, kept apart from seed so "
+        "that runs with different seeds are scored on the same rows.",
+    )
+    checkpoint_interval: int | None = Field(
+        None,
+        ge=0,
+        description="Save the full training state to last_checkpoint/ every this many steps, for --resume "
+        "(null: at every main evaluation; 0: never).",
+    )
 
 
 class EvaluationConfig(_Section):

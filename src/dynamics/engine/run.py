@@ -191,7 +191,7 @@ def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> Buil
             tokenizer,
             sequence_length=training.sequence_length,
             packing=training.packing,
-            seed=training.seed + index,
+            seed=training.data_seed + index,
         )
         if dataset.role != "constraint":
             train_examples = [e for e in parts.train if isinstance(e, LMExample)]
@@ -216,7 +216,7 @@ def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> Buil
                 num_batches=config.evaluation.batches,
                 batch_size=dataset.eval_batch_size or eval_batch_size,
                 pad_id=pad_id,
-                seed=training.seed + 7919 * (index + 1),
+                seed=training.data_seed + 7919 * (index + 1),
             )
 
     dataset_names = [d.name for d in config.training_datasets]
