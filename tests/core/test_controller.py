@@ -218,3 +218,83 @@ def test_backtracking_stops_after_max_backtracks():
     assert len(history.backtracks) == 1
     with pytest.raises(ValueError, match="max_backtracks"):
         run_hidden(max_backtracks=-1)
+
+
+class Crash(Exception):
+    pass
+
+
+def records_of(history):
+    """The history's records without their wall times (the only thing allowed to differ)."""
+
+    def untimed(row):
+        return {k: v for k, v in row.items() if not k.endswith("_seconds")}
+
+    return (
+        [untimed(e.to_dict()) for e in history.evaluations],
+        [untimed(u.to_dict()) for u in history.updates],
+        history.backtracks,
+    )
+
+
+@pytest.mark.parametrize("crash_after", [16, 48, 64])
+def test_a_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(crash_after):
+    import copy
+
+    from dynamics.core.controller import LoopCallbacks
+    from dynamics.core.robust import VARIANTS
+
+    def fresh():
+        learner = StateLoggingLearner(HIDDEN_SLOPES, HIDDEN_INITIAL, effect=hidden_harm)
+        policy = DynamicsPolicy(build_schedule([0, 8, 32], 96, probe_cap=4), options=VARIANTS["robust"])
+        return learner, policy
+
+    kwargs = dict(targets=[0], constraints=[1], eval_interval=16, reduced_batches=4, max_backtracks=2)
+    checkpoints = range(8, 96, 8)
+    learner, policy = fresh()
+    full = run_mixture_training(learner, policy, checkpoint_steps=checkpoints, **kwargs)
+    assert full.backtracks  # the case where the loop's own state matters most
+
+    saved = {}
+
+    def save(state):
+        # What the engine writes to disk: the loop's state and the learner's, at this point.
+        saved["loop"] = copy.deepcopy(state)
+        saved["learner"] = learner_a.snapshot()
+
+    def crash(steps, step_now):
+        if step_now > crash_after:
+            raise Crash
+
+    learner_a, policy_a = fresh()
+    with pytest.raises(Crash):
+        run_mixture_training(
+            learner_a, policy_a, checkpoint_steps=checkpoints,
+            callbacks=LoopCallbacks(on_train=crash, on_checkpoint=save), **kwargs,
+        )
+    assert saved["loop"].step <= crash_after
+    learner_b, policy_b = fresh()
+    learner_b.restore(saved["learner"])
+    resumed = run_mixture_training(learner_b, policy_b, checkpoint_steps=checkpoints, resume=saved["loop"], **kwargs)
+    assert records_of(resumed) == records_of(full)
+    np.testing.assert_array_equal(learner_b.steps_per_dataset, learner.steps_per_dataset)
+
+
+def test_resume_refuses_a_changed_schedule():
+    import copy
+
+    from dynamics.core.controller import LoopCallbacks
+
+    saved = []
+    learner = ToyLearner(SLOPES, INITIAL)
+    run_mixture_training(
+        learner, DynamicsPolicy(build_schedule([0, 32], 64)), targets=[0], constraints=[1, 2],
+        eval_interval=16, reduced_batches=4, checkpoint_steps=[16],
+        callbacks=LoopCallbacks(on_checkpoint=lambda state: saved.append(copy.deepcopy(state))),
+    )
+    assert [state.step for state in saved] == [16]
+    with pytest.raises(ValueError, match="checkpoint interval changed"):
+        run_mixture_training(
+            ToyLearner(SLOPES, INITIAL), DynamicsPolicy(build_schedule([0, 32], 64)), targets=[0],
+            constraints=[1, 2], eval_interval=8, reduced_batches=4, checkpoint_steps=[16], resume=saved[0],
+        )

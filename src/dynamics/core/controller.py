@@ -11,7 +11,7 @@ again (appendix H, "evaluation recycling").
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -61,6 +61,12 @@ class MixturePolicy(Protocol):
         exactly the state it was given in."""
         ...
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the policy carries from one update to the next (JSON-able), for resume."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
 
 @dataclass
 class RunHistory:
@@ -87,6 +93,7 @@ class LoopCallbacks:
     on_evaluation: Callable[[EvaluationRecord, RunHistory], None] | None = None
     on_update: Callable[[UpdateRecord, RunHistory], None] | None = None
     on_train: Callable[[int, int], None] | None = None  # (steps just trained, step now)
+    on_checkpoint: Callable[[LoopState], None] | None = None  # at a resume point
 
 
 def evaluation_steps(total_steps: int, eval_interval: int) -> list[int]:
@@ -98,14 +105,35 @@ def evaluation_steps(total_steps: int, eval_interval: int) -> list[int]:
 
 
 @dataclass
-class _FeasibleState:
+class FeasibleState:
     """Where backtracking returns to: the last main evaluation that kept every constraint."""
 
     event_index: int
     step: int
     evaluation: Evaluation
-    snapshot: Any
+    snapshot: Any  # the learner's, taken right after that evaluation
     num_updates: int  # updates recorded before this step's own update
+
+
+@dataclass
+class LoopState:
+    """What the loop needs to go on from a resume point: right after the evaluation, update
+    and callbacks of step ``step``, before training on from it. The learner's own state is
+    saved and restored by its owner (the engine) at the same point.
+
+    ``last_update`` indexes ``history.updates`` (None before the first update);
+    ``reference_losses`` are the probe-batch references, NaN for non-constraints.
+    """
+
+    event_index: int
+    step: int
+    reference_losses: np.ndarray
+    margins: np.ndarray
+    weights: np.ndarray
+    last_update: int | None
+    history: RunHistory
+    policy_state: dict[str, Any]
+    feasible: FeasibleState | None
 
 
 def _unscheduled_update(schedule: UpdateSchedule, step: int) -> tuple[int, int]:
@@ -115,6 +143,12 @@ def _unscheduled_update(schedule: UpdateSchedule, step: int) -> tuple[int, int]:
     horizon = (later[0] if later else schedule.total_steps) - step
     in_force = max(s for s in schedule.steps if s <= step)
     return horizon, min(horizon, schedule.probe_budget(in_force))
+
+
+def loop_events(total_steps: int, eval_interval: int, schedule: UpdateSchedule, checkpoint_steps: Collection[int]) -> list[int]:
+    """The steps the loop stops at: main evaluations, updates and resume points."""
+    checkpoints = {s for s in checkpoint_steps if 0 < s < total_steps}
+    return sorted(set(evaluation_steps(total_steps, eval_interval)) | set(schedule.steps) | checkpoints)
 
 
 def run_mixture_training(
@@ -127,6 +161,8 @@ def run_mixture_training(
     reduced_batches: int,
     callbacks: LoopCallbacks | None = None,
     max_backtracks: int = 0,
+    checkpoint_steps: Collection[int] = (),
+    resume: LoopState | None = None,
 ) -> RunHistory:
     """Train for ``policy.schedule.total_steps`` steps, updating weights on schedule.
 
@@ -141,6 +177,12 @@ def run_mixture_training(
     of the run (a margin learned from the miss), and the policy decides again there. The
     abandoned evaluation stays in the history marked ``backtracked``, the abandoned
     updates carry ``extra["abandoned"]``, and the new update ``extra["backtrack"]``.
+
+    At every step of ``checkpoint_steps`` the loop hands ``callbacks.on_checkpoint`` a
+    :class:`LoopState`; passing one back as ``resume`` (with the learner and the policy's
+    state restored to that point) continues the run exactly where it stood. The steps
+    split training stretches, so a run resumed or not takes the same steps in the same
+    calls.
     """
     schedule = policy.schedule
     total_steps = schedule.total_steps
@@ -153,26 +195,43 @@ def run_mixture_training(
     if not schedule.steps or schedule.steps[0] != 0:
         raise ValueError("the policy's schedule must start at step 0")
     callbacks = callbacks or LoopCallbacks()
+    eval_steps = evaluation_steps(total_steps, eval_interval)
+    events = loop_events(total_steps, eval_interval, schedule, checkpoint_steps)
+
     history = RunHistory(
         dataset_names=list(learner.dataset_names),
         domain_names=list(learner.domain_names),
         targets=tuple(targets),
         constraints=tuple(constraints),
     )
-    eval_steps = evaluation_steps(total_steps, eval_interval)
-    events = sorted(set(eval_steps) | set(schedule.steps))
-
     reference_losses: np.ndarray | None = None
     margins = np.zeros(len(history.domain_names))
     weights: np.ndarray | None = None
     last_update: UpdateRecord | None = None  # the latest update not abandoned by a backtrack
-    feasible_state: _FeasibleState | None = None
+    feasible_state: FeasibleState | None = None
     backtrack: dict[str, Any] | None = None  # set while re-deciding at a restored state
     index = 0
+    resuming = resume is not None
+    if resume is not None:
+        if events[resume.event_index] != resume.step:
+            raise ValueError(
+                f"the saved state stands at step {resume.step}, which is not the loop's event "
+                f"{resume.event_index}: the schedule, evaluation interval or checkpoint interval changed"
+            )
+        history = resume.history
+        reference_losses = resume.reference_losses.copy()
+        margins = resume.margins.copy()
+        weights = resume.weights.copy()
+        last_update = None if resume.last_update is None else history.updates[resume.last_update]
+        feasible_state = resume.feasible
+        policy.load_state_dict(resume.policy_state)
+        index = resume.event_index
     while True:
         step = events[index]
         main_eval: Evaluation | None = None
-        if backtrack is not None:
+        if resuming:
+            pass  # this step's evaluation, update and callbacks happened before the save
+        elif backtrack is not None:
             assert feasible_state is not None
             main_eval = feasible_state.evaluation  # recorded already, before the backtrack
         elif step in eval_steps:
@@ -200,7 +259,7 @@ def run_mixture_training(
             if max_backtracks:
                 slack = constraint_slack(record, history.evaluations[0], history.constraints)
                 if (slack >= -TIE_TOLERANCE).all():
-                    feasible_state = _FeasibleState(index, step, main_eval, learner.snapshot(), len(history.updates))
+                    feasible_state = FeasibleState(index, step, main_eval, learner.snapshot(), len(history.updates))
                 elif feasible_state is not None and len(history.backtracks) < max_backtracks:
                     record.backtracked = True
                     if callbacks.on_evaluation is not None:
@@ -230,7 +289,7 @@ def run_mixture_training(
                     index = feasible_state.event_index
                     continue
 
-        if step in schedule or backtrack is not None:
+        if not resuming and (step in schedule or backtrack is not None):
             recycled = main_eval is not None
             anchor = (
                 Evaluation(main_eval.per_batch[:, :reduced_batches])
@@ -282,7 +341,24 @@ def run_mixture_training(
             if last_update is not None and main_eval is not None:
                 last_update.realized_losses = main_eval.means(reduced_batches)
             break
-        assert weights is not None  # step 0 is always an update step
+        assert weights is not None and reference_losses is not None  # step 0 updates and evaluates
+        if step in checkpoint_steps and not resuming and callbacks.on_checkpoint is not None:
+            callbacks.on_checkpoint(
+                LoopState(
+                    event_index=index,
+                    step=step,
+                    reference_losses=reference_losses.copy(),
+                    margins=margins.copy(),
+                    weights=weights.copy(),
+                    last_update=None
+                    if last_update is None
+                    else next(i for i, u in enumerate(history.updates) if u is last_update),
+                    history=history,
+                    policy_state=policy.state_dict(),
+                    feasible=feasible_state,
+                )
+            )
+        resuming = False
         steps_to_train = events[index + 1] - step
         learner.train(steps_to_train, weights)
         if callbacks.on_train is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -141,6 +142,33 @@ class DynamicsPolicy:
             return _solve_update(self.name, context, fit.slope_matrix, self.grid, probe_seconds, extra)
         return self._robust_update(context, fit.slope_matrix, slope_errors, probe_seconds, extra)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The calibration's sums and the last prediction (what the next update learns from)."""
+        calibration = self._calibration
+        return {
+            "calibration": None
+            if calibration is None
+            else {
+                "weighted_error": calibration.weighted_error.tolist(),
+                "horizon_squares": calibration.horizon_squares,
+                "count": calibration.count,
+            },
+            "last_prediction": None
+            if self._last_prediction is None
+            else {"losses": self._last_prediction[0].tolist(), "horizon": self._last_prediction[1]},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state["calibration"]
+        self._calibration = None
+        if saved is not None:
+            self._calibration = PredictionCalibration(len(saved["weighted_error"]))
+            self._calibration.weighted_error = np.asarray(saved["weighted_error"], dtype=float)
+            self._calibration.horizon_squares = float(saved["horizon_squares"])
+            self._calibration.count = int(saved["count"])
+        last = state["last_prediction"]
+        self._last_prediction = None if last is None else (np.asarray(last["losses"], dtype=float), int(last["horizon"]))
+
     def _robust_update(
         self,
         context: UpdateContext,
@@ -218,6 +246,12 @@ class FixedWeightsPolicy:
             recycled_anchor=context.recycled_anchor,
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # one mixture, nothing carried between updates
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
 
 @dataclass
 class GradientAlignmentPolicy:
@@ -236,6 +270,12 @@ class GradientAlignmentPolicy:
         return _solve_update(
             self.name, context, slope_matrix, self.grid, probe_seconds=time.perf_counter() - started
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # every update starts from the learner's gradients alone
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 @dataclass(frozen=True)

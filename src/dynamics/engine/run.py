@@ -116,6 +116,12 @@ class BroadcastPolicy:
         broadcast_object_list(shared, from_process=0)
         return shared[0]
 
+    def state_dict(self) -> dict[str, Any]:
+        return self.policy.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state)
+
 
 @dataclass
 class BuiltRun:
