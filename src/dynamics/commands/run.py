@@ -1,4 +1,8 @@
-"""``dynamics run CONFIG.yaml [--out DIR] [key=value ...]``: one fine-tuning run."""
+"""``dynamics run CONFIG.yaml [--out DIR] [key=value ...]``: one fine-tuning run.
+
+``dynamics run CONFIG.yaml --out DIR --resume`` (or ``dynamics run --resume DIR``, which
+reads ``DIR/config.yaml``) continues a run that stopped, from its last resume point.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,17 @@ HELP = "fine-tune a model on a dynamic (or fixed) data mixture from a YAML confi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="run config (YAML); see docs/config.md")
+    parser.add_argument("config", nargs="?", help="run config (YAML); see docs/config.md")
     parser.add_argument("--out", help="run folder (overrides output_dir); must be new or empty")
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="DIR",
+        help="continue a stopped run from its last_checkpoint/: the run folder DIR alone, "
+        "or CONFIG --out DIR --resume",
+    )
     parser.add_argument(
         "overrides",
         nargs="*",
@@ -22,23 +35,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     # Imported here so that other commands never pay for torch and transformers.
+    from pathlib import Path
+
     from dynamics.cli import UsageError
     from dynamics.engine.config import ConfigError, RunConfig
     from dynamics.runs.rundir import RunDirError
 
     overrides = list(args.overrides)
+    config_path = args.config
+    if isinstance(args.resume, str):
+        if config_path is not None or args.out:
+            raise UsageError("give either --resume DIR alone or CONFIG --out DIR --resume, not both")
+        config_path = str(Path(args.resume) / "config.yaml")
+        overrides.append(f"output_dir={args.resume}")
+        if not Path(config_path).is_file():
+            raise UsageError(f"{config_path} is missing: --resume DIR needs a run folder made by dynamics run")
+    elif config_path is None:
+        raise UsageError("give a run config (dynamics run CONFIG.yaml) or a run folder to resume (--resume DIR)")
     if args.out:
         overrides.append(f"output_dir={args.out}")
     try:
-        config = RunConfig.from_yaml(args.config, overrides)
+        config = RunConfig.from_yaml(config_path, overrides)
     except ConfigError as err:
         raise UsageError(str(err)) from None
 
     from dynamics.data.loading import DataError
     from dynamics.engine.run import RunSetupError, run
+    from dynamics.runs.rundir import SUMMARY_FILE
 
+    resume = bool(args.resume)
+    if resume and (Path(config.output_dir) / SUMMARY_FILE).is_file():
+        print(f"run {config.output_dir} already finished: nothing to resume")
+        return 0
     try:
-        summary = run(config, progress=not args.no_progress)
+        summary = run(config, progress=not args.no_progress, resume=resume)
     except (RunDirError, DataError, RunSetupError) as err:
         raise UsageError(str(err)) from None
     print(json.dumps({k: summary[k] for k in ("feasible", "constrained_ppl_reduction", "best_checkpoint", "wall_seconds")}, indent=2))

@@ -23,13 +23,17 @@ Data comes in through two small contracts, :class:`BatchSampler` (training) and
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
+import safetensors.torch
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
@@ -128,6 +132,87 @@ class TrainingSnapshot:
     grad_scaler: dict[str, Any] | None  # fp16 loss scale; None without fp16
     sampler: dict[str, Any]
     rng: RNGState
+
+
+def _to_json(value: Any, tensors: dict[str, Tensor]) -> Any:
+    """``value`` as JSON, its tensors moved into ``tensors`` (and named there); tuples and
+    numpy arrays are tagged so that :func:`_from_json` gives back the same types."""
+    if isinstance(value, Tensor):
+        name = f"t{len(tensors)}"
+        tensors[name] = value.detach().cpu().clone().contiguous()
+        return {"__tensor__": name}
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, tuple):
+        return {"__tuple__": [_to_json(v, tensors) for v in value]}
+    if isinstance(value, list):
+        return [_to_json(v, tensors) for v in value]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            # Optimizer and scheduler states keyed by integers keep their key types.
+            return {"__items__": [[_to_json(k, tensors), _to_json(v, tensors)] for k, v in value.items()]}
+        return {k: _to_json(v, tensors) for k, v in value.items()}
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise TypeError(f"cannot save a {type(value).__name__} in a resume point")
+
+
+def _from_json(value: Any, tensors: Mapping[str, Tensor]) -> Any:
+    if isinstance(value, list):
+        return [_from_json(v, tensors) for v in value]
+    if isinstance(value, dict):
+        if "__tensor__" in value:
+            return tensors[value["__tensor__"]]
+        if "__ndarray__" in value:
+            return np.array(value["__ndarray__"], dtype=value["dtype"])
+        if "__tuple__" in value:
+            return tuple(_from_json(v, tensors) for v in value["__tuple__"])
+        if "__items__" in value:
+            return {_from_json(k, tensors): _from_json(v, tensors) for k, v in value["__items__"]}
+        return {k: _from_json(v, tensors) for k, v in value.items()}
+    return value
+
+
+def save_snapshot(snapshot: TrainingSnapshot, folder: Path, name: str) -> None:
+    """Write ``snapshot`` as ``name.safetensors`` (every tensor) and ``name.json`` (the rest)."""
+    tensors: dict[str, Tensor] = {}
+    meta = _to_json(
+        {
+            "parameters": snapshot.parameters,
+            "optimizer_state": snapshot.optimizer_state,
+            "param_group_settings": snapshot.param_group_settings,
+            "lr_scheduler": snapshot.lr_scheduler,
+            "grad_scaler": snapshot.grad_scaler,
+            "sampler": snapshot.sampler,
+            "rng": {
+                "torch_cpu": snapshot.rng.torch_cpu,
+                "torch_cuda": snapshot.rng.torch_cuda,
+                "python": snapshot.rng.python,
+                "numpy": snapshot.rng.numpy,
+            },
+        },
+        tensors,
+    )
+    safetensors.torch.save_file(tensors, str(folder / f"{name}.safetensors"))
+    (folder / f"{name}.json").write_text(json.dumps(meta, allow_nan=False))
+
+
+def load_snapshot(folder: Path, name: str) -> TrainingSnapshot:
+    """Read what :func:`save_snapshot` wrote (safetensors and JSON only: nothing unpickled)."""
+    tensors = safetensors.torch.load_file(str(folder / f"{name}.safetensors"))
+    data = _from_json(json.loads((folder / f"{name}.json").read_text()), tensors)
+    rng = data["rng"]
+    return TrainingSnapshot(
+        parameters=data["parameters"],
+        optimizer_state=data["optimizer_state"],
+        param_group_settings=data["param_group_settings"],
+        lr_scheduler=data["lr_scheduler"],
+        grad_scaler=data["grad_scaler"],
+        sampler=data["sampler"],
+        rng=RNGState(torch_cpu=rng["torch_cpu"], torch_cuda=rng["torch_cuda"], python=rng["python"], numpy=rng["numpy"]),
+    )
 
 
 class HFLearner:
@@ -304,6 +389,23 @@ class HFLearner:
         sampler_state["probe_streams"] = copy.deepcopy(self.sampler.state_dict()["probe_streams"])
         self.sampler.load_state_dict(sampler_state)
         snapshot.rng.apply()
+
+    def load_training_state(self, snapshot: TrainingSnapshot) -> None:
+        """Resume from ``snapshot`` (read from disk): :meth:`restore`, and the probe streams'
+        positions too, which a probe's rollback leaves where they are."""
+        # Read from disk onto the CPU: moments go next to their parameters; AdamW keeps its
+        # step counter on the CPU (it is not capturable here).
+        optimizer_state = [
+            None
+            if state is None
+            else {
+                key: value.to(p.device) if isinstance(value, Tensor) and key != "step" else value
+                for key, value in state.items()
+            }
+            for p, state in zip(self.trainable_parameters, snapshot.optimizer_state, strict=True)
+        ]
+        self.restore(dataclasses.replace(snapshot, optimizer_state=optimizer_state))
+        self.sampler.load_state_dict(copy.deepcopy(snapshot.sampler))
 
     def evaluate(self, split: str, num_batches: int | None = None) -> Evaluation:
         """Per-batch metrics ``(M, R)`` on the first ``num_batches`` fixed batches of ``split``

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import logging
 import os
 import time
@@ -27,6 +28,7 @@ import datasets
 import numpy as np
 import torch
 import transformers
+import yaml
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from tqdm.auto import tqdm
@@ -35,6 +37,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from dynamics.core import metrics
 from dynamics.core.controller import (
     LoopCallbacks,
+    LoopState,
     MixturePolicy,
     RunHistory,
     UpdateContext,
@@ -50,10 +53,11 @@ from dynamics.data.formatting import LMExample, pad_token_id
 from dynamics.data.splits import prepare_examples
 from dynamics.engine.batches import Batch, EvalBatches
 from dynamics.engine.config import RunConfig
-from dynamics.engine.learner import HFLearner
+from dynamics.engine.learner import HFLearner, load_snapshot, save_snapshot
 from dynamics.engine.model import load_causal_lm, prepare_model
 from dynamics.engine.sampler import DatasetStream, MixtureSampler
 from dynamics.runs import rundir
+from dynamics.runs import state as run_state
 
 logger = logging.getLogger(__name__)
 
@@ -269,6 +273,9 @@ class RunFolderWriter:
         self.controller_log = rundir.JsonlLog(out / rundir.CONTROLLER_FILE)
         self.best: EvaluationRecord | None = None
         self.loss = float("nan")
+        self.train_started = time.perf_counter()
+        self.train_seconds_before = 0.0  # training time of the sessions before a resume
+        self.resumed_at: list[int] = []  # the steps this run was resumed from
         self.bar = tqdm(
             total=built.config.training.total_steps,
             desc=f"{built.policy.name}",
@@ -289,13 +296,25 @@ class RunFolderWriter:
         )
 
     def on_evaluation(self, record: EvaluationRecord, history: RunHistory) -> None:
+        row = self._metrics_row(record, history)
+        self.metrics_log.append(row)
+        self.built.accelerator.log(
+            {f"eval/{n}": float(v) for n, v in zip(history.domain_names, record.eval, strict=True)}, step=record.step
+        )
+        if self._is_new_best(record, row["feasible"], history):
+            self.best = record
+            self._save_checkpoint(record.step)
+        if self.built.config.training.total_steps and record.weights.size:
+            self.bar.set_postfix_str(self._postfix(record.weights, history), refresh=False)
+
+    def _metrics_row(self, record: EvaluationRecord, history: RunHistory) -> dict[str, Any]:
         names = history.domain_names
         reference = history.evaluations[0]
         feasible = record.step > 0 and metrics.checkpoint_feasible(
             record, reference, history.targets, history.constraints
         )
         slack = metrics.constraint_slack(record, reference, history.constraints)
-        row = {
+        return {
             "step": record.step,
             "eval": rundir.named(record.eval, names),
             "test": rundir.named(record.test, names),
@@ -306,18 +325,44 @@ class RunFolderWriter:
             "backtracked": record.backtracked,
             "wall_seconds": record.wall_seconds,
         }
-        self.metrics_log.append(row)
-        self.built.accelerator.log(
-            {f"eval/{n}": float(v) for n, v in zip(names, record.eval, strict=True)}, step=record.step
-        )
-        if feasible and (
-            self.best is None
-            or record.eval[list(history.targets)].sum() < self.best.eval[list(history.targets)].sum()
-        ):
-            self.best = record
-            self._save_checkpoint(record.step)
-        if self.built.config.training.total_steps and record.weights.size:
-            self.bar.set_postfix_str(self._postfix(record.weights, history), refresh=False)
+
+    def _is_new_best(self, record: EvaluationRecord, feasible: bool, history: RunHistory) -> bool:
+        targets = list(history.targets)
+        return feasible and (self.best is None or record.eval[targets].sum() < self.best.eval[targets].sum())
+
+    def resume(self, state: LoopState, resume_point: Path) -> None:
+        """Rewrite the logs as they stood at the resume point (a crash may have left rows of
+        steps about to be trained again) and put its best checkpoint back."""
+        history = state.history
+        rows = [self._metrics_row(record, history) for record in history.evaluations]
+        self.metrics_log.rewrite(rows)
+        for record, row in zip(history.evaluations, rows, strict=True):
+            if self._is_new_best(record, row["feasible"], history):
+                self.best = record
+        self.write_updates(history)
+        run_state.restore_best_copy(self.out, resume_point)
+        self.bar.update(state.step)
+
+    def on_checkpoint(self, state: LoopState) -> None:
+        """Save a resume point: the loop's state, the learner's, and the best checkpoint."""
+        learner = self.built.learner
+        train_seconds = self.train_seconds_before + time.perf_counter() - self.train_started
+
+        def write(folder: Path) -> None:
+            save_snapshot(learner.snapshot(), folder, "learner")
+            feasible = None
+            if state.feasible is not None:
+                feasible = "feasible"
+                save_snapshot(state.feasible.snapshot, folder, feasible)
+            loop = {
+                **run_state.loop_state_to_dict(state, feasible),
+                "train_seconds": train_seconds,
+                "resumed_at": self.resumed_at,
+            }
+            (folder / run_state.LOOP_FILE).write_text(json.dumps(loop, allow_nan=False))
+            run_state.save_best_copy(self.out, folder)
+
+        run_state.write_resume_point(self.out, state.step, write)
 
     def on_train(self, steps: int, step_now: int) -> None:
         self.bar.update(steps)
@@ -402,8 +447,22 @@ def summarize(built: BuiltRun, history: RunHistory, wall_seconds: float) -> dict
     }
 
 
-def run(config: RunConfig, progress: bool = True) -> dict[str, Any]:
-    """Train ``config`` and write its run folder; returns the summary."""
+def checkpoint_steps(config: RunConfig) -> list[int]:
+    """The resume points: every ``training.checkpoint_interval`` steps (by default at every
+    main evaluation; none for 0)."""
+    interval = config.training.checkpoint_interval
+    if interval is None:
+        interval = config.evaluation.interval
+    return list(range(interval, config.training.total_steps, interval)) if interval else []
+
+
+def run(config: RunConfig, progress: bool = True, resume: bool = False) -> dict[str, Any]:
+    """Train ``config`` and write its run folder; returns the summary.
+
+    With ``resume``, continue the run in ``config.output_dir`` from its last complete
+    resume point (``last_checkpoint/``); the config must be the one it started with. A
+    finished run is not trained again: its summary is returned as it is.
+    """
     started = time.perf_counter()
     # Our own bar shows the run's progress; the libraries' per-file bars (dataset splits,
     # weight loading, checkpoint shards) would only interleave with it.
@@ -415,10 +474,21 @@ def run(config: RunConfig, progress: bool = True) -> dict[str, Any]:
         raise RunSetupError(f"trackers {missing} are not installed: pip install {' '.join(missing)}, or remove them")
     accelerator_main = _is_main_process()
     out = Path(config.output_dir)
-    if accelerator_main:
+    resume_point: Path | None = None
+    if resume:
+        if (out / rundir.SUMMARY_FILE).is_file():
+            return dict(json.loads((out / rundir.SUMMARY_FILE).read_text()))
+        _check_same_config(config, out)
+        resume_point = run_state.find_resume_point(out)
+        if resume_point is None:
+            # Stopped before its first resume point: nothing trained is lost by starting over.
+            logger.warning("%s holds no complete resume point yet: the run starts again from step 0", out)
+    elif accelerator_main:
         rundir.check_run_dir(out)  # fail before minutes of setup, not after
     built = build_run(config)
-    if accelerator_main:
+    if accelerator_main and resume:
+        run_state.clear_unfinished(out, keep=resume_point)
+    elif accelerator_main:
         # Created only once setup succeeded: a data or model error leaves no folder behind.
         rundir.prepare_run_dir(out)
         rundir.atomic_write_text(out / rundir.CONFIG_FILE, config.to_yaml())
@@ -426,12 +496,22 @@ def run(config: RunConfig, progress: bool = True) -> dict[str, Any]:
     if config.trackers:
         accelerator.init_trackers("dynamics", config=config.model_dump(mode="json"))
     writer = RunFolderWriter(built, out, progress and accelerator.is_main_process)
+    loop_state: LoopState | None = None
+    if resume_point is not None:
+        point = resume_point
+        built.learner.load_training_state(load_snapshot(point, "learner"))
+        loop_state = run_state.read_loop_state(point, lambda name: load_snapshot(point, name))
+        saved = json.loads((point / run_state.LOOP_FILE).read_text())
+        writer.train_seconds_before = float(saved["train_seconds"])
+        writer.resumed_at = [*saved.get("resumed_at", []), loop_state.step]
+        if accelerator.is_main_process:
+            writer.resume(loop_state, point)
     callbacks = (
-        LoopCallbacks(writer.on_evaluation, writer.on_update, writer.on_train)
+        LoopCallbacks(writer.on_evaluation, writer.on_update, writer.on_train, writer.on_checkpoint)
         if accelerator.is_main_process
         else LoopCallbacks()
     )
-    train_started = time.perf_counter()
+    writer.train_started = time.perf_counter()
     history = run_mixture_training(
         built.learner,
         built.policy,
@@ -441,11 +521,15 @@ def run(config: RunConfig, progress: bool = True) -> dict[str, Any]:
         reduced_batches=config.evaluation.reduced_batches,
         callbacks=callbacks,
         max_backtracks=config.method.backtrack,
+        checkpoint_steps=checkpoint_steps(config),
+        resume=loop_state,
     )
     writer.bar.close()
-    summary = summarize(built, history, time.perf_counter() - started)
+    summary = summarize(built, history, time.perf_counter() - started + writer.train_seconds_before)
     # Training wall time without model/data setup: what the cost model's multiples compare.
-    summary["train_seconds"] = time.perf_counter() - train_started
+    # A resumed run adds the training time of its earlier sessions up to the resume point.
+    summary["train_seconds"] = writer.train_seconds_before + time.perf_counter() - writer.train_started
+    summary["resumed_at"] = writer.resumed_at
     if accelerator.is_main_process:
         writer.write_updates(history)  # the final evaluation closed the last horizon
         rundir.write_json(out / rundir.SUMMARY_FILE, summary)
@@ -453,6 +537,21 @@ def run(config: RunConfig, progress: bool = True) -> dict[str, Any]:
         accelerator.end_training()
     accelerator.wait_for_everyone()
     return summary
+
+
+def _check_same_config(config: RunConfig, out: Path) -> None:
+    """A resumed run must go on with the config it started with."""
+    path = out / rundir.CONFIG_FILE
+    if not path.is_file():
+        raise RunSetupError(f"{path} is missing: {out} is not a run folder that can be resumed")
+    saved = RunConfig.model_validate(yaml.safe_load(path.read_text()))
+    if saved != config:
+        mine, theirs = config.model_dump(mode="json"), saved.model_dump(mode="json")
+        changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        raise RunSetupError(
+            f"the config differs from the one {out} started with (in {', '.join(changed)}): resume with "
+            f"the saved {path}, e.g. dynamics run --resume {out}"
+        )
 
 
 def _is_main_process() -> bool:

@@ -1,0 +1,256 @@
+"""The resumable state in ``last_checkpoint/``: written atomically, checked when read.
+
+A resume point holds the loop's state (``loop.json``: the history so far, the loop's
+variables, the policy's state), the learner's training state (``learner.safetensors`` for
+tensors, ``learner.json`` for the rest; the engine writes both), the learner state that
+backtracking would return to (``feasible.*``, when there is one), and a copy of
+``best_checkpoint/`` as it stood (``best/``), so that a resumed run never keeps a best
+checkpoint from steps it is about to train again.
+
+``manifest.json``, written last, lists every file with its size and SHA-256. The folder
+is filled aside and swapped in (:func:`dynamics.runs.rundir.atomic_write_dir`); a crash
+in the middle of the swap leaves the previous state as ``.last_checkpoint.old``, and
+:func:`find_resume_point` falls back to it when ``last_checkpoint/`` is missing or does not
+match its manifest. Only JSON and safetensors are read back: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dynamics.core.controller import LoopState, RunHistory
+from dynamics.core.records import EvaluationRecord, UpdateRecord
+from dynamics.runs.rundir import CHECKPOINT_DIR, CONTROLLER_FILE, METRICS_FILE, RunDirError, atomic_write_dir
+
+RESUME_DIR = "last_checkpoint"
+MANIFEST_FILE = "manifest.json"
+LOOP_FILE = "loop.json"
+BEST_COPY = "best"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+
+
+def write_resume_point(run_folder: Path, step: int, write: Callable[[Path], None]) -> None:
+    """Fill a fresh folder with ``write``, add the manifest, and swap it in as
+    ``last_checkpoint/``; the previous resume point stays until the new one is complete."""
+
+    def fill(folder: Path) -> None:
+        write(folder)
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        manifest = {
+            "step": step,
+            "files": {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files},
+        }
+        (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+        _fsync_tree(folder)
+
+    atomic_write_dir(run_folder / RESUME_DIR, fill)
+
+
+def _verified(folder: Path) -> int | None:
+    """The step of the resume point in ``folder``, or None if it is missing or torn."""
+    try:
+        manifest = json.loads((folder / MANIFEST_FILE).read_text())
+        for name, expected in manifest["files"].items():
+            path = folder / name
+            if path.stat().st_size != expected["bytes"] or _sha256(path) != expected["sha256"]:
+                return None
+        return int(manifest["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def find_resume_point(run_folder: Path) -> Path | None:
+    """The newest complete resume point of ``run_folder`` (None when there is none)."""
+    candidates = [run_folder / RESUME_DIR, run_folder / f".{RESUME_DIR}.old"]
+    good = [(step, folder) for folder in candidates if (step := _verified(folder)) is not None]
+    return max(good, key=lambda item: item[0])[1] if good else None
+
+
+def clear_unfinished(run_folder: Path, keep: Path | None) -> None:
+    """Before a resume: remove what an interrupted session left half-made (temporary folders
+    of a save or a best checkpoint, and every other resume point than ``keep``). With no
+    resume point to keep, the logs and best checkpoint go too: the run starts over."""
+    for path in run_folder.iterdir():
+        if keep is not None and path.resolve() == keep.resolve():
+            continue
+        if path.name.startswith(".") and path.is_dir():
+            shutil.rmtree(path)
+        elif path.name == RESUME_DIR:
+            shutil.rmtree(path)
+    if keep is None:
+        for name in (METRICS_FILE, CONTROLLER_FILE):
+            (run_folder / name).unlink(missing_ok=True)
+        shutil.rmtree(run_folder / CHECKPOINT_DIR, ignore_errors=True)
+
+
+def save_best_copy(run_folder: Path, folder: Path) -> None:
+    """Keep ``best_checkpoint/`` as it stands now inside the resume point (hard links where
+    the file system allows: the best checkpoint is replaced by a swap, never rewritten)."""
+    best = run_folder / CHECKPOINT_DIR
+    if not best.is_dir():
+        return
+
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(best, folder / BEST_COPY, copy_function=link_or_copy)
+
+
+def restore_best_copy(run_folder: Path, resume_point: Path) -> None:
+    """Put the resume point's best checkpoint back (or remove a later one)."""
+    saved = resume_point / BEST_COPY
+    best = run_folder / CHECKPOINT_DIR
+    if saved.is_dir():
+
+        def write(folder: Path) -> None:
+            shutil.copytree(saved, folder, dirs_exist_ok=True)
+
+        atomic_write_dir(best, write)
+    elif best.exists():
+        shutil.rmtree(best)
+
+
+# --- the loop's state as JSON ---------------------------------------------------------
+
+
+def _array(values: Any) -> np.ndarray:
+    # JSON holds NaN as null (records._plain); a float array reads null back as NaN.
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def evaluation_from_dict(row: dict[str, Any]) -> EvaluationRecord:
+    return EvaluationRecord(
+        step=int(row["step"]),
+        eval=_array(row["eval"]),
+        test=_array(row["test"]),
+        weights=_array(row["weights"]),
+        wall_seconds=float(row["wall_seconds"]),
+        backtracked=bool(row["backtracked"]),
+    )
+
+
+def update_from_dict(row: dict[str, Any]) -> UpdateRecord:
+    def optional(key: str) -> np.ndarray | None:
+        return None if row[key] is None else _array(row[key])
+
+    slopes = row["slope_matrix"]
+    return UpdateRecord(
+        policy=row["policy"],
+        step=int(row["step"]),
+        horizon=int(row["horizon"]),
+        probe_budget=int(row["probe_budget"]),
+        weights=_array(row["weights"]),
+        current_losses=_array(row["current_losses"]),
+        recycled_anchor=bool(row["recycled_anchor"]),
+        slope_matrix=None if slopes is None else np.array([_array(r) for r in slopes]),
+        predicted_losses=optional("predicted_losses"),
+        solver=row["solver"],
+        realized_losses=optional("realized_losses"),
+        probe_seconds=float(row["probe_seconds"]),
+        extra=row["extra"],
+    )
+
+
+def loop_state_to_dict(state: LoopState, feasible_snapshot: str | None) -> dict[str, Any]:
+    """``state`` as JSON-able data; the learner snapshot of its feasible state is stored
+    apart, under the name ``feasible_snapshot``."""
+    history = state.history
+    feasible = state.feasible
+    return {
+        "event_index": state.event_index,
+        "step": state.step,
+        "reference_losses": [None if np.isnan(v) else float(v) for v in state.reference_losses],
+        "margins": state.margins.tolist(),
+        "weights": state.weights.tolist(),
+        "last_update": state.last_update,
+        "policy_state": state.policy_state,
+        "history": {
+            "dataset_names": history.dataset_names,
+            "domain_names": history.domain_names,
+            "targets": list(history.targets),
+            "constraints": list(history.constraints),
+            "evaluations": [e.to_dict() for e in history.evaluations],
+            "updates": [u.to_dict() for u in history.updates],
+            "backtracks": history.backtracks,
+        },
+        "feasible": None
+        if feasible is None
+        else {
+            "event_index": feasible.event_index,
+            "step": feasible.step,
+            "evaluation": feasible.evaluation.per_batch.tolist(),
+            "num_updates": feasible.num_updates,
+            "snapshot": feasible_snapshot,
+        },
+    }
+
+
+def loop_state_from_dict(data: dict[str, Any], load_snapshot: Callable[[str], Any]) -> LoopState:
+    """The inverse of :func:`loop_state_to_dict`; ``load_snapshot(name)`` reads the learner
+    snapshot stored under that name."""
+    from dynamics.core.controller import FeasibleState
+    from dynamics.core.learner import Evaluation
+
+    saved = data["history"]
+    history = RunHistory(
+        dataset_names=list(saved["dataset_names"]),
+        domain_names=list(saved["domain_names"]),
+        targets=tuple(saved["targets"]),
+        constraints=tuple(saved["constraints"]),
+        evaluations=[evaluation_from_dict(row) for row in saved["evaluations"]],
+        updates=[update_from_dict(row) for row in saved["updates"]],
+        backtracks=list(saved["backtracks"]),
+    )
+    feasible = data["feasible"]
+    return LoopState(
+        event_index=int(data["event_index"]),
+        step=int(data["step"]),
+        reference_losses=_array(data["reference_losses"]),
+        margins=_array(data["margins"]),
+        weights=_array(data["weights"]),
+        last_update=data["last_update"],
+        history=history,
+        policy_state=data["policy_state"],
+        feasible=None
+        if feasible is None
+        else FeasibleState(
+            event_index=int(feasible["event_index"]),
+            step=int(feasible["step"]),
+            evaluation=Evaluation(np.array(feasible["evaluation"], dtype=float)),
+            snapshot=load_snapshot(feasible["snapshot"]),
+            num_updates=int(feasible["num_updates"]),
+        ),
+    )
+
+
+def read_loop_state(resume_point: Path, load_snapshot: Callable[[str], Any]) -> LoopState:
+    try:
+        data = json.loads((resume_point / LOOP_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise RunDirError(f"{resume_point / LOOP_FILE} cannot be read ({err}): the resume point is damaged") from None
+    return loop_state_from_dict(data, load_snapshot)

@@ -1,0 +1,161 @@
+"""Crash-safe resume with real processes: a `dynamics run` is SIGKILLed at chosen moments
+(a probe, a main evaluation, a training stretch, a save, the swap of a save), resumed with
+`dynamics run --resume DIR`, and its files compared with an uninterrupted run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+import yaml
+
+from dynamics.runs import state as run_state
+from tests.engine.test_run import tiny_config
+
+ROOT = Path(__file__).resolve().parents[2]
+# One thread everywhere: the reference and the resumed run must reduce in the same order.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+pytestmark = pytest.mark.slow
+
+
+def resumable_config(tokenizer_dir: Path, out: Path) -> dict:
+    data = tiny_config(tokenizer_dir, out, variant="robust", backtrack=1)
+    data["method"]["schedule"] = [0, 2, 4, 8]
+    data["training"].update(total_steps=12, checkpoint_interval=2)
+    return data
+
+
+def cli(*args: str, kill: tuple[str, int] | None = None) -> subprocess.CompletedProcess:
+    command = (
+        [sys.executable, "-m", "tests.engine.kill_run", kill[0], str(kill[1]), *args]
+        if kill
+        else [sys.executable, "-m", "tests.engine.kill_run", "none", "0", *args]
+    )
+    return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+
+
+def comparable(run_folder: Path) -> dict:
+    """Everything a run leaves that must not depend on being interrupted: both logs without
+    wall times, the summary's results, and the best checkpoint's tensors."""
+
+    def rows(name: str) -> list[dict]:
+        lines = (run_folder / name).read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if not k.endswith("_seconds")} for line in lines]
+
+    summary = json.loads((run_folder / "summary.json").read_text())
+    adapter = safetensors.torch.load_file(str(run_folder / "best_checkpoint" / "adapter_model.safetensors"))
+    return {
+        "metrics": rows("metrics.jsonl"),
+        "controller": rows("controller.jsonl"),
+        "summary": {k: summary[k] for k in ("feasible", "constrained_ppl_reduction", "best_checkpoint", "backtracks")},
+        "adapter": {k: v.tolist() for k, v in adapter.items()},
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, dict]:
+    """The tokenizer, and the files of one uninterrupted run."""
+    from tests.fixtures.tiny_tokenizer import tiny_tokenizer
+
+    base = tmp_path_factory.mktemp("resume")
+    tiny_tokenizer().save_pretrained(base / "tokenizer")
+    config = base / "config.yaml"
+    config.write_text(yaml.safe_dump(resumable_config(base / "tokenizer", base / "reference")))
+    done = cli("run", str(config), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    files = comparable(base / "reference")
+    # The run must exercise what a resume restores: a feasible best checkpoint and updates
+    # at several resume points.
+    assert files["summary"]["feasible"]
+    return base, files
+
+
+@pytest.mark.parametrize(
+    "kill",
+    [("probe", 5), ("probe", 11), ("evaluate", 3), ("train", 6), ("save", 2), ("swap", 3)],
+    ids=lambda k: f"{k[0]}-{k[1]}",
+)
+def test_a_killed_run_resumes_to_the_same_files(reference, kill):
+    base, expected = reference
+    out = base / f"killed-{kill[0]}-{kill[1]}"
+    config = base / "config.yaml"
+    killed = cli("run", str(config), "--out", str(out), "--no-progress", kill=kill)
+    assert killed.returncode == -9, killed.stderr  # really killed, mid-run
+    assert not (out / "summary.json").exists()
+    assert run_state.find_resume_point(out) is not None
+    resumed = cli("run", "--resume", str(out), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    assert comparable(out) == expected
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["resumed_at"]) == 1
+
+
+def test_a_run_killed_at_a_random_moment_resumes_to_the_same_files(reference):
+    base, expected = reference
+    out = base / "killed-random"
+    command = [sys.executable, "-m", "dynamics.cli", "run", str(base / "config.yaml"), "--out", str(out), "--no-progress"]
+    process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not (out / run_state.RESUME_DIR).exists():
+        assert process.poll() is None, "the run ended before its first resume point"
+        time.sleep(0.05)
+    time.sleep(random.Random(0).uniform(0.0, 0.5))
+    process.kill()
+    assert process.wait() == -9
+    assert not (out / "summary.json").exists()
+    resumed = cli("run", "--resume", str(out), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    assert comparable(out) == expected
+
+
+def test_resuming_a_finished_run_says_so(reference):
+    base, _ = reference
+    done = cli("run", "--resume", str(base / "reference"))
+    assert done.returncode == 0
+    assert "already finished" in done.stdout
+
+
+def test_a_torn_resume_point_is_detected_and_the_previous_one_used(tmp_path):
+    run_folder = tmp_path / "run"
+    run_folder.mkdir()
+    for step in (2, 4):
+        run_state.write_resume_point(run_folder, step, lambda f, s=step: (f / "loop.json").write_text(f'{{"step": {s}}}'))
+    assert run_state.find_resume_point(run_folder) == run_folder / "last_checkpoint"
+    # A crash between the two renames of the next save: only the moved-aside one is left.
+    os.replace(run_folder / "last_checkpoint", run_folder / ".last_checkpoint.old")
+    assert run_state.find_resume_point(run_folder) == run_folder / ".last_checkpoint.old"
+    # A torn file (size or content not what the manifest says) is never used.
+    (run_folder / ".last_checkpoint.old" / "loop.json").write_text('{"step": 9}')
+    assert run_state.find_resume_point(run_folder) is None
+
+
+def test_saved_training_state_loads_without_unpickling(tmp_path):
+    # Everything in a resume point is JSON or safetensors: torch.load is never needed.
+    from dynamics.engine.learner import RNGState, TrainingSnapshot, load_snapshot, save_snapshot
+
+    snapshot = TrainingSnapshot(
+        parameters=[torch.randn(3, 2)],
+        optimizer_state=[{"step": torch.tensor(3.0), "exp_avg": torch.randn(3, 2)}],
+        param_group_settings=[{"lr": 0.1, "betas": (0.9, 0.999), "foreach": None}],
+        lr_scheduler={"last_epoch": 3, "base_lrs": [0.1], "lr_lambdas": [None]},
+        grad_scaler=None,
+        sampler={"choice_rng": {"state": {"state": 2**100, "inc": 7}}, "streams": [{"epoch": 1}]},
+        rng=RNGState.capture(),
+    )
+    save_snapshot(snapshot, tmp_path, "learner")
+    loaded = load_snapshot(tmp_path, "learner")
+    assert torch.equal(loaded.parameters[0], snapshot.parameters[0])
+    assert loaded.optimizer_state[0]["step"].item() == 3.0
+    assert loaded.param_group_settings == snapshot.param_group_settings  # the tuple stays a tuple
+    assert loaded.lr_scheduler == snapshot.lr_scheduler and loaded.sampler == snapshot.sampler
+    assert torch.equal(loaded.rng.torch_cpu, snapshot.rng.torch_cpu)
+    assert loaded.rng.python == snapshot.rng.python
+    assert loaded.rng.numpy[0] == snapshot.rng.numpy[0] and (loaded.rng.numpy[1] == snapshot.rng.numpy[1]).all()
