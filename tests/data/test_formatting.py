@@ -279,10 +279,14 @@ def test_arc_choices_dicts_and_labels(tokenizer: PreTrainedTokenizerFast) -> Non
     )
 
 
-def test_long_question_keeps_its_last_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
-    examples = build_examples(fixture_rows("tinymmlu.jsonl"), tokenizer, MMLU, sequence_length=8)
+def test_long_question_keeps_its_last_tokens(
+    tokenizer: PreTrainedTokenizerFast, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        examples = build_examples(fixture_rows("tinymmlu.jsonl"), tokenizer, MMLU, sequence_length=8)
     assert all(len(e) == 8 for e in examples)
     assert tokenizer.decode(examples[0].input_ids.tolist()).endswith("Answer:")
+    assert f"kept the last 8 tokens of {len(examples)} questions longer than that" in caplog.text
 
 
 @pytest.mark.parametrize(

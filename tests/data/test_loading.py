@@ -91,6 +91,39 @@ def test_missing_file_names_the_path(tmp_path: Path) -> None:
         _load(tmp_path, path=str(tmp_path / "nowhere.jsonl"))
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "is empty: it has no rows"),
+        ("\n  \n", "is empty: it has no rows"),
+        ('{"text": "a"}\n{"text": \n', "could not be read: JSON parse error"),
+    ],
+    ids=["empty", "blank", "malformed"],
+)
+def test_unreadable_files_are_one_line_errors_naming_the_dataset(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    (tmp_path / "rows.jsonl").write_text(text)
+    with pytest.raises(DataError, match=f"^dataset 'wiki' \\(file .*rows\\.jsonl\\) {message}") as info:
+        _load(tmp_path, path=str(tmp_path / "rows.jsonl"), name="wiki")
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_hub_dataset_offline_names_it(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"hub dataset no-such-org/nothing.*could not be found .* offline"):
+        _load(tmp_path, hub_id="no-such-org/nothing")
+
+
+def test_unknown_split_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"split 'validation' cannot be read.*set split"):
+        _load(tmp_path, path=str(FIXTURES / "wikipedia.jsonl"), split="validation")
+
+
+def test_a_named_source_gives_the_run_config_fix_for_a_missing_column(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"^dataset 'math' .*'prompt'.*columns\.prompt/columns\.response"):
+        _load(tmp_path, path=str(FIXTURES / "metamath.jsonl"), format="instruction", name="math")
+
+
 def test_unknown_extension_lists_the_known_ones(tmp_path: Path) -> None:
     (tmp_path / "rows.csv").write_text("text\nhello\n")
     with pytest.raises(

@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,15 @@ def test_budget_larger_than_the_data_is_a_clear_error() -> None:
         split_sizes(100, source(budget=95))
     with pytest.raises(DataError, match=r"ask for 30 rows but it has 20"):
         split_sizes(20, source(eval_size=20, test_size=10))
+
+
+def test_a_trained_source_needs_training_rows_and_an_evaluated_one_held_out_rows() -> None:
+    assert split_sizes(20, source(eval_size=10, test_size=10)) == (0, 10, 10)  # evaluation only
+    with pytest.raises(DataError, match=r"no training rows left after holding out 10 eval and 10 test"):
+        split_sizes(20, replace(source(eval_size=10, test_size=10), trained=True))
+    assert split_sizes(20, source(eval_size=0, test_size=0)) == (20, 0, 0)  # training only
+    with pytest.raises(DataError, match=r"leave 0 eval and 0 test rows of 20, but it is evaluated"):
+        split_sizes(20, replace(source(eval_size=0, test_size=0), evaluated=True))
 
 
 def test_dataset_rows_split_like_lists() -> None:

@@ -34,9 +34,11 @@ Formats (``DataSource.format``):
   *last* tokens, so the scoring position still follows ``"Answer:"``.
 
 Fixed length: with ``packing=False`` every example is cut to its first ``sequence_length``
-tokens, and an instruction example left with no response token is dropped (a warning says
-how many). With ``packing=True`` the documents (each ending in EOS or the template's
-end-of-turn) are concatenated, labels alongside ids, and cut into blocks of
+tokens, and an instruction example left with no response token (a prompt as long as the
+sequence) is dropped (a warning says how many); when every example is dropped the source is
+refused with ``DataError``. A multiple-choice prompt that is too long keeps its last tokens
+(a warning says how many). With ``packing=True`` the documents (each ending in EOS or the
+template's end-of-turn) are concatenated, labels alongside ids, and cut into blocks of
 ``sequence_length``; the last block may be shorter, and a block without any loss token (all
 prompt) is dropped. Packed documents attend to each other, as in the usual causal-LM packing.
 """
@@ -321,7 +323,7 @@ def _truncate(
             )
         )
     dropped = len(documents) - len(examples)
-    if dropped:
+    if dropped and examples:  # with none left, build_examples refuses the source instead
         logger.warning(
             "%s: dropped %d of %d examples whose response starts after %d tokens",
             source.description,
@@ -370,15 +372,22 @@ def _choice_examples(
         prompts.append("\n".join(lines))
         choice_counts.append(len(choices))
     letters = letter_token_ids(tokenizer, max(choice_counts)) if choice_counts else []
+    encoded = _encode(tokenizer, prompts, special=True)
+    cut = sum(len(ids) > sequence_length for ids in encoded)
+    if cut:
+        logger.warning(
+            "%s: kept the last %d tokens of %d questions longer than that",
+            source.description,
+            sequence_length,
+            cut,
+        )
     return [
         ChoiceExample(
             input_ids=np.asarray(ids[-sequence_length:], dtype=np.int32),
             choice_token_ids=np.asarray(letters[:count], dtype=np.int32),
             answer_index=answer,
         )
-        for ids, count, answer in zip(
-            _encode(tokenizer, prompts, special=True), choice_counts, answers, strict=True
-        )
+        for ids, count, answer in zip(encoded, choice_counts, answers, strict=True)
     ]
 
 
@@ -453,6 +462,7 @@ def build_examples(
     if documents and not examples:
         raise DataError(
             f"{source.description}: no example keeps a response token within "
-            f"sequence_length={sequence_length}; raise sequence_length"
+            f"sequence_length={sequence_length}: every prompt fills the sequence; raise "
+            "sequence_length (training.sequence_length in a run config)"
         )
     return examples

@@ -9,7 +9,13 @@ Public API:
 - ``load_rows(source, cache_dir=None) -> datasets.Dataset``: read the rows with
   ``datasets.load_dataset`` and check that the columns the format needs are there.
 - ``check_columns(rows, source)``: that check alone (also run by ``build_examples``).
-- ``DataError``: every data problem; the message names the file or field and the fix.
+- ``check_path(source)``: that a local source exists, has a known extension and is not an
+  empty file, without reading it (a run checks every dataset this way before loading the model).
+- ``offline()``: whether the Hugging Face libraries are told not to use the network.
+- ``DataError``: every data problem, on one line; the message names the dataset (its
+  ``name`` in a run config, and the file or hub id), the field or column, and the fix.
+  Errors of ``load_dataset`` (a hub id that cannot be found, offline or not; an unknown
+  split; a malformed file) become ``DataError`` too, and so does a file without rows.
 
 All parsing is done by the ``datasets`` library: local ``.jsonl``/``.json`` files through
 its ``"json"`` builder, ``.parquet`` through ``"parquet"`` and ``.txt`` through ``"text"``
@@ -22,12 +28,14 @@ Huge corpora used as unlimited datasets should be bounded with a sliced split su
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import datasets
 from datasets import load_dataset
+from huggingface_hub import constants as hub_constants
 
 RowFormat = Literal["text", "instruction", "multiple_choice"]
 ROW_FORMATS: tuple[str, ...] = ("text", "instruction", "multiple_choice")
@@ -45,6 +53,23 @@ class DataError(ValueError):
     """A dataset that cannot be read or formatted; the message says what to change."""
 
 
+_TRUE = ("1", "true", "yes", "y", "on", "t")
+
+
+def offline() -> bool:
+    """Whether the Hugging Face libraries are told not to use the network."""
+    variables = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return bool(hub_constants.HF_HUB_OFFLINE) or any(
+        os.environ.get(name, "").strip().lower() in _TRUE for name in variables
+    )
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """``text`` with its whitespace collapsed onto one line, cut to ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 def _check_split_size(field: str, value: int | float) -> None:
     # bool is an int subclass; `eval_size: true` in a YAML file is a mistake, not a count.
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -59,6 +84,12 @@ def _check_split_size(field: str, value: int | float) -> None:
 class DataSource:
     """One dataset: where its rows are, how to read them, and how much of it to use."""
 
+    name: str | None = None
+    """The dataset's name in a run config; error messages lead with it."""
+    trained: bool = False
+    """A run trains on this dataset: its training part must keep at least one example."""
+    evaluated: bool = False
+    """A run evaluates this dataset: its eval and test parts must keep an example each."""
     path: str | None = None
     """A local ``.jsonl``/``.json``/``.parquet``/``.txt`` file, or a local dataset folder."""
     hub_id: str | None = None
@@ -126,9 +157,11 @@ class DataSource:
     def description(self) -> str:
         """How error messages name this dataset."""
         if self.path is not None:
-            return f"file {self.path}" if Path(self.path).suffix else f"folder {self.path}"
-        config = f" (config {self.config_name})" if self.config_name else ""
-        return f"hub dataset {self.hub_id}{config}, split {self.split}"
+            where = f"file {self.path}" if Path(self.path).suffix else f"folder {self.path}"
+        else:
+            config = f" (config {self.config_name})" if self.config_name else ""
+            where = f"hub dataset {self.hub_id}{config}, split {self.split}"
+        return where if self.name is None else f"dataset {self.name!r} ({where})"
 
     def required_columns(self, columns: list[str]) -> list[str]:
         """The columns this format needs, given the columns the rows actually have (an
@@ -157,8 +190,12 @@ def check_columns(rows: datasets.Dataset, source: DataSource) -> None:
         ),
         "multiple_choice": "set question_column/choices_column/answer_column",
     }[source.format]
+    if source.name is not None:
+        # A run config names the columns in a `columns` mapping.
+        fix = re.sub(r"(\w+)_column", r"columns.\1", fix) + " in the dataset's config"
     raise DataError(
-        f"{source.description}: a {source.format} dataset needs column(s) "
+        f"{source.description}: {'an' if source.format == 'instruction' else 'a'} {source.format} "
+        "dataset needs column(s) "
         f"{', '.join(repr(c) for c in missing)}, but its columns are {columns}; {fix}"
     )
 
@@ -171,35 +208,89 @@ def load_rows(
     ``cache_dir`` is where ``datasets`` keeps its Arrow cache (its default when None).
     """
     cache = None if cache_dir is None else str(cache_dir)
+    check_path(source)
     if source.path is not None:
         path = Path(source.path)
-        if not path.exists():
-            raise DataError(
-                f"{source.description} does not exist; check the path (relative paths are "
-                f"read from the working directory {Path.cwd()})"
-            )
         if path.is_dir():
-            loaded = load_dataset(
-                str(path), name=source.config_name, split=source.split, cache_dir=cache
-            )
+            loaded = _load(source, str(path), name=source.config_name, cache_dir=cache)
         else:
-            builder = LOCAL_BUILDERS.get(path.suffix.lower())
-            if builder is None:
-                raise DataError(
-                    f"{source.description}: unknown extension {path.suffix!r}; use one of "
-                    f"{', '.join(LOCAL_BUILDERS)} (or convert the file to JSON lines)"
-                )
-            loaded = load_dataset(
-                builder, data_files=str(path), split=source.split, cache_dir=cache
-            )
+            builder = LOCAL_BUILDERS[path.suffix.lower()]
+            if builder in ("json", "text") and _blank(path):
+                raise _empty(source)
+            loaded = _load(source, builder, data_files=str(path), cache_dir=cache)
     else:
-        loaded = load_dataset(
-            source.hub_id, name=source.config_name, split=source.split, cache_dir=cache
-        )
+        loaded = _load(source, source.hub_id, name=source.config_name, cache_dir=cache)
     if not isinstance(loaded, datasets.Dataset):
         raise DataError(
             f"{source.description}: load_dataset returned a {type(loaded).__name__}, not one "
             f"split; set split= to one split (e.g. 'train')"
         )
+    if len(loaded) == 0:
+        raise _empty(source)
     check_columns(loaded, source)
     return loaded
+
+
+def check_path(source: DataSource) -> None:
+    """Raise ``DataError`` when a local source is missing, has an unknown extension or is
+    an empty file; hub ids pass (they are looked up only when loaded)."""
+    if source.path is None:
+        return
+    path = Path(source.path)
+    if not path.exists():
+        raise DataError(
+            f"{source.description} does not exist; check the path (relative paths are "
+            f"read from the working directory {Path.cwd()})"
+        )
+    if path.is_dir():
+        return
+    if path.suffix.lower() not in LOCAL_BUILDERS:
+        raise DataError(
+            f"{source.description}: unknown extension {path.suffix!r}; use one of "
+            f"{', '.join(LOCAL_BUILDERS)} (or convert the file to JSON lines)"
+        )
+    if path.stat().st_size == 0:
+        raise _empty(source)
+
+
+def _empty(source: DataSource) -> DataError:
+    return DataError(f"{source.description} is empty: it has no rows (split {source.split}); fill it or remove it")
+
+
+def _blank(path: Path, limit: int = 1 << 20) -> bool:
+    """A small text file holding only whitespace (``datasets`` fails obscurely on one)."""
+    if path.stat().st_size > limit:
+        return False
+    return not path.read_bytes().strip()
+
+
+def _load(source: DataSource, path: str | None, **kwargs: object) -> object:
+    """``load_dataset(path, split=source.split, **kwargs)`` with its errors as one-line
+    ``DataError``s that name the dataset and the fix."""
+    try:
+        return load_dataset(path, split=source.split, **kwargs)
+    except StopIteration:  # what the json builder raises on a file without rows
+        raise _empty(source) from None
+    except (OSError, ValueError, datasets.exceptions.DatasetsError) as err:
+        cause = err.__cause__ or err.__context__
+        detail = one_line(err)
+        if isinstance(err, datasets.exceptions.DatasetGenerationError) and cause is not None:
+            detail = one_line(cause)  # the builder's own error, e.g. the JSON parse error
+        if "corresponds to no data" in detail:
+            raise _empty(source) from None
+        if isinstance(err, ValueError) and ("split" in detail or "instruction format" in detail):
+            raise DataError(
+                f"{source.description}: split {source.split!r} cannot be read ({detail}); set split "
+                "to one of the dataset's splits (a single local file is 'train'), e.g. 'train[:1000]'"
+            ) from None
+        if source.hub_id is not None and isinstance(err, OSError | datasets.exceptions.DatasetsError):
+            if offline():
+                why = (
+                    "it is not in the local cache and the hub is offline (HF_HUB_OFFLINE or "
+                    "HF_DATASETS_OFFLINE is set): check hub_id and config_name, download it once "
+                    "online, or use a local path"
+                )
+            else:
+                why = "check hub_id and config_name (and that you may access it), or use a local path"
+            raise DataError(f"{source.description} could not be found or loaded: {why} ({detail})") from None
+        raise DataError(f"{source.description} could not be read: {detail}") from None

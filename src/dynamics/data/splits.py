@@ -18,6 +18,9 @@ rows in their file order (training order is drawn later, per epoch, by the sampl
 
 Sizes: an int ``eval_size``/``test_size`` is a row count, a float a fraction of all rows
 rounded up (``0.1`` of 95 rows is 10), so a non-zero fraction never yields an empty split.
+A source marked ``trained`` must keep a training row (and example), one marked ``evaluated``
+an eval and a test row (and example); ``DataError`` names the dataset otherwise. Fewer rows
+than a batch are fine: training batches and the fixed evaluation batches cycle the examples.
 Rows are split *before* tokenization, so packing never mixes eval or test text into a
 training block. The budget counts rows, which are examples when packing is off.
 """
@@ -68,6 +71,17 @@ def split_sizes(num_rows: int, source: DataSource) -> tuple[int, int, int]:
         # Two fractions summing to at most 1 can overshoot by rounding up; eval gives way.
         evaluation = num_rows - test
     available = num_rows - test - evaluation
+    if source.evaluated and (evaluation == 0 or test == 0):
+        raise DataError(
+            f"{source.description}: eval_size={source.eval_size} and test_size={source.test_size} "
+            f"leave {evaluation} eval and {test} test rows of {num_rows}, but it is evaluated on "
+            "both; raise them above 0"
+        )
+    if source.trained and available == 0:
+        raise DataError(
+            f"{source.description}: no training rows left after holding out {evaluation} eval and "
+            f"{test} test rows of {num_rows}; add rows or lower eval_size/test_size"
+        )
     if source.budget is None:
         return available, evaluation, test
     if source.budget > available:
@@ -111,11 +125,22 @@ def prepare_examples(
     """Load ``source``, split its rows with ``seed`` and tokenize each part once."""
     parts = split_examples(load_rows(source, cache_dir=cache_dir), source, seed)
 
-    def build(rows: datasets.Dataset) -> list[LMExample] | list[ChoiceExample]:
+    def build(rows: datasets.Dataset, part: str, needed: bool) -> list[LMExample] | list[ChoiceExample]:
         if len(rows) == 0:
             return []
-        return build_examples(
+        examples = build_examples(
             rows, tokenizer, source, sequence_length=sequence_length, packing=packing
         )
+        if needed and not examples:
+            raise DataError(
+                f"{source.description}: its {part} split has {len(rows)} rows but no examples "
+                "(every row is blank, or its response starts after sequence_length="
+                f"{sequence_length}); fix the rows or raise sequence_length"
+            )
+        return examples
 
-    return Splits(train=build(parts.train), eval=build(parts.eval), test=build(parts.test))
+    return Splits(
+        train=build(parts.train, "training", source.trained),
+        eval=build(parts.eval, "eval", source.evaluated),
+        test=build(parts.test, "test", source.evaluated),
+    )

@@ -7,15 +7,25 @@ and every validation error names the offending field and how to fix it.
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dynamics.core.robust import VARIANTS, RobustOptions
 from dynamics.core.schedules import ScheduleError, build_schedule
-from dynamics.data.loading import DataSource
+from dynamics.data.loading import DataError, DataSource
 
 
 class ConfigError(ValueError):
@@ -23,7 +33,9 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity are never meaningful settings (a NaN weight or learning rate would
+    # only surface as NaN losses minutes into the run), so every float field refuses them.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -46,6 +58,10 @@ class ModelConfig(_Section):
             raise ValueError("set exactly one of model.name_or_path (a hub id or folder) or model.init_config")
         if self.init_config is not None and "model_type" not in self.init_config:
             raise ValueError("model.init_config needs a 'model_type' key, e.g. 'llama'")
+        if self.init_config is not None and not isinstance(self.init_config["model_type"], str):
+            raise ValueError("model.init_config.model_type must be a transformers model type name, e.g. 'llama'")
+        if self.init_config is not None and not _all_finite(self.init_config):
+            raise ValueError("model.init_config holds NaN or infinity; give finite numbers")
         if self.init_config is not None and self.tokenizer is None:
             raise ValueError("model.tokenizer is required with model.init_config (a tokenizer folder or hub id)")
         return self
@@ -70,6 +86,13 @@ class OptimizerConfig(_Section):
     )
     warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before the schedule.")
     max_grad_norm: float | None = Field(None, gt=0, description="Clip the gradient norm (off when null).")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"each AdamW beta must lie in [0, 1), got {list(betas)}; the default is [0.9, 0.999]")
+        return betas
 
 
 class TrainingConfig(_Section):
@@ -116,13 +139,27 @@ class EvaluationConfig(_Section):
 
 
 class GridConfig(_Section):
-    lambdas: list[float] | None = Field(None, description="Penalty strengths (default: 15 log-spaced in [1, 5000]).")
-    epsilons: list[float] | None = Field(None, description="Safety margins (default: 0, 0.05, 0.1).")
+    lambdas: list[float] | None = Field(None, description="Penalty strengths, each > 0 (default: 15 log-spaced in [1, 5000]).")
+    epsilons: list[float] | None = Field(None, description="Safety margins, each >= 0 (default: 0, 0.05, 0.1).")
+
+    @field_validator("lambdas", "epsilons")
+    @classmethod
+    def _grid_values(cls, values: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        if values is None:
+            return None
+        if not values:
+            raise ValueError("an empty list; give at least one value, or remove the field for the default grid")
+        if info.field_name == "lambdas" and any(v <= 0 for v in values):
+            raise ValueError(f"every penalty strength must be > 0, got {values}")
+        if info.field_name == "epsilons" and any(v < 0 for v in values):
+            raise ValueError(f"every safety margin must be >= 0, got {values}")
+        return values
 
 
 class MethodConfig(_Section):
     name: Literal["dynamics", "fixed", "gradient-alignment"] = Field(
-        "dynamics", description="Mixture policy: DynaMiCS, fixed weights, or gradient alignment."
+        "dynamics",
+        description="Mixture policy: DynaMiCS, fixed weights, or gradient alignment (loss constraints only).",
     )
     schedule: str | list[int] = Field(
         "dense-warmup",
@@ -134,9 +171,14 @@ class MethodConfig(_Section):
     predictor: Literal["linear", "curve"] = Field("linear", description="Loss predictor (curve: appendix J).")
     grid: GridConfig = Field(default_factory=GridConfig, description="The (lambda, eps) solver grid.")
     weights: dict[str, float] | None = Field(
-        None, description="Fixed method only: weight per fine-tuning dataset name (normalised)."
+        None, description="Fixed method only: weight per fine-tuning dataset name (>= 0, normalised)."
     )
-    alignment_batches: int = Field(200, ge=1, description="Gradient alignment: batches per gradient average.")
+    alignment_batches: int = Field(
+        200,
+        ge=1,
+        description="Gradient alignment: batches per gradient average (at most evaluation.batches: the "
+        "domain gradients average the first eval batches).",
+    )
     variant: Literal["paper", "robust"] = Field(
         "paper",
         description="DynaMiCS as the paper states it, or with every robustness option on "
@@ -207,6 +249,14 @@ class DatasetConfig(_Section):
         "short rows, e.g. an accuracy constraint, where each question of a small sample moves it a lot.",
     )
 
+    @field_validator("eval_size", "test_size", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: Any) -> Any:
+        # `eval_size: true` would silently become 1 row.
+        if isinstance(value, bool):
+            raise ValueError(f"a row count (int) or a fraction (float), not {str(value).lower()}")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> DatasetConfig:
         if (self.path is None) == (self.hub_id is None):
@@ -225,6 +275,17 @@ class DatasetConfig(_Section):
             raise ValueError(f"dataset {self.name!r}: a constraint is evaluated only; remove its budget")
         if self.role == "non-target" and self.eval_batch_size is not None:
             raise ValueError(f"dataset {self.name!r}: a non-target is not evaluated; remove its eval_batch_size")
+        if self.role != "non-target":
+            for split in ("eval_size", "test_size"):
+                if getattr(self, split) == 0:
+                    raise ValueError(
+                        f"dataset {self.name!r}: {split} is 0, but a {self.role} is evaluated on its eval "
+                        f"split and reported on its test split; give {split} > 0 (or leave it unset)"
+                    )
+        try:
+            self.data_source()  # the data layer's own checks of sizes and budget
+        except DataError as err:
+            raise ValueError(f"dataset {self.name!r}: {err}") from None
         return self
 
     def data_source(self) -> DataSource:
@@ -233,6 +294,9 @@ class DatasetConfig(_Section):
         default_held_out = 0.5 if self.role == "constraint" else 0.1
         columns = {f"{key}_column": value for key, value in self.columns.items()}
         return DataSource(
+            name=self.name,
+            trained=self.role != "constraint",
+            evaluated=self.role != "non-target",
             path=self.path,
             hub_id=self.hub_id,
             config_name=self.config_name,
@@ -262,9 +326,35 @@ class RunConfig(_Section):
     @classmethod
     def _unique_names(cls, datasets: list[DatasetConfig]) -> list[DatasetConfig]:
         names = [d.name for d in datasets]
+        for name in dict.fromkeys(n for n in names if names.count(n) > 1):
+            roles = sorted({d.role for d in datasets if d.name == name})
+            if "target" in roles and "constraint" in roles:
+                raise ValueError(
+                    f"dataset {name!r} is listed as both target and constraint: a constraint is held-out "
+                    "data the run must not get worse on, so it cannot be trained on; rename one and give "
+                    "the constraint other data"
+                )
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"dataset names must be unique, repeated: {dupes}")
+            raise ValueError(f"dataset names must be unique, repeated: {dupes}; rename or remove the copies")
+        seen: dict[tuple[str | None, ...], DatasetConfig] = {}
+        for d in datasets:
+            first = seen.setdefault(_source_key(d), d)
+            if first is d:
+                continue
+            where = f"file {d.path}" if d.path is not None else f"hub dataset {d.hub_id}"
+            where += f", config {d.config_name}" if d.config_name else ""
+            where += f", split {d.split}"
+            if {first.role, d.role} == {"target", "constraint"}:
+                raise ValueError(
+                    f"datasets {first.name!r} ({first.role}) and {d.name!r} ({d.role}) read the same data "
+                    f"({where}): a constraint is held-out data the run must not get worse on, so it cannot "
+                    "also be a target; give the constraint another file or split"
+                )
+            raise ValueError(
+                f"datasets {first.name!r} and {d.name!r} read the same data ({where}); list it once "
+                "(use budget to take more or fewer rows)"
+            )
         return datasets
 
     @model_validator(mode="after")
@@ -287,7 +377,9 @@ class RunConfig(_Section):
                     f"method.weights must name each training dataset once: unknown {unknown}, missing {missing}"
                 )
             if any(w < 0 for w in self.method.weights.values()) or sum(self.method.weights.values()) <= 0:
-                raise ValueError("method.weights must be >= 0 with a positive sum")
+                raise ValueError(
+                    f"method.weights must be >= 0 with a positive sum (they are normalised), got {self.method.weights}"
+                )
         elif self.method.weights is not None:
             raise ValueError("method.weights is only used by the fixed method; remove it or set method.name: fixed")
         if self.method.name != "dynamics" and not self.method.robust_options().is_paper:
@@ -295,6 +387,21 @@ class RunConfig(_Section):
                 "method.variant and the robustness options need probes, so only method.name: dynamics "
                 "uses them; remove them or set method.name: dynamics"
             )
+        if self.method.name == "gradient-alignment":
+            accuracy = [d.name for d in self.datasets if d.metric == "accuracy"]
+            if accuracy:
+                raise ValueError(
+                    f"method.name gradient-alignment cannot keep accuracy constraints {accuracy}: its slopes "
+                    "are gradient dot products of a differentiable stand-in, not changes in accuracy, so "
+                    "they cannot be compared with the accuracy slack; use method.name: dynamics (or "
+                    "fixed), or remove those constraints"
+                )
+            if self.method.alignment_batches > self.evaluation.batches:
+                raise ValueError(
+                    f"method.alignment_batches ({self.method.alignment_batches}) must not exceed "
+                    f"evaluation.batches ({self.evaluation.batches}): the domain gradients average the first "
+                    "eval batches; lower method.alignment_batches or raise evaluation.batches"
+                )
         if self.method.name == "fixed" and self.method.backtrack:
             raise ValueError(
                 "method.backtrack re-decides the mixture, which fixed weights never do; remove it or "
@@ -319,9 +426,13 @@ class RunConfig(_Section):
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         try:
-            data = yaml.safe_load(path.read_text())
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"config file {path} cannot be read: {err}") from None
+        try:
+            data = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise ConfigError(f"{path} is not valid YAML: {err}") from None
+            raise ConfigError(f"{path} is not valid YAML{_yaml_position(err)}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a mapping of config sections (model, datasets, ...)")
         return cls.from_dict(data, overrides)
@@ -385,17 +496,46 @@ def _list_index(node: list[Any], part: str, path: str) -> int:
     raise ConfigError(f"override path {path!r}: no list item with index or name {part!r}")
 
 
+def _all_finite(value: Any) -> bool:
+    """No NaN or infinity anywhere in a nested value (the saved YAML could not keep them)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_all_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_all_finite(v) for v in value)
+    return True
+
+
+def _source_key(dataset: DatasetConfig) -> tuple[str | None, ...]:
+    """What identifies a dataset's rows: the file (as an absolute path) or hub id, its
+    configuration and the split (two slices of one split are different data)."""
+    path = None if dataset.path is None else os.path.normpath(os.path.abspath(os.path.expanduser(dataset.path)))
+    return (path, dataset.hub_id, dataset.config_name, dataset.split.replace(" ", ""))
+
+
+def _yaml_position(err: yaml.YAMLError) -> str:
+    """``: line L, column C: problem`` of a YAML error, on one line."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err)
+    context = getattr(err, "context", None)
+    text = f"{problem} ({context})" if context else str(problem)
+    return f"{where}: {' '.join(text.split())}"
+
+
 def format_validation_error(err: ValidationError) -> str:
-    """One line per problem: ``field.path: message``."""
+    """All problems on one line: ``field.path: message; ...``."""
     lines = []
     for problem in err.errors():
-        location = ".".join(str(p) for p in problem["loc"]) or "config"
+        location = ".".join(str(p) for p in problem["loc"])
         message = problem["msg"].removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
             message = "unknown field; check the spelling (see docs/config.md for every field)"
         elif problem["type"] == "missing":
             message = "required field is missing"
-        lines.append(f"{location}: {message}")
+        message = " ".join(message.split())  # a message never spans lines
+        lines.append(f"{location}: {message}" if location else message)
     return "invalid config: " + "; ".join(lines)
 
 

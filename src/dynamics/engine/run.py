@@ -472,6 +472,7 @@ def run(config: RunConfig, progress: bool = True, resume: bool = False) -> dict[
     missing = trackers_missing(list(config.trackers))
     if missing:
         raise RunSetupError(f"trackers {missing} are not installed: pip install {' '.join(missing)}, or remove them")
+    importlib.import_module("dynamics.engine.preflight").preflight(config)  # refusals raise; warnings are logged
     accelerator_main = _is_main_process()
     out = Path(config.output_dir)
     resume_point: Path | None = None

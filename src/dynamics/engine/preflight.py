@@ -1,0 +1,281 @@
+"""Checks of a run against its environment, before anything is loaded or written.
+
+``preflight(config)`` runs at the top of ``dynamics.engine.run.run``. A validated config can
+still be unusable where it runs: a launcher that shards the model, an output folder that
+cannot be created, a model, tokenizer or data file that is not there, a model whose shape
+does not fit the settings. Each is refused here in one line, with the same error types the
+CLI turns into exit code 2 (``RunSetupError``, ``RunDirError``, ``DataError``), in seconds
+and before the weights or the data are read; nothing is created. What is legal but likely
+unintended is returned (and logged) as a warning.
+
+What is checked, cheapest first (docs/errors.md lists every refusal with its message):
+
+- the launch: FSDP, DeepSpeed or Megatron-LM through accelerate (``ACCELERATE_USE_*``);
+- precision: full fine-tuning of float16 weights under fp16 mixed precision is refused;
+- the output folder: a folder, or creatable in its nearest existing parent, and writable
+  (whether it is empty is ``run``'s own check, which a resumed run skips);
+- every local dataset file: present, a known extension, not empty;
+- the model: ``model.name_or_path`` resolves (a local folder, or a hub id, offline or not)
+  or ``model.init_config`` names a known ``model_type``; the tokenizer loads; the model's
+  vocabulary holds the tokenizer's; ``training.sequence_length`` fits its positions;
+  ``lora.target_modules`` names modules it has (checked on a weightless meta-device copy);
+- and, as a warning only, full fine-tuning under mixed precision with weights that do not
+  load in float32 (see ``precision_warnings``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+from dynamics.data.loading import check_path, offline, one_line
+from dynamics.engine.config import RunConfig
+from dynamics.engine.model import _resolve_dtype
+from dynamics.engine.run import RunSetupError, load_tokenizer
+from dynamics.runs.rundir import RunDirError
+
+logger = logging.getLogger(__name__)
+
+# accelerate's environment flag -> what it launches. Probes snapshot and restore the full
+# trainable weights and optimizer state of one process; sharded states are not handled.
+SHARDED_LAUNCHES = {
+    "ACCELERATE_USE_FSDP": "FSDP",
+    "ACCELERATE_USE_DEEPSPEED": "DeepSpeed",
+    "ACCELERATE_USE_MEGATRON_LM": "Megatron-LM",
+}
+_TRUE = ("1", "true", "yes", "y", "on", "t")
+
+
+def preflight(config: RunConfig) -> list[str]:
+    """Refuse what cannot run here (raising ``RunSetupError``, ``RunDirError`` or
+    ``DataError``); return the warnings, which are also logged."""
+    check_launch()
+    check_precision(config)
+    check_output_dir(config.output_dir)
+    for dataset in config.datasets:
+        check_path(dataset.data_source())
+    check_model(config)
+    warnings = precision_warnings(config)
+    for warning in warnings:
+        logger.warning(warning)
+    return warnings
+
+
+def check_launch() -> None:
+    for variable, name in SHARDED_LAUNCHES.items():
+        value = os.environ.get(variable, "")
+        if value.strip().lower() in _TRUE:
+            raise RunSetupError(
+                f"launched under {name} ({variable}={value}): sharded snapshot/restore is not "
+                "supported yet (probes snapshot and restore whole weights and optimizer states); "
+                "launch with plain data parallelism instead (torchrun, or accelerate launch "
+                f"without {name})"
+            )
+
+
+def check_output_dir(output_dir: str) -> None:
+    """The run folder must be a writable folder, or creatable: its nearest existing parent
+    a writable folder. Nothing is left behind."""
+    out = Path(output_dir)
+    existing = out
+    while not _exists(existing):
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunDirError(
+            f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir (or --out)"
+        )
+    error = _creatable_in(existing)
+    if error is not None:
+        raise RunDirError(
+            f"output_dir {out}: {existing} is not writable ({error.strerror or error}); choose a "
+            "writable output_dir (or --out)"
+        )
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # e.g. a parent without search permission: treat as there, then probe it
+        return True
+
+
+def _creatable_in(folder: Path) -> OSError | None:
+    """Whether a folder can be made in ``folder``: try it, and remove it again."""
+    try:
+        probe = tempfile.mkdtemp(prefix=".dynamics-write-check-", dir=folder)
+    except OSError as err:
+        return err
+    os.rmdir(probe)
+    return None
+
+
+# --- the model ------------------------------------------------------------------------------
+
+
+def _looks_like_path(name: str) -> bool:
+    # A hub id is 'name' or 'org/name'; anything else can only be meant as a folder.
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def _not_found(field: str, name: str, what: str, err: BaseException) -> RunSetupError:
+    """``field``'s ``name`` is no local folder and could not be loaded as a hub id."""
+    if offline():
+        why = (
+            "and as a hub id it is not in the local cache while offline (HF_HUB_OFFLINE is set): "
+            "check the path or hub id, or download it once online"
+        )
+    else:
+        why = "and it could not be loaded as a hub id: check the path or hub id (and model.revision)"
+    return RunSetupError(f"{field} {name!r} is not a local {what} folder, {why} ({one_line(err, 160)})")
+
+
+def _first_sentence(err: BaseException) -> str:
+    return one_line(err).split(". ", 1)[0]
+
+
+def model_config(config: RunConfig) -> PretrainedConfig:
+    """The transformers config of the model to train, without its weights."""
+    model = config.model
+    if model.init_config is not None:
+        init = dict(model.init_config)
+        model_type = init.pop("model_type")
+        try:
+            built: PretrainedConfig = AutoConfig.for_model(model_type, **init)
+        except (ValueError, TypeError, KeyError) as err:
+            raise RunSetupError(
+                f"model.init_config: model_type {model_type!r} cannot be built ({_first_sentence(err)}); "
+                "use a transformers model type, e.g. 'llama', 'qwen2' or 'gpt2'"
+            ) from None
+        return built
+    name = model.name_or_path
+    assert name is not None  # validated: exactly one of name_or_path and init_config
+    if not Path(name).expanduser().is_dir() and _looks_like_path(name):
+        raise RunSetupError(
+            f"model.name_or_path {name!r}: no such local folder; give a model folder (with config.json "
+            "and the weights) or a hub id such as Qwen/Qwen2.5-3B"
+        )
+    try:
+        loaded: PretrainedConfig = AutoConfig.from_pretrained(
+            name, revision=model.revision, trust_remote_code=model.trust_remote_code
+        )
+    except (OSError, ValueError) as err:
+        if Path(name).expanduser().is_dir():
+            raise RunSetupError(
+                f"model.name_or_path {name!r}: the folder holds no loadable model ({one_line(err, 160)}); "
+                "point it at a folder with config.json and the weights"
+            ) from None
+        raise _not_found("model.name_or_path", name, "model", err) from None
+    return loaded
+
+
+def check_model(config: RunConfig) -> None:
+    """The model and tokenizer resolve and fit each other and the settings."""
+    built = model_config(config)
+    tokenizer_field = "model.tokenizer" if config.model.tokenizer else "model.name_or_path"
+    tokenizer_name = config.model.tokenizer or config.model.name_or_path or ""
+    if config.model.tokenizer and _looks_like_path(tokenizer_name) and not Path(tokenizer_name).expanduser().is_dir():
+        raise RunSetupError(
+            f"model.tokenizer {tokenizer_name!r}: no such local folder; give a tokenizer folder or hub id "
+            "(or leave it unset to use the model's)"
+        )
+    try:
+        tokenizer = load_tokenizer(config)
+    except (OSError, ValueError, ImportError) as err:
+        if Path(tokenizer_name).expanduser().is_dir():
+            raise RunSetupError(
+                f"{tokenizer_field} {tokenizer_name!r}: the folder holds no loadable tokenizer "
+                f"({one_line(err, 160)}); point it at a tokenizer folder (tokenizer.json or the "
+                "tokenizer's own files)"
+            ) from None
+        raise _not_found(tokenizer_field, tokenizer_name, "tokenizer", err) from None
+    text_config = built.get_text_config() if hasattr(built, "get_text_config") else built
+    vocab = getattr(text_config, "vocab_size", None)
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise RunSetupError(
+            f"the tokenizer ({tokenizer_field}) has {len(tokenizer)} tokens but the model's vocab_size is "
+            f"{vocab}: use the model's own tokenizer, or a larger vocab_size in model.init_config"
+        )
+    positions = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None)
+    length = config.training.sequence_length
+    if isinstance(positions, int) and length > positions:
+        raise RunSetupError(
+            f"training.sequence_length={length} exceeds the model's max_position_embeddings={positions}: "
+            "positions past it were never trained (or have no embedding at all); lower "
+            "training.sequence_length"
+        )
+    if config.lora is not None and not isinstance(config.lora.target_modules, str):
+        _check_lora_targets(built, list(config.lora.target_modules), config)
+
+
+def _check_lora_targets(built: PretrainedConfig, targets: list[str], config: RunConfig) -> None:
+    """Every name in lora.target_modules must end a module path of the model (PEFT's rule),
+    checked on a meta-device copy: no weights are allocated or read."""
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(built, trust_remote_code=config.model.trust_remote_code)
+    except Exception as err:  # a model the check cannot build is left to the real load
+        logger.debug("lora.target_modules not checked: no meta-device copy of the model (%s)", err)
+        return
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        linear = sorted(
+            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+            - {"lm_head"}
+        )
+        raise RunSetupError(
+            f"lora.target_modules: the model has no module named {', '.join(repr(t) for t in missing)}; "
+            f"its linear layers are {', '.join(linear[:12])} (or use 'all-linear')"
+        )
+
+
+# --- precision ------------------------------------------------------------------------------
+
+
+def _loaded_dtype(config: RunConfig, loaded_dtype: torch.dtype | None) -> torch.dtype:
+    return loaded_dtype if loaded_dtype is not None else _resolve_dtype(config.model.dtype)
+
+
+def check_precision(config: RunConfig, loaded_dtype: torch.dtype | None = None) -> None:
+    """Full fine-tuning of float16 weights under fp16 mixed precision cannot step: the fp16
+    loss scaler refuses to unscale float16 gradients."""
+    dtype = _loaded_dtype(config, loaded_dtype)
+    if config.lora is None and config.training.mixed_precision == "fp16" and dtype == torch.float16:
+        raise RunSetupError(
+            "full fine-tuning (lora: null) of float16 weights with training.mixed_precision fp16 cannot "
+            "step: the fp16 loss scaler does not unscale float16 gradients; set model.dtype: float32 "
+            "(fp32 master weights), or train a LoRA adapter"
+        )
+
+
+def precision_warnings(config: RunConfig, loaded_dtype: torch.dtype | None = None) -> list[str]:
+    """The warning of full fine-tuning under mixed precision when the weights do not load in
+    float32. accelerate's mixed precision only autocasts the forward pass: it keeps no fp32
+    master copy, so AdamW updates the weights (and keeps its moments) in the dtype they were
+    loaded in, ``model.dtype`` resolved by ``load_causal_lm`` ('auto' is bfloat16 on a GPU
+    with bf16 support, float32 elsewhere). ``loaded_dtype`` overrides that resolution, to
+    check a GPU machine's case anywhere. LoRA adapters are created in float32 by PEFT
+    whatever the base weights' dtype, so they are never warned about."""
+    precision = config.training.mixed_precision
+    if config.lora is not None or precision == "no":
+        return []
+    dtype = _loaded_dtype(config, loaded_dtype)
+    if dtype == torch.float32:
+        return []
+    name = str(dtype).removeprefix("torch.")
+    how = (
+        "model.dtype 'auto' picks bfloat16 on a GPU with bf16 support"
+        if config.model.dtype == "auto"
+        else f"model.dtype {config.model.dtype}"
+    )
+    return [
+        f"full fine-tuning (lora: null) with training.mixed_precision {precision}: master weights stay "
+        f"fp32 only if the model is loaded in fp32, and here it is loaded in {name} ({how}), so the "
+        f"optimizer updates {name} weights and small updates round away; set model.dtype: float32 "
+        "for fp32 master weights"
+    ]
