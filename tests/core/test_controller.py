@@ -298,3 +298,60 @@ def test_resume_refuses_a_changed_schedule():
             ToyLearner(SLOPES, INITIAL), DynamicsPolicy(build_schedule([0, 32], 64)), targets=[0],
             constraints=[1, 2], eval_interval=8, reduced_batches=4, checkpoint_steps=[16], resume=saved[0],
         )
+
+
+class DivergingLearner(ToyLearner):
+    """A probe on any dataset in ``diverging`` reaches a non-finite loss (``raises``) or
+    leaves the model evaluating to NaN."""
+
+    def __init__(self, *args, diverging=(), raises=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.diverging = set(diverging)
+        self.raises = raises
+        self.poisoned = False
+
+    def probe(self, steps, dataset):
+        super().probe(steps, dataset)
+        if dataset in self.diverging:
+            if self.raises:
+                from dynamics.core.learner import Diverged
+
+                raise Diverged(f"probe on d{dataset}")
+            self.poisoned = True
+
+    def evaluate(self, split, num_batches=None):
+        evaluation = super().evaluate(split, num_batches)
+        if self.poisoned:
+            from dynamics.core.learner import Evaluation
+
+            return Evaluation(evaluation.per_batch * np.nan)
+        return evaluation
+
+    def restore(self, snapshot):
+        super().restore(snapshot)
+        self.poisoned = False
+
+
+@pytest.mark.parametrize("variant", ["paper", "robust"])
+@pytest.mark.parametrize("raises", [True, False], ids=["non-finite-loss", "nan-evaluation"])
+def test_a_diverged_probe_leaves_its_dataset_out_of_that_update(raises, variant):
+    from dynamics.core.robust import VARIANTS
+
+    learner = DivergingLearner(SLOPES, INITIAL, diverging={0}, raises=raises)
+    history = run(DynamicsPolicy(build_schedule([0, 32], 64), options=VARIANTS[variant]), learner)
+    for update in history.updates:
+        assert update.extra["unreliable_datasets"] == ["d0"]
+        assert update.weights[0] == 0.0 and abs(update.weights.sum() - 1) < 1e-12
+        assert np.isnan(update.slope_matrix[:, 0]).all()
+        np.testing.assert_allclose(update.slope_matrix[:, 1:], SLOPES[:, 1:], atol=1e-12)
+        assert np.isnan(np.asarray(update.extra["slope_errors"])[:, 0]).all()
+    # The diverged probes were rolled back like any other: only the main run trained.
+    assert learner.trained_steps == 64 and learner.steps_per_dataset[0] == 0
+
+
+def test_every_probe_diverging_stops_the_run_with_a_clear_message():
+    from dynamics.core.learner import Diverged
+
+    learner = DivergingLearner(SLOPES, INITIAL, diverging={0, 1, 2})
+    with pytest.raises(Diverged, match="every probe at step 0"):
+        run(DynamicsPolicy(build_schedule([0, 32], 64)), learner)

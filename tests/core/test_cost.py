@@ -218,3 +218,35 @@ def test_cli_bad_input_is_a_one_line_usage_error(
     assert code == 2 and out == ""
     assert err.startswith("dynamics cost: error: ") and err.count("\n") == 1
     assert message in err
+
+
+def test_recorded_cost_counts_what_the_run_did():
+    from dynamics.core.cost import recorded_relative_cost
+    from dynamics.core.records import UpdateRecord
+
+    def update(step, budget, recycled, probed=True):
+        return UpdateRecord(
+            policy="p", step=step, horizon=8, probe_budget=budget, weights=np.ones(2) / 2,
+            current_losses=np.zeros(3), recycled_anchor=recycled,
+            slope_matrix=np.zeros((3, 2)) if probed else None,
+        )
+
+    model = CostModel(train_fwd_ratio=3.0, eval_interval=8, main_eval_batches=10, reduced_eval_batches=5)
+    common = dict(n_datasets=2, n_domains=3, total_steps=16, evaluations=3, plain_evaluations=3, test_eval_batches=10, model=model)
+    fixed_run = 16 * 3.0 + 3 * 3 * (10 + 10)  # training + 3 main evaluations of eval and test
+    # A fixed mixture: one recycled anchor, no probes.
+    assert recorded_relative_cost([update(0, 0, True, probed=False)], trained_steps=16, **common) == 1.0
+    # DynaMiCS: two updates probing both datasets for 4 steps; the second anchor is fresh.
+    probes = 2 * (2 * (4 * 3.0 + 3 * 5))
+    cost = recorded_relative_cost([update(0, 4, True), update(4, 4, False)], trained_steps=16, **common)
+    assert cost == pytest.approx((fixed_run + probes + 3 * 5) / fixed_run)
+    # A backtrack that trained 8 steps again and evaluated once more costs that on top.
+    retrained = recorded_relative_cost(
+        [update(0, 4, True), update(4, 4, False)], trained_steps=24, **{**common, "evaluations": 4}
+    )
+    assert retrained == pytest.approx(cost + (8 * 3.0 + 3 * 20) / fixed_run)
+    # Gradient alignment: a gradient per domain and per dataset over 7 batches at each update.
+    aligned = recorded_relative_cost(
+        [update(0, 4, True), update(8, 8, True)], trained_steps=16, alignment_batches=7, **common
+    )
+    assert aligned == pytest.approx((fixed_run + 2 * (3 + 2) * 7 * 3.0) / fixed_run)

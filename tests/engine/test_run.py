@@ -175,6 +175,11 @@ def test_gradient_alignment_run(tokenizer_dir, tmp_path):
         assert update["policy"] == "gradient-alignment"
         slopes = np.array(update["slope_matrix"])
         assert slopes.shape == (2, 2) and np.isfinite(slopes).all() and abs(sum(update["weights"]) - 1) < 1e-9
+    # The cost counts the alignment gradients, 3 updates x (2 domains + 2 datasets) x 2 batches
+    # at a training step's cost, and the anchor of step 2 (2 domains x 2 reduced batches), over
+    # 8 training steps and 3 evaluations of 2 domains x (3 eval + 3 test) batches.
+    fixed_run = 8 * 3.0 + 3 * 2 * 6
+    assert summary["predicted_cost"] == pytest.approx((fixed_run + 3 * 4 * 2 * 3.0 + 2 * 2) / fixed_run)
 
 
 def test_missing_tracker_is_a_clear_error(tokenizer_dir, tmp_path, monkeypatch):
@@ -219,3 +224,84 @@ def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(
     # The learner is back in exactly the state it left: the same anchor, bit for bit.
     first = next(u for u in abandoned if u["step"] == backtrack["to_step"])
     assert redecided[0]["current_losses"] == first["current_losses"]
+
+
+def poison_second_training_stretch(monkeypatch):
+    """Every step of the main run's second ``train`` call gets a NaN loss; returns the
+    stretch lengths trained so far (probes untouched)."""
+    from dynamics.engine.learner import HFLearner
+
+    stretches: list[int] = []
+    train, loss = HFLearner.train, HFLearner._training_loss
+    poisoned = {"on": False}
+
+    def poisoned_train(self, steps, weights):
+        stretches.append(steps)
+        poisoned["on"] = len(stretches) == 2
+        try:
+            return train(self, steps, weights)
+        finally:
+            poisoned["on"] = False
+
+    def poisoned_loss(self, batch):
+        value = loss(self, batch)
+        return value * float("nan") if poisoned["on"] else value
+
+    monkeypatch.setattr(HFLearner, "train", poisoned_train)
+    monkeypatch.setattr(HFLearner, "_training_loss", poisoned_loss)
+    return stretches
+
+
+def test_a_nan_training_step_is_skipped_and_recorded(tokenizer_dir, tmp_path, monkeypatch):
+    stretches = poison_second_training_stretch(monkeypatch)
+    data = tiny_config(tokenizer_dir, tmp_path / "run")
+    data["training"]["max_skipped_steps"] = 8
+    summary = run(RunConfig.from_dict(data), progress=False)
+    assert stretches[1] >= 1
+    # The second stretch starts after the first (steps 0..stretches[0]-1) and is skipped whole.
+    assert [s["step"] for s in summary["skipped_steps"]] == list(range(stretches[0], stretches[0] + stretches[1]))
+    assert all(s["datasets"] for s in summary["skipped_steps"])
+    records = read_run(tmp_path / "run")
+    for row in records.evaluations:
+        assert all(np.isfinite(v) for v in row["eval"].values())
+    for update in records.updates:
+        assert np.isfinite(np.array(update["slope_matrix"])).all()
+
+
+def test_too_many_nan_steps_stop_the_run_with_one_line(tokenizer_dir, tmp_path, monkeypatch):
+    from dynamics.core.learner import Diverged
+
+    poison_second_training_stretch(monkeypatch)
+    data = tiny_config(tokenizer_dir, tmp_path / "run")
+    data["training"]["max_skipped_steps"] = 0
+    with pytest.raises(Diverged, match=r"training\.max_skipped_steps=0") as info:
+        run(RunConfig.from_dict(data), progress=False)
+    assert "\n" not in str(info.value)
+    # What was trained and logged before the divergence stays.
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()
+
+
+def test_a_diverging_probe_is_discarded_and_its_dataset_left_out(tokenizer_dir, tmp_path, monkeypatch):
+    from dynamics.engine.learner import HFLearner
+
+    probe, loss = HFLearner.probe, HFLearner._training_loss
+    poisoned = {"on": False}
+
+    def poisoned_probe(self, steps, dataset):
+        poisoned["on"] = dataset == 1  # every probe of "wiki"
+        try:
+            return probe(self, steps, dataset)
+        finally:
+            poisoned["on"] = False
+
+    def poisoned_loss(self, batch):
+        value = loss(self, batch)
+        return value * float("inf") if poisoned["on"] else value
+
+    monkeypatch.setattr(HFLearner, "probe", poisoned_probe)
+    monkeypatch.setattr(HFLearner, "_training_loss", poisoned_loss)
+    summary = run(RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "run")), progress=False)
+    records = read_run(tmp_path / "run")
+    assert [u["extra"]["unreliable_datasets"] for u in records.updates] == [["wiki"]] * 3
+    assert all(u["weights"] == [1.0, 0.0] for u in records.updates)
+    assert summary["skipped_steps"] == []  # the main run itself never saw a bad step

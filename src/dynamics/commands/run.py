@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 HELP = "fine-tune a model on a dynamic (or fixed) data mixture from a YAML config"
 
@@ -67,10 +68,16 @@ def main(args: argparse.Namespace) -> int:
     if resume and (Path(config.output_dir) / SUMMARY_FILE).is_file():
         print(f"run {config.output_dir} already finished: nothing to resume")
         return 0
+    from dynamics.core.learner import Diverged
+
     try:
         summary = run(config, progress=not args.no_progress, resume=resume)
     except (RunDirError, DataError, RunSetupError) as err:
         raise UsageError(str(err)) from None
+    except Diverged as err:
+        # Not bad input: the run folder keeps what was trained and logged up to here.
+        print(f"dynamics run: error: {err}", file=sys.stderr)
+        return 1
     print(json.dumps({k: summary[k] for k in ("feasible", "constrained_ppl_reduction", "best_checkpoint", "wall_seconds")}, indent=2))
     print(f"run folder: {config.output_dir}")
     return 0

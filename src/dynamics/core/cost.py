@@ -63,6 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from dynamics.core.records import UpdateRecord
 from dynamics.core.schedules import PAPER_TOTAL_STEPS, UpdateSchedule, build_schedule
 
 DEFAULT_TRAIN_FWD_RATIO = 3.0
@@ -164,6 +165,47 @@ def run_cost(
     return RunCost(
         steps, horizons, budgets, recycled, baseline.astype(np.float64), overhead.astype(np.float64)
     )
+
+
+def recorded_relative_cost(
+    updates: Sequence[UpdateRecord],
+    *,
+    n_datasets: int,
+    n_domains: int,
+    total_steps: int,
+    trained_steps: int,
+    evaluations: int,
+    plain_evaluations: int,
+    test_eval_batches: int,
+    model: CostModel,
+    alignment_batches: int | None = None,
+) -> float:
+    """What a finished run cost, from its records, as a multiple of one fixed-mixture run
+    with the same settings; in forward passes as in :func:`run_cost`.
+
+    Counted for both: training steps (``C_bp`` each) and every main evaluation on the eval
+    and the test split (``M·(main_eval_batches + test_eval_batches)`` forward passes).
+    Counted for this run only: training steps a backtrack trained again (``trained_steps``
+    above ``total_steps``), main evaluations beyond a plain run's, a reduced evaluation
+    for each anchor not recycled from a main evaluation, and per update either every
+    dataset's probe (``c_t`` training steps and ``n_evals`` reduced evaluations; diverged
+    probes included) or, for gradient alignment (``alignment_batches`` set), one
+    gradient per domain and per dataset over ``alignment_batches`` batches each (a forward
+    and a backward pass, ``C_bp``). The solve on the CPU is not counted, as in the paper.
+    """
+    c_bp = model.train_fwd_ratio
+    main_eval = n_domains * (model.main_eval_batches + test_eval_batches)
+    reduced_eval = n_domains * model.reduced_eval_batches
+    fixed_run = total_steps * c_bp + plain_evaluations * main_eval
+    work = trained_steps * c_bp + evaluations * main_eval
+    for update in updates:
+        if not update.recycled_anchor:
+            work += reduced_eval
+        if alignment_batches is not None:
+            work += (n_domains + n_datasets) * alignment_batches * c_bp
+        elif update.probe_budget > 0 and update.slope_matrix is not None:
+            work += n_datasets * (update.probe_budget * c_bp + model.n_evals * reduced_eval)
+    return work / fixed_run
 
 
 def relative_cost(

@@ -45,6 +45,12 @@ class Evaluation:
         return np.asarray(self.per_batch[:, :num_batches].mean(axis=1), dtype=float)
 
 
+class Diverged(ArithmeticError):
+    """A probe or a training step produced a non-finite loss or gradient. Raised by
+    ``Learner.probe`` (the policy discards that probe), and by ``Learner.train`` once the
+    run has skipped more such steps than it may."""
+
+
 @runtime_checkable
 class Learner(Protocol):
     """What Algorithms 1 and 2 need from a model being fine-tuned."""
@@ -70,7 +76,8 @@ class Learner(Protocol):
 
     def probe(self, steps: int, dataset: int) -> None:
         """Algorithm 1's probe: ``steps`` optimizer steps on dataset ``dataset`` alone, with
-        the run's own optimizer; rolled back afterwards by ``restore``."""
+        the run's own optimizer; rolled back afterwards by ``restore``. Raises
+        :class:`Diverged` at a non-finite loss (the caller restores and discards it)."""
         ...
 
     def snapshot(self) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from dynamics.core.controller import UpdateContext
-from dynamics.core.learner import AlignmentLearner, Learner
+from dynamics.core.learner import AlignmentLearner, Diverged, Learner
 from dynamics.core.predictors import PREDICTORS, probe_progress
 from dynamics.core.problem import MixtureProblem, SolverGrid
 from dynamics.core.records import UpdateRecord
@@ -83,6 +83,32 @@ def _update_record(
     )
 
 
+def _widen(record: UpdateRecord, columns: list[int], num_datasets: int) -> None:
+    """Put a record solved over ``columns`` of the datasets back on all of them: weight 0
+    and NaN slopes (and slope errors) for the datasets left out."""
+    weights = np.zeros(num_datasets)
+    weights[columns] = record.weights
+    record.weights = weights
+    if record.slope_matrix is not None:
+        slopes = np.full((record.slope_matrix.shape[0], num_datasets), np.nan)
+        slopes[:, columns] = record.slope_matrix
+        record.slope_matrix = slopes
+    errors = record.extra.get("slope_errors")
+    if errors is not None:
+        widened = np.full((errors.shape[0], num_datasets), np.nan)
+        widened[:, columns] = errors
+        record.extra["slope_errors"] = widened
+    for key in ("slope_models", "extrapolation_guarded"):
+        if key in record.extra:
+            rows = []
+            for row in record.extra[key]:
+                full: list = [None] * num_datasets
+                for column, value in zip(columns, row, strict=True):
+                    full[column] = value
+                rows.append(full)
+            record.extra[key] = rows
+
+
 @dataclass
 class DynamicsPolicy:
     """DynaMiCS: probe each dataset from the same snapshot, predict, solve (section 3).
@@ -116,17 +142,31 @@ class DynamicsPolicy:
         trajectories = np.empty((len(checkpoints), num_domains, num_datasets))
         probed = np.empty((num_datasets, num_domains, context.reduced_batches))
         snapshot = learner.snapshot()
+        reliable = []
         for j in range(num_datasets):
             # Algorithm 1: every probe starts from the same parameters and optimizer state.
             learner.restore(snapshot)
             done = 0
-            for k, checkpoint in enumerate(checkpoints):
-                learner.probe(checkpoint - done, j)
-                done = checkpoint
-                evaluation = learner.evaluate("eval", context.reduced_batches)
-                trajectories[k, :, j] = evaluation.means()
-            probed[j] = evaluation.per_batch
+            try:
+                for k, checkpoint in enumerate(checkpoints):
+                    learner.probe(checkpoint - done, j)
+                    done = checkpoint
+                    evaluation = learner.evaluate("eval", context.reduced_batches)
+                    trajectories[k, :, j] = evaluation.means()
+                probed[j] = evaluation.per_batch
+            except Diverged:
+                probed[j] = np.nan
+            if np.isfinite(probed[j]).all():
+                reliable.append(j)
         learner.restore(snapshot)
+        if not reliable:
+            raise Diverged(
+                f"every probe at step {context.step} reached a non-finite loss or evaluation: "
+                "lower optimizer.lr or set optimizer.max_grad_norm, and start again"
+            )
+        # A diverged probe says nothing about its dataset: its column is left out of this
+        # update (weight 0), and the record says so.
+        trajectories = trajectories[:, :, reliable]
         anchor = context.anchor.means()
         fit = predictor.slopes(
             anchor=anchor,
@@ -135,12 +175,21 @@ class DynamicsPolicy:
             probe_budget=budget,
             horizon=context.horizon,
         )
-        slope_errors = slope_standard_errors(context.anchor.per_batch[:, : context.reduced_batches], probed, budget)
+        slope_errors = slope_standard_errors(
+            context.anchor.per_batch[:, : context.reduced_batches], probed[reliable], budget
+        )
         extra = {"predictor": self.predictor, **fit.details, "slope_errors": slope_errors}
         probe_seconds = time.perf_counter() - started
         if self.options.is_paper:
-            return _solve_update(self.name, context, fit.slope_matrix, self.grid, probe_seconds, extra)
-        return self._robust_update(context, fit.slope_matrix, slope_errors, probe_seconds, extra)
+            record = _solve_update(self.name, context, fit.slope_matrix, self.grid, probe_seconds, extra)
+        else:
+            record = self._robust_update(context, fit.slope_matrix, slope_errors, probe_seconds, extra)
+        if len(reliable) < num_datasets:
+            _widen(record, reliable, num_datasets)
+            record.extra["unreliable_datasets"] = [
+                learner.dataset_names[j] for j in range(num_datasets) if j not in reliable
+            ]
+        return record
 
     def state_dict(self) -> dict[str, Any]:
         """The calibration's sums and the last prediction (what the next update learns from)."""

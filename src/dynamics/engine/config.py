@@ -112,6 +112,12 @@ class TrainingConfig(_Section):
         description="Seed of the eval/test splits and of the fixed evaluation batches, kept apart from seed so "
         "that runs with different seeds are scored on the same rows.",
     )
+    max_skipped_steps: int = Field(
+        8,
+        ge=0,
+        description="Main-run steps with a non-finite loss or gradient that are skipped (never applied) "
+        "before the run stops as diverged.",
+    )
     checkpoint_interval: int | None = Field(
         None,
         ge=0,

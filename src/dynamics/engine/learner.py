@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
@@ -39,10 +40,12 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import Tensor, nn
 
-from dynamics.core.learner import Evaluation
+from dynamics.core.learner import Diverged, Evaluation
 from dynamics.data.formatting import IGNORE_INDEX
 from dynamics.engine.config import OptimizerConfig
 from dynamics.engine.model import build_lr_scheduler, build_optimizer, trainable_parameters
+
+logger = logging.getLogger(__name__)
 
 Batch = Mapping[str, Tensor]
 """A batch of right-padded sequences.
@@ -132,6 +135,8 @@ class TrainingSnapshot:
     grad_scaler: dict[str, Any] | None  # fp16 loss scale; None without fp16
     sampler: dict[str, Any]
     rng: RNGState
+    main_steps: int = 0  # main-run optimizer steps taken (skipped ones included)
+    skipped_steps: tuple[dict[str, Any], ...] = ()  # main-run steps with a non-finite loss
 
 
 def _to_json(value: Any, tensors: dict[str, Tensor]) -> Any:
@@ -186,6 +191,8 @@ def save_snapshot(snapshot: TrainingSnapshot, folder: Path, name: str) -> None:
             "lr_scheduler": snapshot.lr_scheduler,
             "grad_scaler": snapshot.grad_scaler,
             "sampler": snapshot.sampler,
+            "main_steps": snapshot.main_steps,
+            "skipped_steps": list(snapshot.skipped_steps),
             "rng": {
                 "torch_cpu": snapshot.rng.torch_cpu,
                 "torch_cuda": snapshot.rng.torch_cuda,
@@ -212,6 +219,8 @@ def load_snapshot(folder: Path, name: str) -> TrainingSnapshot:
         grad_scaler=data["grad_scaler"],
         sampler=data["sampler"],
         rng=RNGState(torch_cpu=rng["torch_cpu"], torch_cuda=rng["torch_cuda"], python=rng["python"], numpy=rng["numpy"]),
+        main_steps=int(data["main_steps"]),
+        skipped_steps=tuple(data["skipped_steps"]),
     )
 
 
@@ -245,6 +254,7 @@ class HFLearner:
         total_steps: int,
         gradient_accumulation: int = 1,
         accelerator: Accelerator | None = None,
+        max_skipped_steps: int = 8,
     ) -> None:
         if gradient_accumulation < 1:
             raise ValueError(f"gradient_accumulation must be >= 1, got {gradient_accumulation}")
@@ -278,6 +288,10 @@ class HFLearner:
         self.model.train()
         self.last_train_loss = float("nan")
         """Mean training loss of the last step of the last ``train`` call (display only)."""
+        self.max_skipped_steps = max_skipped_steps
+        self.main_steps = 0
+        self.skipped_steps: list[dict[str, Any]] = []
+        """Main-run steps skipped for a non-finite loss or gradient: step and datasets."""
 
     # --- the Learner protocol --------------------------------------------------------
 
@@ -296,7 +310,7 @@ class HFLearner:
             raise ValueError(
                 f"weights must have shape ({len(self._dataset_names)},), got {weights.shape}"
             )
-        loss = self._optimizer_steps(steps, lambda: self.sampler.next_batch(weights)[1])
+        loss = self._optimizer_steps(steps, lambda: self.sampler.next_batch(weights), probing=False)
         # One host sync per call (not per step), for progress display only.
         self.last_train_loss = float(loss)
 
@@ -306,30 +320,75 @@ class HFLearner:
         main run's data order and each update probes on fresh batches."""
         if not 0 <= dataset < len(self._dataset_names):
             raise ValueError(f"dataset index {dataset} outside [0, {len(self._dataset_names) - 1}]")
-        self._optimizer_steps(steps, lambda: self.sampler.probe_batch(dataset))
+        self._optimizer_steps(steps, lambda: (dataset, self.sampler.probe_batch(dataset)), probing=True)
 
-    def _optimizer_steps(self, steps: int, next_batch: Callable[[], Batch]) -> Tensor:
-        """Train ``steps`` optimizer steps; returns the last step's loss (on device)."""
+    def _optimizer_steps(
+        self, steps: int, next_batch: Callable[[], tuple[int, Batch]], probing: bool
+    ) -> Tensor:
+        """Train ``steps`` optimizer steps; returns the last step's loss (on device).
+
+        A step whose loss or gradient norm is not finite is never applied. In a probe it
+        raises :class:`Diverged`; in the main run the step is skipped (its batches are
+        consumed, the parameters, optimizer and schedule stay as they were), recorded in
+        ``skipped_steps``, and once more than ``max_skipped_steps`` were skipped the run
+        stops with :class:`Diverged`.
+        """
         self.model.train()
         step_loss = torch.zeros((), device=self.accelerator.device)
         for _ in range(steps):
             step_loss = torch.zeros((), device=self.accelerator.device)
+            datasets = []
             for micro_step in range(self.gradient_accumulation):
-                batch = next_batch()
+                dataset, batch = next_batch()
+                datasets.append(dataset)
                 last = micro_step == self.gradient_accumulation - 1
                 # Under DDP, gradients are all-reduced only on the last micro-batch.
                 with nullcontext() if last else self.accelerator.no_sync(self.model):
                     loss = self._training_loss(batch) / self.gradient_accumulation
                     self.accelerator.backward(loss)
                 step_loss = step_loss + loss.detach()
-            if self.max_grad_norm is not None:
-                self.accelerator.clip_grad_norm_(self.trainable_parameters, self.max_grad_norm)
+            # Without clipping, an infinite max norm measures without changing anything.
+            max_norm = self.max_grad_norm if self.max_grad_norm is not None else float("inf")
+            grad_norm = self.accelerator.clip_grad_norm_(self.trainable_parameters, max_norm)
+            if not self._finite(step_loss, grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                names = sorted({self._dataset_names[j] for j in datasets})
+                if probing:
+                    raise Diverged(f"a probe on {names[0]} reached a non-finite loss or gradient")
+                self._skip_step(names)
+                continue
+            if not probing:
+                self.main_steps += 1
             self.optimizer.step()
             # An fp16 step skipped for inf/NaN gradients must not advance the schedule.
             if not self.optimizer.step_was_skipped:
                 self.lr_scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         return step_loss
+
+    def _finite(self, step_loss: Tensor, grad_norm: Tensor | float | None) -> bool:
+        """Whether this step may be applied; the same answer on every rank."""
+        loss = step_loss.reshape(1)
+        if self.accelerator.num_processes > 1:
+            loss = self.accelerator.reduce(loss, reduction="sum")  # NaN on one rank: NaN everywhere
+        ok = bool(torch.isfinite(loss).all())
+        # Under fp16 an infinite gradient is the loss scaler's overflow, which the scaler
+        # itself skips and recovers from; the (all-reduced) norm is checked otherwise.
+        if self.accelerator.scaler is None and grad_norm is not None:
+            ok = ok and bool(torch.isfinite(torch.as_tensor(grad_norm)).all())
+        return ok
+
+    def _skip_step(self, datasets: list[str]) -> None:
+        self.skipped_steps.append({"step": self.main_steps, "datasets": datasets})
+        self.main_steps += 1
+        logger.warning("step %d: non-finite loss or gradient on %s; the step is skipped", self.main_steps, datasets)
+        if len(self.skipped_steps) > self.max_skipped_steps:
+            raise Diverged(
+                f"training diverged: {len(self.skipped_steps)} steps had a non-finite loss or gradient "
+                f"(the last at step {self.main_steps}, on {', '.join(datasets)}), more than "
+                f"training.max_skipped_steps={self.max_skipped_steps}: lower optimizer.lr, set "
+                "optimizer.max_grad_norm, or use fp32 (training.mixed_precision: no), and start again"
+            )
 
     def snapshot(self) -> TrainingSnapshot:
         """Copy the training state (trainable weights, optimizer, scheduler, RNG, sampler)."""
@@ -351,6 +410,8 @@ class HFLearner:
             grad_scaler=None if scaler is None else copy.deepcopy(scaler.state_dict()),
             sampler=copy.deepcopy(self.sampler.state_dict()),
             rng=RNGState.capture(),
+            main_steps=self.main_steps,
+            skipped_steps=tuple(copy.deepcopy(self.skipped_steps)),
         )
 
     def restore(self, snapshot: TrainingSnapshot) -> None:
@@ -389,6 +450,8 @@ class HFLearner:
         sampler_state["probe_streams"] = copy.deepcopy(self.sampler.state_dict()["probe_streams"])
         self.sampler.load_state_dict(sampler_state)
         snapshot.rng.apply()
+        self.main_steps = snapshot.main_steps
+        self.skipped_steps = copy.deepcopy(list(snapshot.skipped_steps))
 
     def load_training_state(self, snapshot: TrainingSnapshot) -> None:
         """Resume from ``snapshot`` (read from disk): :meth:`restore`, and the probe streams'

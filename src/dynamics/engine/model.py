@@ -11,7 +11,14 @@ from __future__ import annotations
 import peft
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, get_scheduler
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    get_scheduler,
+)
 
 from dynamics.engine.config import LoraConfig, ModelConfig, OptimizerConfig
 
@@ -112,3 +119,13 @@ def build_lr_scheduler(
         name, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps
     )
     return scheduler
+
+
+def load_tokenizer(model: ModelConfig) -> PreTrainedTokenizerBase:
+    """The run's tokenizer: ``model.tokenizer``, or the model's own."""
+    name = model.tokenizer or model.name_or_path
+    assert name is not None  # validated: init_config models name a tokenizer
+    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+        name, revision=model.revision, trust_remote_code=model.trust_remote_code
+    )
+    return tokenizer

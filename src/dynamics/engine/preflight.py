@@ -35,9 +35,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from dynamics.data.loading import check_path, offline, one_line
 from dynamics.engine.config import RunConfig
-from dynamics.engine.model import _resolve_dtype
-from dynamics.engine.run import RunSetupError, load_tokenizer
+from dynamics.engine.model import _resolve_dtype, load_tokenizer
 from dynamics.runs.rundir import RunDirError
+
+
+class RunSetupError(ValueError):
+    """A run that cannot start as configured; the message says what to change."""
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +187,7 @@ def check_model(config: RunConfig) -> None:
             "(or leave it unset to use the model's)"
         )
     try:
-        tokenizer = load_tokenizer(config)
+        tokenizer = load_tokenizer(config.model)
     except (OSError, ValueError, ImportError) as err:
         if Path(tokenizer_name).expanduser().is_dir():
             raise RunSetupError(

@@ -32,7 +32,7 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from dynamics.core import metrics
 from dynamics.core.controller import (
@@ -41,9 +41,10 @@ from dynamics.core.controller import (
     MixturePolicy,
     RunHistory,
     UpdateContext,
+    evaluation_steps,
     run_mixture_training,
 )
-from dynamics.core.cost import CostModel, relative_cost
+from dynamics.core.cost import CostModel, recorded_relative_cost
 from dynamics.core.learner import Learner
 from dynamics.core.policies import DynamicsPolicy, FixedWeightsPolicy, GradientAlignmentPolicy
 from dynamics.core.problem import SolverGrid
@@ -54,16 +55,13 @@ from dynamics.data.splits import prepare_examples
 from dynamics.engine.batches import Batch, EvalBatches
 from dynamics.engine.config import RunConfig
 from dynamics.engine.learner import HFLearner, load_snapshot, save_snapshot
-from dynamics.engine.model import load_causal_lm, prepare_model
+from dynamics.engine.model import load_causal_lm, load_tokenizer, prepare_model
+from dynamics.engine.preflight import RunSetupError, preflight
 from dynamics.engine.sampler import DatasetStream, MixtureSampler
 from dynamics.runs import rundir
 from dynamics.runs import state as run_state
 
 logger = logging.getLogger(__name__)
-
-
-class RunSetupError(ValueError):
-    """A run that cannot start as configured; the message says what to change."""
 
 
 class RankSlicedSampler:
@@ -142,15 +140,6 @@ class BuiltRun:
     domain_metrics: list[str]
 
 
-def load_tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:
-    name = config.model.tokenizer or config.model.name_or_path
-    assert name is not None  # validated: init_config models name a tokenizer
-    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
-        name, revision=config.model.revision, trust_remote_code=config.model.trust_remote_code
-    )
-    return tokenizer
-
-
 def build_policy(config: RunConfig, dataset_names: list[str]) -> MixturePolicy:
     method = config.method
     total_steps = config.training.total_steps
@@ -180,11 +169,11 @@ def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> Buil
             project_dir=config.output_dir,
         )
     set_seed(training.seed)
-    tokenizer = load_tokenizer(config)
+    tokenizer = load_tokenizer(config.model)
     base_model = load_causal_lm(config.model)
     vocab = int(base_model.config.vocab_size)
     if len(tokenizer) > vocab:
-        raise ValueError(
+        raise RunSetupError(
             f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {vocab}: "
             "use the model's own tokenizer (model.tokenizer) or a larger vocab_size in model.init_config"
         )
@@ -206,7 +195,7 @@ def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> Buil
         if dataset.role != "constraint":
             train_examples = [e for e in parts.train if isinstance(e, LMExample)]
             if not train_examples:
-                raise ValueError(
+                raise RunSetupError(
                     f"dataset {dataset.name!r} has no training examples left after the eval/test split: "
                     "add rows or lower its eval_size/test_size"
                 )
@@ -234,7 +223,7 @@ def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> Buil
     domain_list = [domains[d.name] for d in domain_configs]
     for d, built in zip(domain_configs, domain_list, strict=True):
         if built.metric != d.metric:
-            raise ValueError(f"dataset {d.name!r}: metric {d.metric!r} does not fit its rows ({built.metric})")
+            raise RunSetupError(f"dataset {d.name!r}: metric {d.metric!r} does not fit its rows ({built.metric})")
     sampler = RankSlicedSampler(
         MixtureSampler(streams, seed=training.seed), accelerator.process_index, world
     )
@@ -247,6 +236,7 @@ def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> Buil
         total_steps=training.total_steps,
         gradient_accumulation=training.gradient_accumulation,
         accelerator=accelerator,
+        max_skipped_steps=training.max_skipped_steps,
     )
     policy: MixturePolicy = BroadcastPolicy(build_policy(config, dataset_names), accelerator)
     num_targets = sum(1 for d in domain_configs if d.role == "target")
@@ -392,7 +382,15 @@ class RunFolderWriter:
 
 
 def summarize(built: BuiltRun, history: RunHistory, wall_seconds: float) -> dict[str, Any]:
-    """summary.json: the paper's metrics on this run, plus cost and prediction error."""
+    """summary.json: the paper's metrics on this run, plus cost and prediction error.
+
+    ``predicted_cost`` is the run's compute as a multiple of one fixed-mixture run with the
+    same settings, counted in forward passes from what the run recorded
+    (:func:`dynamics.core.cost.recorded_relative_cost`: training, main evaluations on both
+    splits, probes or alignment gradients, reduced evaluations, retrained steps), with one
+    training step assumed to cost ``cost_assumption``'s forward passes. ``train_seconds``
+    is the measured training wall time (setup excluded), summed over resumed sessions.
+    """
     points = history.kept_evaluations
     targets, constraints = history.targets, history.constraints
     best = metrics.best_feasible_checkpoint(points, targets, constraints)
@@ -410,7 +408,18 @@ def summarize(built: BuiltRun, history: RunHistory, wall_seconds: float) -> dict
         main_eval_batches=config.evaluation.batches,
         reduced_eval_batches=config.evaluation.reduced_batches,
     )
-    probing = config.method.name == "dynamics"
+    cost = recorded_relative_cost(
+        history.updates,
+        n_datasets=len(history.dataset_names),
+        n_domains=len(history.domain_names),
+        total_steps=schedule.total_steps,
+        trained_steps=schedule.total_steps + sum(b["retrained_steps"] for b in history.backtracks),
+        evaluations=len(history.evaluations),
+        plain_evaluations=len(evaluation_steps(schedule.total_steps, config.evaluation.interval)),
+        test_eval_batches=config.evaluation.batches,
+        model=cost_model,
+        alignment_batches=config.method.alignment_batches if config.method.name == "gradient-alignment" else None,
+    )
     errors = [u.prediction_error for u in history.updates if u.prediction_error is not None]
     return {
         "method": config.method.name,
@@ -437,10 +446,10 @@ def summarize(built: BuiltRun, history: RunHistory, wall_seconds: float) -> dict
         "backtracks": history.backtracks,
         "probe_seconds": float(sum(u.probe_seconds for u in history.updates)),
         "wall_seconds": wall_seconds,
-        "predicted_cost": relative_cost(schedule, len(history.dataset_names), len(history.domain_names), cost_model)
-        if probing
-        else 1.0,
-        "cost_assumption": f"one training step = {cost_model.train_fwd_ratio:g} forward passes",
+        "predicted_cost": cost,
+        "cost_assumption": f"one training step = {cost_model.train_fwd_ratio:g} forward passes; "
+        "counts training, main evaluations on eval and test, probes or gradient-alignment "
+        "gradients, reduced evaluations and steps retrained after a backtrack",
         "mean_abs_prediction_error": rundir.named(np.abs(np.array(errors)).mean(axis=0), history.domain_names)
         if errors
         else None,
@@ -472,7 +481,7 @@ def run(config: RunConfig, progress: bool = True, resume: bool = False) -> dict[
     missing = trackers_missing(list(config.trackers))
     if missing:
         raise RunSetupError(f"trackers {missing} are not installed: pip install {' '.join(missing)}, or remove them")
-    importlib.import_module("dynamics.engine.preflight").preflight(config)  # refusals raise; warnings are logged
+    preflight(config)  # refusals raise; warnings are logged
     accelerator_main = _is_main_process()
     out = Path(config.output_dir)
     resume_point: Path | None = None
@@ -531,6 +540,7 @@ def run(config: RunConfig, progress: bool = True, resume: bool = False) -> dict[
     # A resumed run adds the training time of its earlier sessions up to the resume point.
     summary["train_seconds"] = writer.train_seconds_before + time.perf_counter() - writer.train_started
     summary["resumed_at"] = writer.resumed_at
+    summary["skipped_steps"] = built.learner.skipped_steps
     if accelerator.is_main_process:
         writer.write_updates(history)  # the final evaluation closed the last horizon
         rundir.write_json(out / rundir.SUMMARY_FILE, summary)

@@ -28,7 +28,13 @@ import numpy as np
 
 from dynamics.core.controller import LoopState, RunHistory
 from dynamics.core.records import EvaluationRecord, UpdateRecord
-from dynamics.runs.rundir import CHECKPOINT_DIR, CONTROLLER_FILE, METRICS_FILE, RunDirError, atomic_write_dir
+from dynamics.runs.rundir import (
+    CHECKPOINT_DIR,
+    CONTROLLER_FILE,
+    METRICS_FILE,
+    RunDirError,
+    atomic_write_dir,
+)
 
 RESUME_DIR = "last_checkpoint"
 MANIFEST_FILE = "manifest.json"
