@@ -226,40 +226,48 @@ def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(
     assert redecided[0]["current_losses"] == first["current_losses"]
 
 
-def poison_second_training_stretch(monkeypatch):
-    """Every step of the main run's second ``train`` call gets a NaN loss; returns the
-    stretch lengths trained so far (probes untouched)."""
+def poison_losses(monkeypatch, method, when, factor=float("nan")):
+    """Multiply every training loss by ``factor`` (NaN or inf) while a call of
+    ``HFLearner.<method>`` runs for which ``when(call_number, *args)`` holds; returns the
+    calls' arguments."""
     from dynamics.engine.learner import HFLearner
 
-    stretches: list[int] = []
-    train, loss = HFLearner.train, HFLearner._training_loss
+    calls: list[tuple] = []
+    original, loss = getattr(HFLearner, method), HFLearner._training_loss
     poisoned = {"on": False}
 
-    def poisoned_train(self, steps, weights):
-        stretches.append(steps)
-        poisoned["on"] = len(stretches) == 2
+    def wrapped(self, *args):
+        calls.append(args)
+        poisoned["on"] = when(len(calls), *args)
         try:
-            return train(self, steps, weights)
+            return original(self, *args)
         finally:
             poisoned["on"] = False
 
     def poisoned_loss(self, batch):
         value = loss(self, batch)
-        return value * float("nan") if poisoned["on"] else value
+        return value * factor if poisoned["on"] else value
 
-    monkeypatch.setattr(HFLearner, "train", poisoned_train)
+    monkeypatch.setattr(HFLearner, method, wrapped)
     monkeypatch.setattr(HFLearner, "_training_loss", poisoned_loss)
-    return stretches
+    return calls
+
+
+def poison_second_training_stretch(monkeypatch):
+    """Every step of the main run's second ``train`` call gets a NaN loss (probes untouched);
+    returns the recorded ``(steps, weights)`` of every ``train`` call."""
+    return poison_losses(monkeypatch, "train", lambda n, steps, weights: n == 2)
 
 
 def test_a_nan_training_step_is_skipped_and_recorded(tokenizer_dir, tmp_path, monkeypatch):
-    stretches = poison_second_training_stretch(monkeypatch)
+    calls = poison_second_training_stretch(monkeypatch)
     data = tiny_config(tokenizer_dir, tmp_path / "run")
     data["training"]["max_skipped_steps"] = 8
     summary = run(RunConfig.from_dict(data), progress=False)
-    assert stretches[1] >= 1
-    # The second stretch starts after the first (steps 0..stretches[0]-1) and is skipped whole.
-    assert [s["step"] for s in summary["skipped_steps"]] == list(range(stretches[0], stretches[0] + stretches[1]))
+    first, second = calls[0][0], calls[1][0]
+    assert second >= 1
+    # The second stretch starts after the first (steps 0..first-1) and is skipped whole.
+    assert [s["step"] for s in summary["skipped_steps"]] == list(range(first, first + second))
     assert all(s["datasets"] for s in summary["skipped_steps"])
     records = read_run(tmp_path / "run")
     for row in records.evaluations:
@@ -282,24 +290,7 @@ def test_too_many_nan_steps_stop_the_run_with_one_line(tokenizer_dir, tmp_path, 
 
 
 def test_a_diverging_probe_is_discarded_and_its_dataset_left_out(tokenizer_dir, tmp_path, monkeypatch):
-    from dynamics.engine.learner import HFLearner
-
-    probe, loss = HFLearner.probe, HFLearner._training_loss
-    poisoned = {"on": False}
-
-    def poisoned_probe(self, steps, dataset):
-        poisoned["on"] = dataset == 1  # every probe of "wiki"
-        try:
-            return probe(self, steps, dataset)
-        finally:
-            poisoned["on"] = False
-
-    def poisoned_loss(self, batch):
-        value = loss(self, batch)
-        return value * float("inf") if poisoned["on"] else value
-
-    monkeypatch.setattr(HFLearner, "probe", poisoned_probe)
-    monkeypatch.setattr(HFLearner, "_training_loss", poisoned_loss)
+    poison_losses(monkeypatch, "probe", lambda n, steps, dataset: dataset == 1, float("inf"))  # every "wiki" probe
     summary = run(RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "run")), progress=False)
     records = read_run(tmp_path / "run")
     assert [u["extra"]["unreliable_datasets"] for u in records.updates] == [["wiki"]] * 3
