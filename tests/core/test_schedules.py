@@ -17,7 +17,7 @@ def test_paper_presets_at_2048_steps():
     assert dense.probe_budgets == (2, 2, 4, 8, 16, 32, 64, 128, 128, 128, 128)
     assert len(build_schedule("no-warmup", 2048)) == 6
     assert len(build_schedule("light-warmup", 2048)) == 9
-    # The last update's horizon runs to the end of training (DESIGN.md §7).
+    # The last update's horizon runs to the end of training (docs/method.md).
     assert dense.horizon(1024) == 1024 and dense.probe_budget(1024) == 128
 
 

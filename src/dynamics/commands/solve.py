@@ -1,6 +1,6 @@
 """``dynamics solve PROBLEM.json``: solve one mixture update offline and print the result.
 
-The problem file holds what the controller logs at an update (DESIGN.md §4)::
+The problem file holds what the controller logs at an update (docs/method.md, "The run folder")::
 
     {
       "slopes": [[...], ...],            # S(t), M rows of N numbers (metric change per step)

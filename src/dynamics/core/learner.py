@@ -1,4 +1,4 @@
-"""The small protocol the controller is written against (DESIGN.md §3).
+"""The small protocol the controller is written against.
 
 The Hugging Face engine implements it for real models; the tests implement it with an
 analytic toy whose slopes are known in closed form.
@@ -23,7 +23,7 @@ class Evaluation:
     ``per_batch[i, b]`` is the metric of evaluation domain ``i`` on its fixed batch ``b``.
     The reduced evaluation used by probes is the first ``num_batches`` batches of the
     main evaluation, so an anchor recycled from the main evaluation is the mean over
-    exactly the batches the probe will see (DESIGN.md §7, "same batches, same estimator").
+    exactly the batches the probe will see (docs/method.md, "Same batches, same estimator").
     """
 
     per_batch: np.ndarray  # shape (M, B)

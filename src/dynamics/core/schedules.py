@@ -79,7 +79,7 @@ def scaled_probe_cap(total_steps: int) -> int:
 
 
 def _horizons(steps: Sequence[int], total_steps: int) -> tuple[int, ...]:
-    # The last update's horizon runs to the end of training (DESIGN.md §7).
+    # The last update's horizon runs to the end of training (docs/method.md).
     ends = [*steps[1:], total_steps]
     return tuple(end - start for start, end in zip(steps, ends, strict=True))
 
