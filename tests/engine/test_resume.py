@@ -17,6 +17,7 @@ import safetensors.torch
 import torch
 import yaml
 
+from dynamics.cli import main as cli_main
 from dynamics.runs import state as run_state
 from tests.engine.test_run import tiny_config
 
@@ -116,11 +117,25 @@ def test_a_run_killed_at_a_random_moment_resumes_to_the_same_files(reference):
     assert comparable(out) == expected
 
 
-def test_resuming_a_finished_run_says_so(reference):
+def test_resuming_a_finished_run_says_so(reference, capsys):
     base, _ = reference
     done = cli("run", "--resume", str(base / "reference"))
     assert done.returncode == 0
     assert "already finished" in done.stdout
+    # The other form, CONFIG --out DIR --resume, says the same.
+    assert cli_main(["run", str(base / "config.yaml"), "--out", str(base / "reference"), "--resume"]) == 0
+    assert "already finished" in capsys.readouterr().out
+
+
+def test_resuming_with_another_config_is_refused(reference, capsys):
+    base, _ = reference
+    out = base / "killed-for-config"
+    killed = cli("run", str(base / "config.yaml"), "--out", str(out), "--no-progress", kill=("train", 4))
+    assert killed.returncode == -9
+    code = cli_main(["run", str(base / "config.yaml"), "--out", str(out), "--resume", "optimizer.lr=0.5"])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in error
+    assert "optimizer" in error and "dynamics run --resume" in error
 
 
 def test_a_torn_resume_point_is_detected_and_the_previous_one_used(tmp_path):

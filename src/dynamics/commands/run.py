@@ -44,6 +44,10 @@ def main(args: argparse.Namespace) -> int:
 
     overrides = list(args.overrides)
     config_path = args.config
+    if isinstance(args.resume, str) and "=" in args.resume and not Path(args.resume).is_dir():
+        # "CONFIG --resume key=value": argparse took the override for --resume's folder.
+        overrides.append(args.resume)
+        args.resume = True
     if isinstance(args.resume, str):
         if config_path is not None or args.out:
             raise UsageError("give either --resume DIR alone or CONFIG --out DIR --resume, not both")
