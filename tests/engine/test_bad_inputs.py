@@ -192,6 +192,9 @@ CASES = [
     Case("held-out-fractions-over-one", dataset_setting("wiki", eval_size=0.6, test_size=0.6), ("datasets.1", "'wiki'", "eval_size + test_size")),
     Case("negative-eval-size", dataset_setting("orca", eval_size=-2), ("datasets.2", "'orca'", "eval_size=-2", ">= 0")),
     Case("unknown-columns-key", dataset_setting("math", columns={"promt": "query"}), ("datasets.0", "'math'", "unknown columns keys ['promt']")),
+    Case("backtrack-with-fixed-weights", setting("method", {"name": "fixed", "weights": {"math": 1, "wiki": 1}, "backtrack": 1}), ("method.backtrack", "method.name: dynamics")),
+    Case("checkpoint-interval-negative", setting("training.checkpoint_interval", -1), ("training.checkpoint_interval", "greater than or equal to 0")),
+    Case("data-seed-negative", setting("training.data_seed", -3), ("training.data_seed", "greater than or equal to 0")),
     # --- the environment (preflight, before the model is loaded) -------------------------
     Case("unknown-model-path", model_path("TMP/no-such-model"), ("model.name_or_path", "no-such-model", "no such local folder")),
     Case("unknown-model-hub-id", model_path("no-such-org/no-such-model"), ("model.name_or_path", "no-such-org/no-such-model", "offline")),
@@ -425,3 +428,18 @@ def test_mutated_configs_validate_or_fail_in_one_line(mutations):
     else:
         # What validates once validates again from its own YAML.
         assert RunConfig.from_dict(yaml.safe_load(config.to_yaml())) == config
+
+
+def test_resume_requests_that_cannot_be_followed_are_one_line(tokenizer_dir, tmp_path, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(tokenizer_dir, tmp_path / "run")))
+    cases = [
+        (["run", "--resume", str(tmp_path / "no-run")], ("config.yaml is missing", "--resume DIR")),
+        (["run", str(config), "--resume", str(tmp_path)], ("--resume DIR alone", "CONFIG --out DIR --resume")),
+        (["run"], ("give a run config", "--resume DIR")),
+    ]
+    for argv, expect in cases:
+        assert cli_main(argv) == 2
+        error = capsys.readouterr().err.strip()
+        assert "\n" not in error and all(text in error for text in expect), error
+    assert not (tmp_path / "run").exists()
