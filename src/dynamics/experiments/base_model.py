@@ -273,7 +273,7 @@ QUICK_SPEC = BaseModelSpec(
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=2,
-        max_position_embeddings=64,
+        max_position_embeddings=256,  # the demo fine-tunes on 256-token sequences
     ),
     pretraining=PretrainingConfig(steps=4, batch_size=4, sequence_length=64, warmup_steps=1),
     sizes=DomainSizes(code=24, prose=24, arithmetic=16, toolcall=16, quiz=12),
