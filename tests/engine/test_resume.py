@@ -74,9 +74,10 @@ def reference(tmp_path_factory) -> tuple[Path, dict]:
     done = cli("run", str(config), "--no-progress")
     assert done.returncode == 0, done.stderr
     files = comparable(base / "reference")
-    # The run must exercise what a resume restores: a feasible best checkpoint and updates
-    # at several resume points.
+    # The run must exercise what a resume restores: a feasible best checkpoint, updates at
+    # several resume points, and a backtrack (its margins and the feasible snapshot).
     assert files["summary"]["feasible"]
+    assert files["summary"]["backtracks"]
     return base, files
 
 
