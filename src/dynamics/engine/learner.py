@@ -371,21 +371,22 @@ class HFLearner:
         loss = step_loss.reshape(1)
         if self.accelerator.num_processes > 1:
             loss = self.accelerator.reduce(loss, reduction="sum")  # NaN on one rank: NaN everywhere
-        ok = bool(torch.isfinite(loss).all())
+        ok = torch.isfinite(loss).all()
         # Under fp16 an infinite gradient is the loss scaler's overflow, which the scaler
         # itself skips and recovers from; the (all-reduced) norm is checked otherwise.
         if self.accelerator.scaler is None and grad_norm is not None:
-            ok = ok and bool(torch.isfinite(torch.as_tensor(grad_norm)).all())
-        return ok
+            ok = ok & torch.isfinite(torch.as_tensor(grad_norm, device=ok.device)).all()
+        return bool(ok)  # one host sync per step
 
     def _skip_step(self, datasets: list[str]) -> None:
-        self.skipped_steps.append({"step": self.main_steps, "datasets": datasets})
+        step = self.main_steps  # the number recorded, logged and reported alike
+        self.skipped_steps.append({"step": step, "datasets": datasets})
         self.main_steps += 1
-        logger.warning("step %d: non-finite loss or gradient on %s; the step is skipped", self.main_steps, datasets)
+        logger.warning("step %d: non-finite loss or gradient on %s; the step is skipped", step, datasets)
         if len(self.skipped_steps) > self.max_skipped_steps:
             raise Diverged(
                 f"training diverged: {len(self.skipped_steps)} steps had a non-finite loss or gradient "
-                f"(the last at step {self.main_steps}, on {', '.join(datasets)}), more than "
+                f"(the last at step {step}, on {', '.join(datasets)}), more than "
                 f"training.max_skipped_steps={self.max_skipped_steps}: lower optimizer.lr, set "
                 "optimizer.max_grad_norm, or use fp32 (training.mixed_precision: no), and start again"
             )

@@ -510,8 +510,8 @@ def run(config: RunConfig, progress: bool = True, resume: bool = False) -> dict[
     if resume_point is not None:
         point = resume_point
         built.learner.load_training_state(load_snapshot(point, "learner"))
-        loop_state = run_state.read_loop_state(point, lambda name: load_snapshot(point, name))
-        saved = json.loads((point / run_state.LOOP_FILE).read_text())
+        saved = run_state.read_loop_file(point)
+        loop_state = run_state.loop_state_from_dict(saved, lambda name: load_snapshot(point, name))
         writer.train_seconds_before = float(saved["train_seconds"])
         writer.resumed_at = [*saved.get("resumed_at", []), loop_state.step]
         if accelerator.is_main_process:

@@ -254,9 +254,11 @@ def loop_state_from_dict(data: dict[str, Any], load_snapshot: Callable[[str], An
     )
 
 
-def read_loop_state(resume_point: Path, load_snapshot: Callable[[str], Any]) -> LoopState:
+def read_loop_file(resume_point: Path) -> dict[str, Any]:
+    """``loop.json`` of a resume point: what :func:`loop_state_from_dict` reads, plus the
+    engine's own entries (training time, resume steps)."""
     try:
-        data = json.loads((resume_point / LOOP_FILE).read_text())
+        data: dict[str, Any] = json.loads((resume_point / LOOP_FILE).read_text())
     except (OSError, ValueError) as err:
         raise RunDirError(f"{resume_point / LOOP_FILE} cannot be read ({err}): the resume point is damaged") from None
-    return loop_state_from_dict(data, load_snapshot)
+    return data
