@@ -23,9 +23,11 @@ from dynamics.core.robust import (
     RobustOptions,
     RobustProblem,
     calibrated,
+    predicted_changes,
     select_robust,
     slope_standard_errors,
     solve_direct,
+    tempered_progress,
 )
 from dynamics.core.schedules import build_schedule
 from dynamics.core.solver import grid_candidates, solve, solve_lp
@@ -191,6 +193,105 @@ def test_target_noise_shares_weight_between_datasets_within_noise():
 def test_target_noise_turns_the_direct_candidate_on():
     assert RobustOptions(target_noise=1.0).lp_candidate
     assert VARIANTS["paper"].is_paper and not VARIANTS["robust"].is_paper
+
+
+# ------------------------------------------------------------- diminishing returns
+
+
+def test_tempered_progress_is_the_line_up_to_one_probe_then_a_concave_power():
+    u = np.linspace(0.0, 12.0, 1201)
+    for p in (0.25, 0.5, 0.9):
+        phi = tempered_progress(u, p)
+        np.testing.assert_array_equal(phi[u <= 1.0], u[u <= 1.0])
+        assert np.all(phi[u > 1.0] < u[u > 1.0])  # it only tempers the extrapolation
+        assert np.all(np.diff(phi) > 0)  # more steps never predict less
+        slopes = np.diff(phi) / np.diff(u)
+        assert np.all(np.diff(slopes) <= 1e-12)  # concave
+        # continuous with its slope at the probe's end
+        assert slopes[99] == pytest.approx(1.0, abs=1e-2) and slopes[100] == pytest.approx(1.0, abs=1e-2)
+    np.testing.assert_array_equal(tempered_progress(u, 1.0), u)
+    assert tempered_progress(np.array([4.0]), 0.5)[0] == pytest.approx(3.0)  # 1 + (2 - 1) / 0.5
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 10_000), p=st.sampled_from([0.3, 0.5, 0.8]), budget=st.sampled_from([4, 16, 64]))
+def test_diminishing_returns_are_never_more_optimistic_than_the_line(seed: int, p: float, budget: int):
+    problem, _ = random_problem(seed)
+    w = np.random.default_rng(seed).dirichlet(np.ones(3))
+    linear = problem.horizon * problem.slopes @ w
+    tempered = predicted_changes(problem, w, p, budget)
+    assert np.all(tempered >= linear - 1e-15)
+    np.testing.assert_array_equal(predicted_changes(problem, w, 1.0, budget), linear)
+    if problem.horizon * w.max() <= budget:  # no dataset trains longer than its probe
+        np.testing.assert_allclose(tempered, linear, rtol=1e-12, atol=1e-15)
+
+
+def test_diminishing_returns_share_weight_when_no_constraint_binds():
+    # Each dataset teaches its own target and slightly harms the other; dataset 1 is a bit
+    # better. Linear: all on dataset 1 (a vertex). Tempered: both, as training on both
+    # targets would do; the optimum matches brute force on the tempered objective.
+    slopes = np.array([[-0.010, 0.002], [0.001, -0.012]])
+    problem = MixtureProblem(slopes, np.array([1.0, 1.0]), np.full(2, np.nan), (0, 1), (), horizon=128)
+    linear = solve_direct(RobustProblem(problem, np.zeros_like(slopes), probe_budget=16))
+    np.testing.assert_allclose(linear.weights, [0.0, 1.0], atol=1e-9)
+    rp = RobustProblem(problem, np.zeros_like(slopes), gain_exponent=0.5, probe_budget=16)
+    direct = solve_direct(rp)
+    assert direct.feasible and 0.3 < direct.weights[0] < 0.6
+    best = min(rp.objective(w) for w in simplex_grid(2, 1000))
+    assert rp.objective(direct.weights) <= best + 1e-9
+    # Within one probe length the prediction is the line's: the vertex again.
+    short = RobustProblem(problem, np.zeros_like(slopes), gain_exponent=0.5, probe_budget=128)
+    np.testing.assert_allclose(solve_direct(short).weights, [0.0, 1.0], atol=1e-6)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 10_000), p=st.sampled_from([0.3, 0.5]))
+def test_tempered_direct_candidate_matches_brute_force(seed: int, p: float):
+    problem, errors = random_problem(seed, slack=0.1)
+    rp = RobustProblem(problem, errors, gain_exponent=p, probe_budget=8)
+    direct = solve_direct(rp)
+    points = simplex_grid(3, 150)
+    worst = np.array([rp.violations(w).max() for w in points])
+    if direct.feasible:
+        assert rp.max_violation(direct.weights) <= FEASIBILITY_TOL
+        assert rp.objective(direct.weights) <= min(rp.objective(w) for w in points[worst <= 0]) + 1e-7
+    else:
+        assert worst.min() > -1e-6
+        assert rp.violations(direct.weights).max() <= worst.min() + 1e-6
+
+
+def test_gain_exponent_is_checked_and_turns_the_direct_candidate_on():
+    assert RobustOptions(gain_exponent=0.5).lp_candidate
+    assert RobustOptions(gain_exponent=1.0).is_paper
+    for bad in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="gain_exponent"):
+            RobustOptions(gain_exponent=bad)
+
+
+def test_tempered_policy_ends_lower_on_targets_with_saturating_returns():
+    # Two targets, each taught by its own dataset with returns that saturate (the square
+    # root of the steps trained on it), no constraint. Linear predictions put all weight on
+    # one dataset at every update; the tempered ones share it, and the summed target loss
+    # ends lower.
+    slopes = np.array([[-0.02, 0.0], [0.0, -0.02]])
+
+    def effect(steps):
+        return -0.04 * np.sqrt(np.maximum(steps, 0.0)) * np.array([1.0, 1.1])
+
+    schedule = build_schedule([0, 8, 16, 32, 64], 128, probe_cap=8)
+    finals, updates = {}, {}
+    for p in (1.0, 0.5):
+        learner = ToyLearner(slopes, np.array([3.0, 3.0]), effect=effect)
+        policy = DynamicsPolicy(schedule, options=RobustOptions(lp_candidate=True, gain_exponent=p))
+        history = run_mixture_training(
+            learner, policy, targets=[0, 1], constraints=[], eval_interval=32, reduced_batches=4
+        )
+        finals[p] = history.evaluations[-1].eval.sum()
+        updates[p] = history.updates
+    assert all(min(u.weights) < 1e-6 for u in updates[1.0])
+    long_horizon = [u for u in updates[0.5] if u.horizon > u.probe_budget]
+    assert long_horizon and all(min(u.weights) > 0.1 for u in long_horizon)
+    assert finals[0.5] < finals[1.0]
 
 
 # ------------------------------------------------------------- calibration

@@ -177,6 +177,8 @@ CASES = [
     Case("schedule-empty", setting("method.schedule", []), ("method.schedule", "empty list", "dense-warmup")),
     Case("schedule-unknown-name", setting("method.schedule", "dense"), ("method.schedule", "unknown schedule", "dense-warmup")),
     Case("probe-cap-zero", setting("method.probe_cap", 0), ("method.probe_cap", "greater than or equal to 1")),
+    Case("gain-exponent-zero", setting("method.gain_exponent", 0.0), ("method.gain_exponent", "greater than 0")),
+    Case("gain-exponent-above-one", setting("method.gain_exponent", 1.5), ("method.gain_exponent", "less than or equal to 1")),
     Case("accuracy-on-text-format", dataset_setting("mmlu", format="text"), ("datasets.3", "'mmlu'", "metric 'accuracy' needs format 'multiple_choice'")),
     Case("gradient-alignment-with-accuracy", gradient_alignment(2, keep_accuracy=True), ("gradient-alignment", "'mmlu'", "accuracy", "method.name: dynamics")),
     Case("alignment-batches-over-evaluation", gradient_alignment(5, keep_accuracy=False), ("method.alignment_batches (5)", "evaluation.batches (3)")),

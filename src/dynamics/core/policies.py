@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -239,7 +239,14 @@ class DynamicsPolicy:
             bias = self._calibration.bias(context.horizon)
             problem = calibrated(nominal, bias)
             extra["calibration_bias"] = bias
-        robust = RobustProblem(problem, slope_errors, self.options.noise_margin, self.options.target_noise)
+        robust = RobustProblem(
+            problem,
+            slope_errors,
+            self.options.noise_margin,
+            self.options.target_noise,
+            gain_exponent=self.options.gain_exponent,
+            probe_budget=context.probe_budget,
+        )
         candidates = grid_candidates(problem)
         direct = solve_direct(robust) if self.options.lp_candidate else None
         choice = select_robust(robust, [c.weights for c in candidates], direct)
@@ -252,7 +259,11 @@ class DynamicsPolicy:
             num_candidates=len(candidates) + (direct is not None),
             source=choice.source,
         )
-        self._last_prediction = (nominal.predicted_losses(choice.weights), context.horizon)
+        # The predictions the decision was made on: with diminishing returns they are not
+        # eq. 3.3's. The record keeps the calibrated one, the calibration learns from the
+        # nominal one.
+        solution = replace(solution, predicted_losses=robust.predicted_losses(choice.weights))
+        self._last_prediction = (replace(robust, problem=nominal).predicted_losses(choice.weights), context.horizon)
         extra["robust"] = {**self.options.to_dict(), **choice.to_dict()}
         return _update_record(self.name, context, nominal, solution, probe_seconds, extra)
 

@@ -26,6 +26,16 @@ explains them and what they measured):
 * ``calibration``: realized against predicted losses of the past updates give a per-step
   bias per constraint, fitted by least squares with a prior toward zero
   (:class:`PredictionCalibration`); the next prediction adds ``H_t b_i``.
+* ``gain_exponent`` (p in (0, 1]): diminishing returns beyond the probe. Dataset j trains
+  ``w_j H_t`` steps until the next update, ``u_j = w_j H_t / c_t`` probe lengths. An
+  improvement its probe measured (a negative slope) is extrapolated as ``c_t S_ij phi(u_j)``
+  with ``phi(u) = u`` up to one probe length and ``1 + (u^p - 1) / p`` beyond it (a power,
+  joined to the line with the same slope at u = 1); a harm (a positive slope) stays linear.
+  Every prediction is then convex in w and never more optimistic than eq. 3.3, equal to it
+  whenever no dataset trains longer than its probe did, and with no constraint binding the
+  optimum shares weight between datasets instead of giving all of it to one (eq. 3.4 is
+  linear in w and always picks a vertex). It acts through the direct candidate, so it
+  turns ``lp_candidate`` on. p = 1 is eq. 3.3.
 
 ``variant: robust`` turns on the direct candidate, the pessimistic target objective and the
 calibration (:data:`VARIANTS`), the combination chosen on the eval splits of the measured
@@ -54,13 +64,16 @@ class RobustOptions:
     noise_margin: float = 0.0
     target_noise: float = 0.0
     calibration: bool = False
+    gain_exponent: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("noise_margin", "target_noise"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0 (standard errors), got {value}")
-        if self.target_noise > 0 and not self.lp_candidate:
+        if not (math.isfinite(self.gain_exponent) and 0 < self.gain_exponent <= 1):
+            raise ValueError(f"gain_exponent must be in (0, 1] (1: linear, as eq. 3.3), got {self.gain_exponent}")
+        if (self.target_noise > 0 or self.gain_exponent < 1) and not self.lp_candidate:
             # The grid's candidates minimise the nominal objective; only the direct
             # candidate minimises the pessimistic one.
             object.__setattr__(self, "lp_candidate", True)
@@ -75,6 +88,7 @@ class RobustOptions:
             "noise_margin": self.noise_margin,
             "target_noise": self.target_noise,
             "calibration": self.calibration,
+            "gain_exponent": self.gain_exponent,
         }
 
 
@@ -148,6 +162,32 @@ class PredictionCalibration:
         return self.weighted_error / (self.horizon_squares + float(horizon) ** 2)
 
 
+def tempered_progress(u: np.ndarray, exponent: float) -> np.ndarray:
+    """phi(u): ``u`` up to one probe length, ``1 + (u^p - 1) / p`` beyond it.
+
+    Concave, increasing, and continuous with its first derivative at u = 1, so it only
+    tempers what the straight line would extrapolate past the probe. p = 1 is the line."""
+    u = np.asarray(u, dtype=float)
+    if exponent >= 1.0:
+        return u
+    beyond = 1.0 + (np.maximum(u, 1.0) ** exponent - 1.0) / exponent
+    return np.where(u <= 1.0, u, beyond)
+
+
+def predicted_changes(problem: MixtureProblem, weights: np.ndarray, exponent: float, probe_budget: int) -> np.ndarray:
+    """Predicted change of every domain over the horizon, shape (M,), with diminishing
+    returns beyond the probe (``gain_exponent``): ``c_t sum_j S_ij phi(w_j H_t / c_t)`` over
+    the improving entries (S_ij < 0), ``H_t sum_j S_ij w_j`` over the others. With
+    ``exponent`` 1 this is eq. 3.3's ``H_t S w``."""
+    w = np.asarray(weights, dtype=float)
+    if exponent >= 1.0:
+        return problem.horizon * (problem.slopes @ w)
+    u = w * problem.horizon / probe_budget
+    slopes = problem.slopes
+    per_entry = np.where(slopes < 0, slopes * tempered_progress(u, exponent)[None, :], slopes * u[None, :])
+    return probe_budget * per_entry.sum(axis=1)
+
+
 @dataclass(frozen=True)
 class RobustProblem:
     """A mixture problem with standard errors of its slopes (robust counterpart of eq. 3.1).
@@ -157,18 +197,36 @@ class RobustProblem:
     slope_errors:     sigma, shape (M, N), standard errors of the slopes (metric per step).
     constraint_z:     margin in standard errors of each constraint's predicted change.
     target_z:         pessimism in standard errors of the summed target slope.
+    gain_exponent:    p of :func:`predicted_changes` (1: the linear prediction of eq. 3.3).
+    probe_budget:     c_t, the probe's length in steps (sets where diminishing returns start).
     """
 
     problem: MixtureProblem
     slope_errors: np.ndarray
     constraint_z: float = 0.0
     target_z: float = 0.0
+    gain_exponent: float = 1.0
+    probe_budget: int = 1
 
     def __post_init__(self) -> None:
         errors = np.asarray(self.slope_errors, dtype=float)
         if errors.shape != self.problem.slopes.shape or not np.all(np.isfinite(errors)) or np.any(errors < 0):
             raise ValueError(f"slope_errors must be finite, >= 0 and of shape {self.problem.slopes.shape}")
         object.__setattr__(self, "slope_errors", errors)
+        if self.probe_budget < 1:
+            raise ValueError(f"probe_budget must be >= 1, got {self.probe_budget}")
+
+    @property
+    def tempered(self) -> bool:
+        """Whether predictions have diminishing returns (are not linear in w)."""
+        return self.gain_exponent < 1.0
+
+    def predicted_losses(self, weights: np.ndarray) -> np.ndarray:
+        """L_hat(w), shape (M,): eq. 3.3, or with diminishing returns (:func:`predicted_changes`)."""
+        if not self.tempered:
+            return self.problem.predicted_losses(weights)
+        changes = predicted_changes(self.problem, weights, self.gain_exponent, self.probe_budget)
+        return self.problem.current_losses + changes
 
     @property
     def _constraint_rows(self) -> list[int]:
@@ -189,16 +247,25 @@ class RobustProblem:
 
     def violations(self, weights: np.ndarray) -> np.ndarray:
         """Predicted loss plus margin minus reference, per constraint (positive = violated)."""
-        return self.problem.violations(weights) + self.margins(weights)
+        if not self.tempered:
+            return self.problem.violations(weights) + self.margins(weights)
+        c = self._constraint_rows
+        nominal = self.predicted_losses(weights)[c] - self.problem.reference_losses[c]
+        return nominal + self.margins(weights)
 
     def max_violation(self, weights: np.ndarray) -> float:
         v = self.violations(weights)
         return float(max(0.0, v.max())) if v.size else 0.0
 
     def objective(self, weights: np.ndarray) -> float:
-        """g.w + z ||tau * w||: the target objective, pessimistic by z standard errors."""
+        """g.w + z ||tau * w||: the target objective, pessimistic by z standard errors.
+        With diminishing returns ``g.w`` is the targets' summed predicted change over H_t."""
         w = np.asarray(weights, dtype=float)
         spread = float(np.sqrt(((self.target_errors * w) ** 2).sum()))
+        if self.tempered:
+            t = list(self.problem.targets)
+            nominal = float(predicted_changes(self.problem, w, self.gain_exponent, self.probe_budget)[t].sum())
+            return nominal / self.problem.horizon + self.target_z * spread
         return self.problem.target_objective(w) + self.target_z * spread
 
 
@@ -219,22 +286,24 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     the smallest largest violation, then among those the smallest total violation, then the
     best objective (:func:`_least_violating`).
 
-    Without noise terms both programs are linear and solved exactly by HiGHS; with them they
-    are convex (second-order cones) and solved by SLSQP from the linear solution, then made
-    exactly feasible by moving toward the most feasible point (convexity makes the segment
-    between a feasible point and the strictly feasible centre feasible from some point on).
+    Without noise terms or diminishing returns both programs are linear and solved exactly
+    by HiGHS; with them they are convex (second-order cones, convex predictions) and solved
+    by SLSQP from the linear solution, then made exactly feasible by moving toward the most
+    feasible point (convexity makes the segment between a feasible point and the strictly
+    feasible centre feasible from some point on).
     """
     problem = rp.problem
     n = problem.num_datasets
     conic = rp.constraint_z > 0 and bool(np.any(rp.slope_errors[list(problem.constraints)] > 0))
-    centre = _most_feasible(rp, conic)
+    nonlinear = conic or rp.tempered
+    centre = _most_feasible(rp, nonlinear)
     if rp.max_violation(centre) > FEASIBILITY_TOL:
         fallback = _least_violating(rp, centre)
         return DirectCandidate(fallback, False, rp.max_violation(fallback))
     if n == 1:
         return DirectCandidate(centre, True, 0.0)
-    linear = _linear_optimum(rp) if not conic else None
-    pessimistic = rp.target_z > 0 and bool(np.any(rp.target_errors > 0))
+    linear = _linear_optimum(rp) if not nonlinear else None
+    pessimistic = rp.tempered or (rp.target_z > 0 and bool(np.any(rp.target_errors > 0)))
     if linear is not None and not pessimistic:
         linear = _pull_into_feasible(rp, linear, centre)
         return DirectCandidate(linear, True, rp.max_violation(linear))
@@ -258,8 +327,9 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     return DirectCandidate(weights, True, rp.max_violation(weights))
 
 
-def _most_feasible(rp: RobustProblem, conic: bool) -> np.ndarray:
-    """The mixture with the smallest largest robust violation (phase one)."""
+def _most_feasible(rp: RobustProblem, nonlinear: bool) -> np.ndarray:
+    """The mixture with the smallest largest robust violation (phase one): the linear
+    program, refined by SLSQP when the violations are not linear in w."""
     problem = rp.problem
     n = problem.num_datasets
     c = list(problem.constraints)
@@ -279,7 +349,7 @@ def _most_feasible(rp: RobustProblem, conic: bool) -> np.ndarray:
         options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
     )
     best = _to_simplex(result.x[:n]) if result.status == 0 else np.full(n, 1.0 / n)
-    if not conic:
+    if not nonlinear:
         return best
     starts = [best, np.full(n, 1.0 / n)]
     for start in starts:

@@ -341,7 +341,8 @@ class Solution:
     weights:          w*, shape (N,), on the simplex.
     objective:        sum_{i in T} S_i.w* (loss change per step; lower is better).
     lambda_, eps:     the grid point that produced w* (eps in loss units).
-    predicted_losses: L_hat(w*) of eq. 3.3, shape (M,).
+    predicted_losses: L_hat(w*) of eq. 3.3 (with ``method.gain_exponent`` < 1, the tempered
+                      prediction of :mod:`dynamics.core.robust`), shape (M,).
     feasible:         every predicted constraint loss is at or below its reference
                       (up to FEASIBILITY_TOL; eps is not counted).
     max_violation:    max_i in C of L_hat_i(w*) - L^ref_i, 0 when feasible.

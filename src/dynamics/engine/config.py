@@ -187,8 +187,8 @@ class MethodConfig(_Section):
     )
     variant: Literal["paper", "robust"] = Field(
         "paper",
-        description="DynaMiCS as the paper states it, or with every robustness option on "
-        "(docs/beyond-the-paper.md); the four fields below override single options.",
+        description="DynaMiCS as the paper states it, or with the robustness options chosen in "
+        "docs/beyond-the-paper.md; the five fields below override single options.",
     )
     lp_candidate: bool | None = Field(
         None, description="Add the directly solved constrained optimum to the (lambda, eps) grid's candidates."
@@ -202,6 +202,13 @@ class MethodConfig(_Section):
     calibration: bool | None = Field(
         None, description="Correct predictions by the per-step error realized at past updates."
     )
+    gain_exponent: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Diminishing returns: an improvement extrapolated past the probe's length grows as a "
+        "power with this exponent instead of linearly (1: linear, as the paper).",
+    )
     backtrack: int = Field(
         0,
         ge=0,
@@ -214,7 +221,7 @@ class MethodConfig(_Section):
         preset = VARIANTS[self.variant]
         chosen = {
             name: getattr(self, name) if getattr(self, name) is not None else getattr(preset, name)
-            for name in ("lp_candidate", "noise_margin", "target_noise", "calibration")
+            for name in ("lp_candidate", "noise_margin", "target_noise", "calibration", "gain_exponent")
         }
         return RobustOptions(**chosen)
 

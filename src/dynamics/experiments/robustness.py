@@ -86,6 +86,9 @@ METHODS: dict[str, dict[str, Any]] = {
     # Backtracking (up to two returns per run) on top of the paper and of the robust variant.
     "backtrack": {"variant": "paper", "backtrack": 2},
     "robust_backtrack": {"variant": "robust", "backtrack": 2},
+    # Diminishing returns beyond the probe (square-root gains), alone and on the robust variant.
+    "tempered": {"variant": "paper", "gain_exponent": 0.5},
+    "robust_tempered": {"variant": "robust", "gain_exponent": 0.5},
 }
 """DynaMiCS settings measured: the paper, each option alone, combinations, and the robust
 variant (whatever :data:`dynamics.core.robust.VARIANTS` holds now)."""
