@@ -11,7 +11,7 @@ again (appendix H, "evaluation recycling").
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -151,6 +151,16 @@ def loop_events(total_steps: int, eval_interval: int, schedule: UpdateSchedule, 
     return sorted(set(evaluation_steps(total_steps, eval_interval)) | set(schedule.steps) | checkpoints)
 
 
+@dataclass(frozen=True)
+class TrainRequest:
+    """What :func:`mixture_training` asks its driver to do next: ``steps`` optimizer steps
+    on mixture ``weights``, which bring the run to step ``until``."""
+
+    steps: int
+    weights: np.ndarray
+    until: int
+
+
 def run_mixture_training(
     learner: Learner,
     policy: MixturePolicy,
@@ -164,7 +174,51 @@ def run_mixture_training(
     checkpoint_steps: Collection[int] = (),
     resume: LoopState | None = None,
 ) -> RunHistory:
-    """Train for ``policy.schedule.total_steps`` steps, updating weights on schedule.
+    """Train for ``policy.schedule.total_steps`` steps, updating weights on schedule: the
+    loop of :func:`mixture_training`, with ``learner.train`` taking the steps it asks for."""
+    callbacks = callbacks or LoopCallbacks()
+    loop = mixture_training(
+        learner,
+        policy,
+        targets=targets,
+        constraints=constraints,
+        eval_interval=eval_interval,
+        reduced_batches=reduced_batches,
+        callbacks=callbacks,
+        max_backtracks=max_backtracks,
+        checkpoint_steps=checkpoint_steps,
+        resume=resume,
+    )
+    try:
+        request = next(loop)
+        while True:
+            learner.train(request.steps, request.weights)
+            if callbacks.on_train is not None:
+                callbacks.on_train(request.steps, request.until)
+            request = next(loop)
+    except StopIteration as finished:
+        return finished.value
+
+
+def mixture_training(
+    learner: Learner,
+    policy: MixturePolicy,
+    *,
+    targets: Sequence[int],
+    constraints: Sequence[int],
+    eval_interval: int,
+    reduced_batches: int,
+    callbacks: LoopCallbacks | None = None,
+    max_backtracks: int = 0,
+    checkpoint_steps: Collection[int] = (),
+    resume: LoopState | None = None,
+) -> Generator[TrainRequest, None, RunHistory]:
+    """Algorithm 2 as a generator: it evaluates, probes and solves through ``learner``, and
+    yields a :class:`TrainRequest` wherever the main run must train; the driver trains
+    those steps (``learner.train`` in :func:`run_mixture_training`, the user's Trainer in
+    :class:`dynamics.integrations.DynamicsCallback`) and resumes it with ``next``. It
+    returns the :class:`RunHistory` after the final evaluation. ``callbacks.on_train`` is
+    the driver's to call.
 
     ``reduced_batches`` is R, the number of evaluation batches per domain a probe uses;
     the main evaluation uses all of the learner's batches.
@@ -359,9 +413,6 @@ def run_mixture_training(
                 )
             )
         resuming = False
-        steps_to_train = events[index + 1] - step
-        learner.train(steps_to_train, weights)
-        if callbacks.on_train is not None:
-            callbacks.on_train(steps_to_train, events[index + 1])
+        yield TrainRequest(events[index + 1] - step, weights.copy(), events[index + 1])
         index += 1
     return history

@@ -256,17 +256,7 @@ class HFLearner:
         accelerator: Accelerator | None = None,
         max_skipped_steps: int = 8,
     ) -> None:
-        if gradient_accumulation < 1:
-            raise ValueError(f"gradient_accumulation must be >= 1, got {gradient_accumulation}")
-        if not dataset_names:
-            raise ValueError(
-                "dataset_names is empty: the learner needs at least one fine-tuning dataset"
-            )
-        _check_domains(domains)
-        self.sampler = sampler
-        self.domains = list(domains)
-        self._dataset_names = list(dataset_names)
-        self.gradient_accumulation = gradient_accumulation
+        self._attach_data(sampler, dataset_names, domains, gradient_accumulation, max_skipped_steps)
         self.max_grad_norm = optimizer.max_grad_norm
         self.accelerator = accelerator if accelerator is not None else Accelerator()
         if self.accelerator.gradient_accumulation_steps != 1:
@@ -286,6 +276,58 @@ class HFLearner:
         self.lr_scheduler = build_lr_scheduler(self.torch_optimizer, optimizer, total_steps)
         self.model, self.optimizer = self.accelerator.prepare(model, self.torch_optimizer)
         self.model.train()
+
+    @classmethod
+    def around(
+        cls,
+        model: nn.Module,
+        optimizer: Any,
+        lr_scheduler: Any,
+        sampler: BatchSampler,
+        dataset_names: Sequence[str],
+        domains: Sequence[EvaluationDomain],
+        *,
+        accelerator: Accelerator,
+        max_grad_norm: float | None,
+        gradient_accumulation: int = 1,
+        max_skipped_steps: int = 8,
+    ) -> HFLearner:
+        """A learner on a model, optimizer and LR scheduler that another loop built and
+        steps (a transformers ``Trainer``'s): probes, snapshots and evaluations act on them
+        exactly as on the learner's own. ``optimizer`` is the accelerate-prepared optimizer
+        (its ``.optimizer`` the torch one) or a torch optimizer; ``lr_scheduler`` is stepped
+        once per optimizer step, as the other loop does. ``train`` is that loop's job, but
+        works too."""
+        self = cls.__new__(cls)
+        self._attach_data(sampler, dataset_names, domains, gradient_accumulation, max_skipped_steps)
+        self.max_grad_norm = max_grad_norm
+        self.accelerator = accelerator
+        self.trainable_parameters = trainable_parameters(model)
+        self.torch_optimizer = getattr(optimizer, "optimizer", optimizer)
+        self.optimizer = optimizer if hasattr(optimizer, "step_was_skipped") else accelerator.prepare_optimizer(optimizer)
+        self.lr_scheduler = lr_scheduler
+        self.model = model
+        return self
+
+    def _attach_data(
+        self,
+        sampler: BatchSampler,
+        dataset_names: Sequence[str],
+        domains: Sequence[EvaluationDomain],
+        gradient_accumulation: int,
+        max_skipped_steps: int,
+    ) -> None:
+        if gradient_accumulation < 1:
+            raise ValueError(f"gradient_accumulation must be >= 1, got {gradient_accumulation}")
+        if not dataset_names:
+            raise ValueError(
+                "dataset_names is empty: the learner needs at least one fine-tuning dataset"
+            )
+        _check_domains(domains)
+        self.sampler = sampler
+        self.domains = list(domains)
+        self._dataset_names = list(dataset_names)
+        self.gradient_accumulation = gradient_accumulation
         self.last_train_loss = float("nan")
         """Mean training loss of the last step of the last ``train`` call (display only)."""
         self.max_skipped_steps = max_skipped_steps

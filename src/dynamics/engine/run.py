@@ -157,30 +157,25 @@ def build_policy(config: RunConfig, dataset_names: list[str]) -> MixturePolicy:
     return DynamicsPolicy(schedule, predictor=method.predictor, grid=grid, options=method.robust_options())
 
 
-def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> BuiltRun:
-    """Set up the tokenizer, model, data, learner and policy of ``config``."""
-    training = config.training
-    if accelerator is None:
-        accelerator = Accelerator(
-            mixed_precision=training.mixed_precision,
-            cpu=not torch.cuda.is_available(),
-            gradient_accumulation_steps=1,  # the learner accumulates itself
-            log_with=list(config.trackers) or None,
-            project_dir=config.output_dir,
-        )
-    set_seed(training.seed)
-    tokenizer = load_tokenizer(config.model)
-    base_model = load_causal_lm(config.model)
-    vocab = int(base_model.config.vocab_size)
-    if len(tokenizer) > vocab:
-        raise RunSetupError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {vocab}: "
-            "use the model's own tokenizer (model.tokenizer) or a larger vocab_size in model.init_config"
-        )
-    model = prepare_model(base_model, config.lora, training.gradient_checkpointing)
-    pad_id = pad_token_id(tokenizer)
+@dataclass
+class RunData:
+    """The tokenized data of a run: one training stream per fine-tuning dataset (in weight
+    order) and the fixed evaluation batches of every target and constraint (targets first,
+    in slope-matrix row order)."""
 
-    world = accelerator.num_processes
+    streams: list[DatasetStream]
+    dataset_names: list[str]
+    domains: list[EvalBatches]
+    targets: tuple[int, ...]
+    constraints: tuple[int, ...]
+    domain_metrics: list[str]
+
+
+def build_data(config: RunConfig, tokenizer: PreTrainedTokenizerBase, world: int = 1) -> RunData:
+    """Tokenize and split every dataset of ``config``; ``world`` processes share each
+    global training batch (the streams draw batches of ``batch_size * world`` rows)."""
+    training = config.training
+    pad_id = pad_token_id(tokenizer)
     eval_batch_size = config.evaluation.batch_size or training.batch_size
     streams: list[DatasetStream] = []
     domains: dict[str, EvalBatches] = {}
@@ -218,28 +213,59 @@ def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> Buil
                 seed=training.data_seed + 7919 * (index + 1),
             )
 
-    dataset_names = [d.name for d in config.training_datasets]
     domain_configs = config.evaluation_domains
     domain_list = [domains[d.name] for d in domain_configs]
     for d, built in zip(domain_configs, domain_list, strict=True):
         if built.metric != d.metric:
             raise RunSetupError(f"dataset {d.name!r}: metric {d.metric!r} does not fit its rows ({built.metric})")
+    num_targets = sum(1 for d in domain_configs if d.role == "target")
+    return RunData(
+        streams=streams,
+        dataset_names=[d.name for d in config.training_datasets],
+        domains=domain_list,
+        targets=tuple(range(num_targets)),
+        constraints=tuple(range(num_targets, len(domain_configs))),
+        domain_metrics=[d.metric for d in domain_configs],
+    )
+
+
+def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> BuiltRun:
+    """Set up the tokenizer, model, data, learner and policy of ``config``."""
+    training = config.training
+    if accelerator is None:
+        accelerator = Accelerator(
+            mixed_precision=training.mixed_precision,
+            cpu=not torch.cuda.is_available(),
+            gradient_accumulation_steps=1,  # the learner accumulates itself
+            log_with=list(config.trackers) or None,
+            project_dir=config.output_dir,
+        )
+    set_seed(training.seed)
+    tokenizer = load_tokenizer(config.model)
+    base_model = load_causal_lm(config.model)
+    vocab = int(base_model.config.vocab_size)
+    if len(tokenizer) > vocab:
+        raise RunSetupError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {vocab}: "
+            "use the model's own tokenizer (model.tokenizer) or a larger vocab_size in model.init_config"
+        )
+    model = prepare_model(base_model, config.lora, training.gradient_checkpointing)
+    data = build_data(config, tokenizer, accelerator.num_processes)
     sampler = RankSlicedSampler(
-        MixtureSampler(streams, seed=training.seed), accelerator.process_index, world
+        MixtureSampler(data.streams, seed=training.seed), accelerator.process_index, accelerator.num_processes
     )
     learner = HFLearner(
         model,
         sampler,
-        dataset_names,
-        domain_list,
+        data.dataset_names,
+        data.domains,
         config.optimizer,
         total_steps=training.total_steps,
         gradient_accumulation=training.gradient_accumulation,
         accelerator=accelerator,
         max_skipped_steps=training.max_skipped_steps,
     )
-    policy: MixturePolicy = BroadcastPolicy(build_policy(config, dataset_names), accelerator)
-    num_targets = sum(1 for d in domain_configs if d.role == "target")
+    policy: MixturePolicy = BroadcastPolicy(build_policy(config, data.dataset_names), accelerator)
     return BuiltRun(
         config=config,
         accelerator=accelerator,
@@ -247,9 +273,9 @@ def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> Buil
         model=model,
         learner=learner,
         policy=policy,
-        targets=tuple(range(num_targets)),
-        constraints=tuple(range(num_targets, len(domain_configs))),
-        domain_metrics=[d.metric for d in domain_configs],
+        targets=data.targets,
+        constraints=data.constraints,
+        domain_metrics=data.domain_metrics,
     )
 
 

@@ -65,12 +65,14 @@ def atomic_write_dir(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
-def check_run_dir(path: str | Path) -> Path:
-    """Refuse a folder that already holds something, so no earlier run is ever overwritten."""
+def check_run_dir(path: str | Path, allow: Iterable[str | Path] = ()) -> Path:
+    """Refuse a folder that already holds something, so no earlier run is ever overwritten.
+    Entries in ``allow`` (e.g. a Trainer's own output folder placed inside) do not count."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise RunDirError(f"output folder {out} is a file: choose another output_dir (or --out)")
-    if out.is_dir() and any(out.iterdir()):
+    allowed = {Path(p).resolve() for p in allow}
+    if out.is_dir() and any(entry.resolve() not in allowed for entry in out.iterdir()):
         raise RunDirError(
             f"output folder {out} is not empty: choose a new output_dir (or --out), or move the old run away"
         )

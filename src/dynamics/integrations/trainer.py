@@ -1,0 +1,299 @@
+"""DynaMiCS inside a transformers ``Trainer`` (and trainers built on it, such as TRL's).
+
+A user's script keeps its model, tokenizer, ``TrainingArguments`` and ``Trainer``, and adds
+a :class:`DynamicsCallback` built from a run config (the same YAML as ``dynamics run``,
+whose ``model`` section is then unused)::
+
+    dynamics = DynamicsCallback(RunConfig.from_yaml("mixture.yaml"), tokenizer)
+    trainer = Trainer(model=model, args=args, callbacks=[dynamics],
+                      train_dataset=dynamics.train_dataset, data_collator=dynamics.data_collator)
+    trainer.train()
+
+The Trainer trains; the callback runs Algorithm 2 around it (docs/method.md). At every
+update step it probes each dataset on the Trainer's own model, optimizer and LR scheduler
+from one snapshot (rolled back after each probe, as in ``dynamics run``), solves for the
+new mixture and hands it to the training data; at every main-evaluation step it evaluates
+every target and constraint. It writes the same run folder as ``dynamics run``
+(``config.yaml``, ``metrics.jsonl``, ``controller.jsonl``, ``summary.json``,
+``best_checkpoint/``), which ``dynamics report`` reads.
+
+How the mixture reaches the Trainer's batches. :class:`MixtureTrainSource` gives the
+Trainer a dataset of placeholder rows and a collator that turns each micro-batch of them
+into a :class:`PendingBatch`: the batch is drawn from the run's ``MixtureSampler`` only when
+accelerate's dataloader moves it to the device, which happens when a step asks for it. A
+batch drawn at collation would be too early: the dataloader collates one batch ahead of
+the step being trained, so the first step after each update would train on the previous
+mixture. A whole batch comes from one dataset with probability ``w_j``, from the same
+seeded streams as ``dynamics run``, and the Trainer trains on exactly the batches
+``dynamics run`` trains on; the callback checks the count at every step.
+
+Limits of this first version, each refused with a message: one process; no fp16 loss
+scaling (bf16 and fp32 work); no backtracking (a Trainer's step counter cannot be wound
+back); no resuming from a Trainer checkpoint; ``dataloader_num_workers`` 0 (batches are
+drawn in the training process, where the weights are).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+from accelerate import Accelerator
+from transformers import (
+    PreTrainedTokenizerBase,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
+
+from dynamics.core.controller import LoopCallbacks, RunHistory, TrainRequest, mixture_training
+from dynamics.engine.config import RunConfig
+from dynamics.engine.learner import HFLearner
+from dynamics.engine.preflight import RunSetupError
+from dynamics.engine.run import BuiltRun, RunFolderWriter, build_data, build_policy, summarize
+from dynamics.engine.sampler import MixtureSampler
+from dynamics.runs import rundir
+
+
+class PendingBatch:
+    """A training batch that is drawn when the dataloader moves it to the device.
+
+    accelerate's dataloader collates one batch ahead of the step being trained, but moves
+    each batch to the device (``send_to_device`` calls ``.to``) only when the Trainer asks
+    for it: after the previous step's callbacks, and so after a new mixture was set.
+    Torch's ``pin_memory`` leaves an object that is neither a tensor nor a mapping as it is.
+    """
+
+    def __init__(self, source: MixtureTrainSource) -> None:
+        self._source = source
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> dict[str, torch.Tensor]:
+        batch = self._source.draw()
+        return {key: value.to(device, non_blocking=non_blocking) for key, value in batch.items()}
+
+
+class MixtureTrainSource:
+    """Training data whose mixture weights change while a Trainer reads it (module doc).
+
+    :attr:`dataset` is what the Trainer reads (``train_dataset``) and :meth:`collate` its
+    ``data_collator``. The dataset's rows are placeholders (a ``datasets.Dataset`` with one
+    ``input_ids`` column of zeros, which both the Trainer's column filter and TRL's
+    ``SFTTrainer`` accept), ``batch_size`` per micro-batch and exactly as many as the run
+    trains on (one epoch); the collator turns each group into a :class:`PendingBatch`,
+    drawn from the sampler with the weights in force when it reaches the device.
+    """
+
+    def __init__(self, sampler: MixtureSampler, batch_size: int, micro_batches: int) -> None:
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.dataset = datasets.Dataset.from_dict({"input_ids": [0] * (micro_batches * batch_size)})
+        self.weights: np.ndarray | None = None
+        self.drawn = 0
+        """Micro-batches drawn so far."""
+
+    def collate(self, placeholders: Sequence[Any]) -> PendingBatch:
+        """The data collator: one micro-batch, drawn when it reaches the device."""
+        if len(placeholders) != self.batch_size:
+            raise RunSetupError(
+                f"the dataloader asked for a batch of {len(placeholders)} rows but the mixture draws "
+                f"{self.batch_size}: set TrainingArguments.per_device_train_batch_size to training.batch_size "
+                f"({self.batch_size})"
+            )
+        return PendingBatch(self)
+
+    def draw(self) -> Mapping[str, torch.Tensor]:
+        """The next micro-batch: dataset j with probability ``w_j``, its stream's next batch."""
+        if self.weights is None:
+            raise RuntimeError(
+                "the mixture has no weights yet: pass the DynamicsCallback to the Trainer's callbacks "
+                "(it sets the weights when training begins)"
+            )
+        _, batch = self.sampler.next_batch(self.weights)
+        self.drawn += 1
+        return batch
+
+    def set_weights(self, weights: np.ndarray) -> None:
+        """Draw every batch from now on with ``weights`` (N,)."""
+        self.weights = np.asarray(weights, dtype=float).copy()
+
+
+class DynamicsCallback(TrainerCallback):
+    """Runs DynaMiCS (or fixed weights, or gradient alignment) inside a transformers Trainer.
+
+    Args:
+        config: the run config: datasets and roles, method, evaluation, training sizes and
+            seeds, ``output_dir`` for the run folder. Its ``model``, ``lora`` and
+            ``optimizer`` sections are not used: the Trainer's model and optimizer are.
+        tokenizer: the model's tokenizer; every dataset is tokenized with it here.
+
+    Attributes:
+        train_dataset: pass as the Trainer's ``train_dataset``.
+        data_collator: pass as the Trainer's ``data_collator``.
+        history: the run's :class:`RunHistory` once training ended.
+        summary: ``summary.json``'s contents once training ended.
+    """
+
+    def __init__(self, config: RunConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+        if config.method.backtrack:
+            raise RunSetupError(
+                "method.backtrack returns the model to an earlier step, which a Trainer's step counter "
+                "cannot follow: set method.backtrack: 0, or run with dynamics run"
+            )
+        rundir.check_run_dir(config.output_dir)  # before minutes of tokenizing, not after
+        self.config = config
+        self.tokenizer = tokenizer
+        self.data = build_data(config, tokenizer)
+        self.sampler = MixtureSampler(self.data.streams, seed=config.training.seed)
+        self.source = MixtureTrainSource(
+            self.sampler,
+            config.training.batch_size,
+            micro_batches=config.training.total_steps * config.training.gradient_accumulation,
+        )
+        self.train_dataset = self.source.dataset
+        self.data_collator = self.source.collate
+        self.policy = build_policy(config, self.data.dataset_names)
+        self.history: RunHistory | None = None
+        self.summary: dict[str, Any] | None = None
+        self._loop: Any = None
+        self._remaining = 0
+        self._started = 0.0
+
+    # --- Trainer events --------------------------------------------------------------
+
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: torch.nn.Module | None = None,
+        optimizer: Any = None,
+        lr_scheduler: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self._check_trainer(args, state)
+        self._started = time.perf_counter()
+        # Shares the process state of the Trainer's accelerator (device, distributed setup).
+        accelerator = Accelerator(cpu=not torch.cuda.is_available() or args.use_cpu)
+        learner = HFLearner.around(
+            model,
+            optimizer,
+            lr_scheduler,
+            self.sampler,
+            self.data.dataset_names,
+            self.data.domains,
+            accelerator=accelerator,
+            max_grad_norm=args.max_grad_norm if args.max_grad_norm else None,
+            gradient_accumulation=args.gradient_accumulation_steps,
+            max_skipped_steps=self.config.training.max_skipped_steps,
+        )
+        self._built = BuiltRun(
+            config=self.config,
+            accelerator=accelerator,
+            tokenizer=self.tokenizer,
+            model=model,
+            learner=learner,
+            policy=self.policy,
+            targets=self.data.targets,
+            constraints=self.data.constraints,
+            domain_metrics=self.data.domain_metrics,
+        )
+        out = Path(self.config.output_dir)
+        rundir.check_run_dir(out, allow=[args.output_dir])  # the Trainer's own folder may sit inside
+        out.mkdir(parents=True, exist_ok=True)
+        rundir.atomic_write_text(out / rundir.CONFIG_FILE, self.config.to_yaml())
+        self._writer = RunFolderWriter(self._built, out, progress=False)
+        self._loop = mixture_training(
+            learner,
+            self.policy,
+            targets=self.data.targets,
+            constraints=self.data.constraints,
+            eval_interval=self.config.evaluation.interval,
+            reduced_batches=self.config.evaluation.reduced_batches,
+            callbacks=LoopCallbacks(self._writer.on_evaluation, self._writer.on_update),
+        )
+        self._advance()
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self._loop is None:
+            return
+        expected = state.global_step * args.gradient_accumulation_steps
+        if self.source.drawn != expected:
+            raise RuntimeError(
+                f"after {state.global_step} steps the Trainer drew {self.source.drawn} batches of the "
+                f"mixture instead of {expected}: pass train_dataset=callback.train_dataset and "
+                "data_collator=callback.data_collator, and keep the Trainer's default dataloader (device placement "
+                "on, batches not dispatched), whose batches are drawn when a step asks for them"
+            )
+        self._remaining -= 1
+        if self._remaining == 0:
+            self._advance()
+
+    # --- the loop ----------------------------------------------------------------------
+
+    def _advance(self) -> None:
+        """Run the loop to its next training stretch (evaluating and updating on the way)."""
+        try:
+            request: TrainRequest = next(self._loop)
+        except StopIteration as finished:
+            self._loop = None
+            self._finish(finished.value)
+            return
+        self.source.set_weights(request.weights)
+        self._remaining = request.steps
+
+    def _finish(self, history: RunHistory) -> None:
+        self.history = history
+        train_seconds = time.perf_counter() - self._started
+        summary = summarize(self._built, history, train_seconds)
+        summary["train_seconds"] = train_seconds
+        summary["resumed_at"] = []
+        summary["skipped_steps"] = []
+        summary["trainer"] = True
+        self._writer.write_updates(history)
+        rundir.write_json(Path(self.config.output_dir) / rundir.SUMMARY_FILE, summary)
+        self.summary = summary
+
+    def _check_trainer(self, args: TrainingArguments, state: TrainerState) -> None:
+        training = self.config.training
+        problems = []
+        if args.max_steps != training.total_steps:
+            problems.append(
+                f"TrainingArguments.max_steps is {args.max_steps} but training.total_steps is "
+                f"{training.total_steps}: set both to the same number of optimizer steps"
+            )
+        if args.per_device_train_batch_size != training.batch_size:
+            problems.append(
+                f"TrainingArguments.per_device_train_batch_size is {args.per_device_train_batch_size} but "
+                f"training.batch_size is {training.batch_size}: set both to the same batch size"
+            )
+        if args.gradient_accumulation_steps != training.gradient_accumulation:
+            problems.append(
+                f"TrainingArguments.gradient_accumulation_steps is {args.gradient_accumulation_steps} but "
+                f"training.gradient_accumulation is {training.gradient_accumulation}: set both alike"
+            )
+        if args.world_size > 1:
+            problems.append(
+                f"the Trainer runs {args.world_size} processes; DynamicsCallback runs in one process "
+                "for now: launch one process, or use dynamics run"
+            )
+        if args.fp16:
+            problems.append("fp16 loss scaling is not supported by DynamicsCallback: use bf16 or fp32")
+        if args.dataloader_num_workers:
+            problems.append(
+                "TrainingArguments.dataloader_num_workers must be 0: the mixture draws each batch in the "
+                "training process, where its weights change"
+            )
+        if state.global_step != 0:
+            problems.append(
+                "resuming a Trainer checkpoint is not supported by DynamicsCallback yet: start the run again"
+            )
+        if problems:
+            raise RunSetupError("DynamicsCallback cannot run with this Trainer:\n- " + "\n- ".join(problems))

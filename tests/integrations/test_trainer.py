@@ -1,0 +1,161 @@
+"""DynaMiCS inside a transformers Trainer: the callback against ``dynamics run`` on the same
+tiny model, data and seed, the run folder it writes, and its refusals."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from accelerate.utils import set_seed
+from peft import PeftModel
+from transformers import Trainer, TrainingArguments
+
+from dynamics import DynamicsCallback, RunConfig, run
+from dynamics.engine.model import load_causal_lm, load_tokenizer, prepare_model
+from dynamics.engine.preflight import RunSetupError
+from dynamics.runs.rundir import read_run
+from tests.engine.test_run import tiny_config
+from tests.fixtures.tiny_tokenizer import tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tokenizer")
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def trainer_args(out: Path, config: RunConfig, **changes) -> TrainingArguments:
+    """TrainingArguments that mean what the config's optimizer section means."""
+    optimizer = config.optimizer
+    settings = dict(
+        output_dir=str(out),
+        max_steps=config.training.total_steps,
+        per_device_train_batch_size=config.training.batch_size,
+        gradient_accumulation_steps=config.training.gradient_accumulation,
+        learning_rate=optimizer.lr,
+        lr_scheduler_type="constant",
+        weight_decay=optimizer.weight_decay,
+        adam_beta1=optimizer.betas[0],
+        adam_beta2=optimizer.betas[1],
+        adam_epsilon=optimizer.eps,
+        max_grad_norm=0.0,  # the config's null: no clipping
+        optim="adamw_torch",
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=config.training.seed,
+    )
+    settings.update(changes)
+    return TrainingArguments(**settings)
+
+
+def train_with_callback(config: RunConfig, hf_out: Path, **changes) -> DynamicsCallback:
+    """The user's script: their model and tokenizer, their Trainer, plus the callback."""
+    set_seed(config.training.seed)  # as dynamics run does before loading the model
+    tokenizer = load_tokenizer(config.model)
+    model = prepare_model(load_causal_lm(config.model), config.lora, False)
+    callback = DynamicsCallback(config, tokenizer)
+    trainer = Trainer(
+        model=model,
+        args=trainer_args(hf_out, config, **changes),
+        train_dataset=callback.train_dataset,
+        data_collator=callback.data_collator,
+        callbacks=[callback],
+    )
+    trainer.train()
+    return callback
+
+
+@pytest.mark.parametrize("method", [{}, {"variant": "robust"}])
+def test_the_trainer_with_the_callback_makes_the_same_run_as_dynamics_run(tokenizer_dir, tmp_path, method):
+    data = tiny_config(tokenizer_dir, tmp_path / "engine", **method)
+    torch.set_num_threads(1)
+    run(RunConfig.from_dict(data), progress=False)
+    data["output_dir"] = str(tmp_path / "trainer")
+    callback = train_with_callback(RunConfig.from_dict(data), tmp_path / "hf")
+
+    engine, trainer = read_run(tmp_path / "engine"), read_run(tmp_path / "trainer")
+    assert [u["step"] for u in trainer.updates] == [u["step"] for u in engine.updates] == [0, 2, 4]
+    assert len(trainer.evaluations) == len(engine.evaluations) == 3
+    # The same batches, probes, optimizer steps and evaluations: on CPU the two runs agree to
+    # the last bit; the tolerance leaves room for float reduction order elsewhere.
+    for mine, theirs in zip(trainer.updates, engine.updates, strict=True):
+        np.testing.assert_allclose(mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(mine["weights"], theirs["weights"], atol=1e-6)
+    for mine, theirs in zip(trainer.evaluations, engine.evaluations, strict=True):
+        for split in ("eval", "test"):
+            np.testing.assert_allclose(list(mine[split].values()), list(theirs[split].values()), rtol=1e-6)
+    assert callback.summary is not None
+    assert callback.summary["constrained_ppl_reduction"] == pytest.approx(
+        read_run(tmp_path / "engine").summary["constrained_ppl_reduction"], rel=1e-6
+    )
+
+
+def test_the_callbacks_run_folder_is_complete_and_its_adapter_loads(tokenizer_dir, tmp_path):
+    data = tiny_config(tokenizer_dir, tmp_path / "trainer")
+    torch.set_num_threads(1)
+    config = RunConfig.from_dict(data)
+    out = tmp_path / "trainer"
+    callback = train_with_callback(config, out / "hf")  # the Trainer's own folder may sit inside
+    for name in ("config.yaml", "metrics.jsonl", "controller.jsonl", "summary.json"):
+        assert (out / name).is_file(), name
+    records = read_run(out)
+    assert records.summary["trainer"] is True
+    assert records.summary["feasible"]  # this tiny run keeps its constraints (as in test_run)
+    assert all(u["realized_losses"] is not None for u in records.updates)
+    assert RunConfig.from_yaml(out / "config.yaml") == config
+    base = load_causal_lm(config.model)
+    adapted = PeftModel.from_pretrained(base, out / "best_checkpoint")
+    assert any("lora_" in name for name, _ in adapted.named_parameters())
+    assert callback.history is not None and callback.history.evaluations[-1].step == config.training.total_steps
+
+
+def test_fixed_weights_through_the_callback_draw_only_the_weighted_dataset(tokenizer_dir, tmp_path):
+    data = tiny_config(tokenizer_dir, tmp_path / "trainer")
+    data["method"] = {"name": "fixed", "weights": {"math": 1.0, "wiki": 0.0}}
+    callback = train_with_callback(RunConfig.from_dict(data), tmp_path / "hf")
+    streams = callback.sampler.streams
+    taken = [s.epoch * s.num_examples + s.position for s in streams]
+    assert taken[1] == 0 and taken[0] == 8 * data["training"]["batch_size"]
+    assert callback.source.drawn == 8
+
+
+@pytest.mark.parametrize(
+    ("changes", "needles"),
+    [
+        ({"max_steps": 6}, ("max_steps is 6", "training.total_steps is 8")),
+        ({"per_device_train_batch_size": 3}, ("per_device_train_batch_size is 3", "training.batch_size is 2")),
+        ({"gradient_accumulation_steps": 2}, ("gradient_accumulation_steps is 2", "training.gradient_accumulation")),
+    ],
+)
+def test_a_trainer_that_disagrees_with_the_config_is_refused_naming_both_fields(tokenizer_dir, tmp_path, changes, needles):
+    data = tiny_config(tokenizer_dir, tmp_path / "trainer")
+    with pytest.raises(RunSetupError) as error:
+        train_with_callback(RunConfig.from_dict(data), tmp_path / "hf", **changes)
+    for needle in needles:
+        assert needle in str(error.value)
+    assert not (tmp_path / "trainer").exists()  # refused before anything was written
+
+
+def test_backtracking_is_refused_by_the_callback(tokenizer_dir, tmp_path):
+    data = tiny_config(tokenizer_dir, tmp_path / "trainer", backtrack=1)
+    tokenizer = load_tokenizer(RunConfig.from_dict(data).model)
+    with pytest.raises(RunSetupError, match=r"method\.backtrack"):
+        DynamicsCallback(RunConfig.from_dict(data), tokenizer)
+
+
+def test_the_data_without_the_callback_says_what_is_missing(tokenizer_dir, tmp_path):
+    config = RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "trainer"))
+    callback = DynamicsCallback(config, load_tokenizer(config.model))
+    pending = callback.data_collator([0, 0])
+    with pytest.raises(RuntimeError, match="pass the DynamicsCallback to the Trainer's callbacks"):
+        pending.to("cpu")
