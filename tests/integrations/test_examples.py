@@ -1,4 +1,4 @@
-"""The Trainer example runs as a user runs it: a subprocess from the repository root."""
+"""The Trainer examples run as a user runs it: a subprocess from the repository root."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_examples_trainer_py_writes_a_run_folder(tmp_path):
+@pytest.mark.parametrize("script", ["trainer.py", "trl_sft.py"])
+def test_each_trainer_example_writes_a_run_folder(tmp_path, script):
     out = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "examples/trainer.py", "--out", str(out)],
+        [sys.executable, f"examples/{script}", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -4,6 +4,7 @@ tiny model, data and seed, the run folder it writes, and its refusals."""
 from __future__ import annotations
 
 import os
+import shutil
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 from accelerate.utils import set_seed
 from peft import PeftModel
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from dynamics import DynamicsCallback, RunConfig, run
 from dynamics.engine.model import load_causal_lm, load_tokenizer, prepare_model
@@ -117,6 +118,100 @@ def test_the_callbacks_run_folder_is_complete_and_its_adapter_loads(tokenizer_di
     adapted = PeftModel.from_pretrained(base, out / "best_checkpoint")
     assert any("lora_" in name for name, _ in adapted.named_parameters())
     assert callback.history is not None and callback.history.evaluations[-1].step == config.training.total_steps
+
+
+def test_trl_sft_trainer_with_lora_and_the_callback_writes_a_loadable_adapter(tokenizer_dir, tmp_path):
+    from peft import LoraConfig as PeftLoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    out = tmp_path / "sft"
+    config = RunConfig.from_dict(tiny_config(tokenizer_dir, out))
+    tokenizer = load_tokenizer(config.model)
+    model = load_causal_lm(config.model)
+    callback = DynamicsCallback(config, tokenizer)
+    args = trainer_args(out / "trainer", config).to_dict()
+    trainer = SFTTrainer(
+        model=model,
+        args=SFTConfig(**{**args, "dataset_kwargs": {"skip_prepare_dataset": True}}),
+        processing_class=tokenizer,
+        peft_config=PeftLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        train_dataset=callback.train_dataset,
+        data_collator=callback.data_collator,
+        callbacks=[callback],
+    )
+    trainer.train()
+    records = read_run(out)
+    assert [u["step"] for u in records.updates] == [0, 2, 4]
+    assert callback.source.drawn == config.training.total_steps
+    assert records.summary["feasible"] and (out / "best_checkpoint" / "adapter_model.safetensors").is_file()
+    adapted = PeftModel.from_pretrained(load_causal_lm(config.model), out / "best_checkpoint")
+    assert sum("lora_" in name for name, _ in adapted.named_parameters()) == 2 * 2 * 2  # A, B x q, v x 2 layers
+
+
+class StopAt(TrainerCallback):
+    """Stops training after ``step`` (a crash that keeps the checkpoint saved there)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def resumable_trainer(config: RunConfig, hf_out: Path, extra_callbacks=()) -> tuple[Trainer, DynamicsCallback]:
+    set_seed(config.training.seed)
+    tokenizer = load_tokenizer(config.model)
+    model = prepare_model(load_causal_lm(config.model), config.lora, False)
+    callback = DynamicsCallback(config, tokenizer)
+    args = trainer_args(hf_out, config, save_strategy="steps", save_steps=4)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=callback.train_dataset,
+        data_collator=callback.data_collator,
+        callbacks=[callback, *extra_callbacks],
+    )
+    return trainer, callback
+
+
+def test_resuming_the_trainer_from_its_checkpoint_continues_the_mixture(tokenizer_dir, tmp_path):
+    torch.set_num_threads(1)
+    data = tiny_config(tokenizer_dir, tmp_path / "whole", variant="robust")  # calibration state crosses the save
+    whole_trainer, whole = resumable_trainer(RunConfig.from_dict(data), tmp_path / "whole" / "hf")
+    whole_trainer.train()
+
+    data["output_dir"] = str(tmp_path / "cut")
+    config = RunConfig.from_dict(data)
+    first, _ = resumable_trainer(config, tmp_path / "cut" / "hf", [StopAt(4)])
+    first.train()
+    assert (tmp_path / "cut" / "hf" / "checkpoint-4" / "dynamics_state" / "loop.json").is_file()
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    second, resumed = resumable_trainer(config, tmp_path / "cut" / "hf")
+    second.train(resume_from_checkpoint=str(tmp_path / "cut" / "hf" / "checkpoint-4"))
+
+    a, b = read_run(tmp_path / "whole"), read_run(tmp_path / "cut")
+    assert [u["step"] for u in a.updates] == [u["step"] for u in b.updates] == [0, 2, 4]
+    for mine, theirs in zip(b.updates, a.updates, strict=True):
+        np.testing.assert_allclose(mine["weights"], theirs["weights"], atol=1e-9)
+        np.testing.assert_allclose(mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-6, atol=1e-9)
+    for mine, theirs in zip(b.evaluations, a.evaluations, strict=True):
+        np.testing.assert_allclose(list(mine["eval"].values()), list(theirs["eval"].values()), rtol=1e-6)
+    assert resumed.sampler.state_dict() == whole.sampler.state_dict()  # same data position at the end
+    assert resumed.source.drawn == whole.source.drawn == 8
+    assert b.summary["constrained_ppl_reduction"] == pytest.approx(a.summary["constrained_ppl_reduction"])
+
+
+def test_resuming_a_checkpoint_without_mixture_state_is_refused(tokenizer_dir, tmp_path):
+    data = tiny_config(tokenizer_dir, tmp_path / "run")
+    config = RunConfig.from_dict(data)
+    first, _ = resumable_trainer(config, tmp_path / "run" / "hf", [StopAt(4)])
+    first.train()
+    checkpoint = tmp_path / "run" / "hf" / "checkpoint-4"
+    shutil.rmtree(checkpoint / "dynamics_state")
+    second, _ = resumable_trainer(config, tmp_path / "run" / "hf")
+    with pytest.raises(RunSetupError, match="holds no complete mixture state"):
+        second.train(resume_from_checkpoint=str(checkpoint))
 
 
 def test_fixed_weights_through_the_callback_draw_only_the_weighted_dataset(tokenizer_dir, tmp_path):

@@ -35,6 +35,7 @@ drawn in the training process, where the weights are).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,14 +52,25 @@ from transformers import (
     TrainerState,
     TrainingArguments,
 )
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from dynamics.core.controller import LoopCallbacks, RunHistory, TrainRequest, mixture_training
+from dynamics.core.controller import (
+    LoopCallbacks,
+    LoopState,
+    RunHistory,
+    TrainRequest,
+    mixture_training,
+)
 from dynamics.engine.config import RunConfig
 from dynamics.engine.learner import HFLearner
 from dynamics.engine.preflight import RunSetupError
 from dynamics.engine.run import BuiltRun, RunFolderWriter, build_data, build_policy, summarize
 from dynamics.engine.sampler import MixtureSampler
 from dynamics.runs import rundir
+from dynamics.runs import state as run_state
+
+STATE_DIR = "dynamics_state"
+"""The folder inside a Trainer checkpoint that holds the mixture's state."""
 
 
 class PendingBatch:
@@ -145,7 +157,6 @@ class DynamicsCallback(TrainerCallback):
                 "method.backtrack returns the model to an earlier step, which a Trainer's step counter "
                 "cannot follow: set method.backtrack: 0, or run with dynamics run"
             )
-        rundir.check_run_dir(config.output_dir)  # before minutes of tokenizing, not after
         self.config = config
         self.tokenizer = tokenizer
         self.data = build_data(config, tokenizer)
@@ -163,6 +174,8 @@ class DynamicsCallback(TrainerCallback):
         self._loop: Any = None
         self._remaining = 0
         self._started = 0.0
+        self._train_seconds_before = 0.0
+        self._saved: LoopState | None = None  # the loop's state at the last checkpoint step
 
     # --- Trainer events --------------------------------------------------------------
 
@@ -204,10 +217,15 @@ class DynamicsCallback(TrainerCallback):
             domain_metrics=self.data.domain_metrics,
         )
         out = Path(self.config.output_dir)
-        rundir.check_run_dir(out, allow=[args.output_dir])  # the Trainer's own folder may sit inside
-        out.mkdir(parents=True, exist_ok=True)
-        rundir.atomic_write_text(out / rundir.CONFIG_FILE, self.config.to_yaml())
-        self._writer = RunFolderWriter(self._built, out, progress=False)
+        resume: LoopState | None = None
+        if state.global_step == 0:
+            rundir.check_run_dir(out, allow=[args.output_dir])  # the Trainer's own folder may sit inside
+            out.mkdir(parents=True, exist_ok=True)
+            rundir.atomic_write_text(out / rundir.CONFIG_FILE, self.config.to_yaml())
+            self._writer = RunFolderWriter(self._built, out, progress=False)
+        else:
+            self._writer = RunFolderWriter(self._built, out, progress=False)
+            resume = self._resume(args, state, out)
         self._loop = mixture_training(
             learner,
             self.policy,
@@ -215,7 +233,11 @@ class DynamicsCallback(TrainerCallback):
             constraints=self.data.constraints,
             eval_interval=self.config.evaluation.interval,
             reduced_batches=self.config.evaluation.reduced_batches,
-            callbacks=LoopCallbacks(self._writer.on_evaluation, self._writer.on_update),
+            callbacks=LoopCallbacks(
+                self._writer.on_evaluation, self._writer.on_update, on_checkpoint=self._keep_loop_state
+            ),
+            checkpoint_steps=self._checkpoint_steps(args, state),
+            resume=resume,
         )
         self._advance()
 
@@ -236,7 +258,66 @@ class DynamicsCallback(TrainerCallback):
         if self._remaining == 0:
             self._advance()
 
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Put the mixture's state into the checkpoint the Trainer just wrote."""
+        saved = self._saved
+        if saved is None or saved.step != state.global_step:
+            return  # not a step the loop stopped at (the final one, or save_strategy "best")
+        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        train_seconds = self._train_seconds_before + time.perf_counter() - self._started
+        out = Path(self.config.output_dir)
+
+        def write(folder: Path) -> None:
+            loop = {
+                **run_state.loop_state_to_dict(saved, None),
+                "train_seconds": train_seconds,
+                "sampler": self.sampler.state_dict(),
+                "drawn": self.source.drawn,
+            }
+            (folder / run_state.LOOP_FILE).write_text(json.dumps(loop, allow_nan=False))
+            (folder / rundir.CONFIG_FILE).write_text(self.config.to_yaml())
+            run_state.save_best_copy(out, folder)
+
+        run_state.write_resume_point(checkpoint, state.global_step, write, name=STATE_DIR)
+
     # --- the loop ----------------------------------------------------------------------
+
+    def _keep_loop_state(self, saved: LoopState) -> None:
+        self._saved = saved
+
+    @staticmethod
+    def _checkpoint_steps(args: TrainingArguments, state: TrainerState) -> list[int]:
+        """The steps the Trainer saves checkpoints at: the loop stops there, so that its state
+        can go into them."""
+        if args.save_strategy != "steps" or not state.save_steps:
+            return []
+        return list(range(int(state.save_steps), int(state.max_steps), int(state.save_steps)))
+
+    def _resume(self, args: TrainingArguments, state: TrainerState, out: Path) -> LoopState:
+        """The loop's state from the Trainer checkpoint being resumed (the Trainer restores
+        the model, optimizer, scheduler and RNG itself)."""
+        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        point = checkpoint / STATE_DIR
+        if run_state.find_resume_point(checkpoint, name=STATE_DIR) is None:
+            raise RunSetupError(
+                f"the Trainer resumes at step {state.global_step} but {point} holds no complete mixture state: "
+                "resume from a checkpoint the Trainer saved with DynamicsCallback (save_strategy 'steps'), "
+                "inside TrainingArguments.output_dir"
+            )
+        saved_config = RunConfig.from_yaml(point / rundir.CONFIG_FILE)
+        if saved_config != self.config:
+            raise RunSetupError(
+                f"the run config differs from the one {checkpoint} was saved with: resume with {point / rundir.CONFIG_FILE}"
+            )
+        saved = run_state.read_loop_file(point)
+        loop_state = run_state.loop_state_from_dict(saved, lambda name: None)
+        self.sampler.load_state_dict(saved["sampler"])
+        self.source.drawn = int(saved["drawn"])
+        self._train_seconds_before = float(saved["train_seconds"])
+        self._writer.resume(loop_state, point)
+        return loop_state
 
     def _advance(self) -> None:
         """Run the loop to its next training stretch (evaluating and updating on the way)."""
@@ -251,10 +332,10 @@ class DynamicsCallback(TrainerCallback):
 
     def _finish(self, history: RunHistory) -> None:
         self.history = history
-        train_seconds = time.perf_counter() - self._started
+        train_seconds = self._train_seconds_before + time.perf_counter() - self._started
         summary = summarize(self._built, history, train_seconds)
         summary["train_seconds"] = train_seconds
-        summary["resumed_at"] = []
+        summary["resumed_at"] = []  # resuming a Trainer keeps no list of its sessions
         summary["skipped_steps"] = []
         summary["trainer"] = True
         self._writer.write_updates(history)
@@ -290,10 +371,6 @@ class DynamicsCallback(TrainerCallback):
             problems.append(
                 "TrainingArguments.dataloader_num_workers must be 0: the mixture draws each batch in the "
                 "training process, where its weights change"
-            )
-        if state.global_step != 0:
-            problems.append(
-                "resuming a Trainer checkpoint is not supported by DynamicsCallback yet: start the run again"
             )
         if problems:
             raise RunSetupError("DynamicsCallback cannot run with this Trainer:\n- " + "\n- ".join(problems))

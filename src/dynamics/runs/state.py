@@ -57,9 +57,10 @@ def _fsync_tree(folder: Path) -> None:
                 os.fsync(handle.fileno())
 
 
-def write_resume_point(run_folder: Path, step: int, write: Callable[[Path], None]) -> None:
+def write_resume_point(run_folder: Path, step: int, write: Callable[[Path], None], name: str = RESUME_DIR) -> None:
     """Fill a fresh folder with ``write``, add the manifest, and swap it in as
-    ``last_checkpoint/``; the previous resume point stays until the new one is complete."""
+    ``name`` (``last_checkpoint/``); the previous resume point stays until the new one is
+    complete."""
 
     def fill(folder: Path) -> None:
         write(folder)
@@ -71,7 +72,7 @@ def write_resume_point(run_folder: Path, step: int, write: Callable[[Path], None
         (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
         _fsync_tree(folder)
 
-    atomic_write_dir(run_folder / RESUME_DIR, fill)
+    atomic_write_dir(run_folder / name, fill)
 
 
 def _verified(folder: Path) -> int | None:
@@ -87,9 +88,9 @@ def _verified(folder: Path) -> int | None:
         return None
 
 
-def find_resume_point(run_folder: Path) -> Path | None:
-    """The newest complete resume point of ``run_folder`` (None when there is none)."""
-    candidates = [run_folder / RESUME_DIR, run_folder / f".{RESUME_DIR}.old"]
+def find_resume_point(run_folder: Path, name: str = RESUME_DIR) -> Path | None:
+    """The newest complete resume point ``name`` of ``run_folder`` (None when there is none)."""
+    candidates = [run_folder / name, run_folder / f".{name}.old"]
     good = [(step, folder) for folder in candidates if (step := _verified(folder)) is not None]
     return max(good, key=lambda item: item[0])[1] if good else None
 
