@@ -27,10 +27,14 @@ mixture. A whole batch comes from one dataset with probability ``w_j``, from the
 seeded streams as ``dynamics run``, and the Trainer trains on exactly the batches
 ``dynamics run`` trains on; the callback checks the count at every step.
 
+Resuming: with ``save_strategy="steps"`` the mixture's state goes into each checkpoint the
+Trainer saves (``checkpoint-N/dynamics_state/``), and ``trainer.train(resume_from_checkpoint=...)``
+with a callback built from the same config continues the mixture where it stood.
+
 Limits of this first version, each refused with a message: one process; no fp16 loss
 scaling (bf16 and fp32 work); no backtracking (a Trainer's step counter cannot be wound
-back); no resuming from a Trainer checkpoint; ``dataloader_num_workers`` 0 (batches are
-drawn in the training process, where the weights are).
+back); ``dataloader_num_workers`` 0 (batches are drawn in the training process, where the
+weights are).
 """
 
 from __future__ import annotations
