@@ -358,7 +358,9 @@ def test_robust_variant_keeps_constraints_and_beats_the_papers_target_on_the_toy
     assert any(u.extra["robust"]["source"] == "direct" for u in robust.updates)
     for update in robust.updates:
         assert update.extra["robust"]["feasible"]
-        np.testing.assert_allclose(update.extra["calibration_bias"], 0.0, atol=1e-12)  # exact toy
+        # The toy is linear, so diminishing returns can only under-predict its improvements:
+        # the realized losses end at or below the predictions, never above.
+        assert np.all(np.asarray(update.extra["calibration_bias"]) <= 1e-12)
 
 
 def test_calibration_learns_a_bias_the_probes_cannot_see():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from accelerate.utils import set_seed
 from peft import PeftModel
 from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -218,7 +221,7 @@ def test_fixed_weights_through_the_callback_draw_only_the_weighted_dataset(token
     data = tiny_config(tokenizer_dir, tmp_path / "trainer")
     data["method"] = {"name": "fixed", "weights": {"math": 1.0, "wiki": 0.0}}
     callback = train_with_callback(RunConfig.from_dict(data), tmp_path / "hf")
-    streams = callback.sampler.streams
+    streams = callback.sampler.sampler.streams
     taken = [s.epoch * s.num_examples + s.position for s in streams]
     assert taken[1] == 0 and taken[0] == 8 * data["training"]["batch_size"]
     assert callback.source.drawn == 8
@@ -254,3 +257,37 @@ def test_the_data_without_the_callback_says_what_is_missing(tokenizer_dir, tmp_p
     pending = callback.data_collator([0, 0])
     with pytest.raises(RuntimeError, match="pass the DynamicsCallback to the Trainer's callbacks"):
         pending.to("cpu")
+
+
+@pytest.mark.slow
+def test_two_processes_under_the_trainer_match_one_process(tmp_path):
+    """torchrun, gloo, one thread each: two ranks with half the batch each follow the
+    same mixture as one process with the whole batch (and as dynamics run does)."""
+    from tests.engine.test_distributed import config as distributed_config
+
+    tokenizer_dir = tmp_path / "tokenizer"
+    tiny_tokenizer().save_pretrained(tokenizer_dir)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    updates = {}
+    for name, nproc, batch_size in (("single", 1, 4), ("double", 2, 2)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(distributed_config(tokenizer_dir, tmp_path / name, batch_size)))
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            str(Path(__file__).with_name("trainer_script.py")), str(path),
+        ]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        updates[name] = read_run(tmp_path / name).updates
+    single, double = updates["single"], updates["double"]
+    assert [u["step"] for u in single] == [u["step"] for u in double] == [0, 2, 4]
+    for one, two in zip(single, double, strict=True):
+        np.testing.assert_allclose(two["slope_matrix"], one["slope_matrix"], rtol=1e-3, atol=1e-5)
+        np.testing.assert_allclose(two["weights"], one["weights"], atol=1e-4)
+        np.testing.assert_allclose(two["current_losses"], one["current_losses"], rtol=1e-5)
+    assert read_run(tmp_path / "double").summary["trainer"] is True

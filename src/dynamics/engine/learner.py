@@ -276,6 +276,7 @@ class HFLearner:
         self.lr_scheduler = build_lr_scheduler(self.torch_optimizer, optimizer, total_steps)
         self.model, self.optimizer = self.accelerator.prepare(model, self.torch_optimizer)
         self.model.train()
+        self._average_gradients = False  # prepare wrapped the model for DDP where needed
 
     @classmethod
     def around(
@@ -307,6 +308,8 @@ class HFLearner:
         self.optimizer = optimizer if hasattr(optimizer, "step_was_skipped") else accelerator.prepare_optimizer(optimizer)
         self.lr_scheduler = lr_scheduler
         self.model = model
+        # An unwrapped model under several processes: probes average gradients themselves.
+        self._average_gradients = accelerator.num_processes > 1 and not hasattr(model, "no_sync")
         return self
 
     def _attach_data(
@@ -389,6 +392,8 @@ class HFLearner:
                     loss = self._training_loss(batch) / self.gradient_accumulation
                     self.accelerator.backward(loss)
                 step_loss = step_loss + loss.detach()
+            if self._average_gradients:
+                self._all_reduce_gradients()
             # Without clipping, an infinite max norm measures without changing anything.
             max_norm = self.max_grad_norm if self.max_grad_norm is not None else float("inf")
             grad_norm = self.accelerator.clip_grad_norm_(self.trainable_parameters, max_norm)
@@ -407,6 +412,13 @@ class HFLearner:
                 self.lr_scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         return step_loss
+
+    def _all_reduce_gradients(self) -> None:
+        """Average the gradients over the processes, as DDP does for a wrapped model (the
+        Trainer hands callbacks its unwrapped model)."""
+        for p in self.trainable_parameters:
+            if p.grad is not None:
+                p.grad = self.accelerator.reduce(p.grad, reduction="mean")
 
     def _finite(self, step_loss: Tensor, grad_norm: Tensor | float | None) -> bool:
         """Whether this step may be applied; the same answer on every rank."""

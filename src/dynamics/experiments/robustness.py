@@ -80,15 +80,17 @@ METHODS: dict[str, dict[str, Any]] = {
     "calibration": {"variant": "paper", "calibration": True},
     "all_four": {"variant": "paper", "lp_candidate": True, "noise_margin": 1.0, "target_noise": 1.0, "calibration": True},
     "lp_margin": {"variant": "paper", "lp_candidate": True, "noise_margin": 1.0},
+    # The first robust variant (sessions before diminishing returns existed).
     "no_margin": {"variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True},
-    # The robust variant's options, as chosen from seed 0 (the same options as no_margin).
-    "robust": {"variant": "robust"},
-    # Backtracking (up to two returns per run) on top of the paper and of the robust variant.
-    "backtrack": {"variant": "paper", "backtrack": 2},
-    "robust_backtrack": {"variant": "robust", "backtrack": 2},
-    # Diminishing returns beyond the probe (square-root gains), alone and on the robust variant.
+    # Diminishing returns beyond the probe (square-root gains) alone.
     "tempered": {"variant": "paper", "gain_exponent": 0.5},
-    "robust_tempered": {"variant": "robust", "gain_exponent": 0.5},
+    # The robust variant: no_margin with diminishing returns, chosen on seed 0's eval splits.
+    "robust": {"variant": "robust"},
+    # Backtracking (up to two returns per run) on top of the paper and of the first robust variant.
+    "backtrack": {"variant": "paper", "backtrack": 2},
+    "no_margin_backtrack": {
+        "variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True, "backtrack": 2,
+    },
 }
 """DynaMiCS settings measured: the paper, each option alone, combinations, and the robust
 variant (whatever :data:`dynamics.core.robust.VARIANTS` holds now)."""

@@ -40,6 +40,7 @@ weights are).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -66,9 +67,17 @@ from dynamics.core.controller import (
     mixture_training,
 )
 from dynamics.engine.config import RunConfig
-from dynamics.engine.learner import HFLearner
+from dynamics.engine.learner import BatchSampler, HFLearner
 from dynamics.engine.preflight import RunSetupError
-from dynamics.engine.run import BuiltRun, RunFolderWriter, build_data, build_policy, summarize
+from dynamics.engine.run import (
+    BroadcastPolicy,
+    BuiltRun,
+    RankSlicedSampler,
+    RunFolderWriter,
+    build_data,
+    build_policy,
+    summarize,
+)
 from dynamics.engine.sampler import MixtureSampler
 from dynamics.runs import rundir
 from dynamics.runs import state as run_state
@@ -101,14 +110,16 @@ class MixtureTrainSource:
     ``data_collator``. The dataset's rows are placeholders (a ``datasets.Dataset`` with one
     ``input_ids`` column of zeros, which both the Trainer's column filter and TRL's
     ``SFTTrainer`` accept), ``batch_size`` per micro-batch and exactly as many as the run
-    trains on (one epoch); the collator turns each group into a :class:`PendingBatch`,
-    drawn from the sampler with the weights in force when it reaches the device.
+    trains on (one epoch, in every process); the collator turns each group into a
+    :class:`PendingBatch`, drawn from the sampler with the weights in force when it reaches
+    the device.
     """
 
-    def __init__(self, sampler: MixtureSampler, batch_size: int, micro_batches: int) -> None:
+    def __init__(self, sampler: BatchSampler, batch_size: int, micro_batches: int, world: int = 1) -> None:
         self.sampler = sampler
         self.batch_size = batch_size
-        self.dataset = datasets.Dataset.from_dict({"input_ids": [0] * (micro_batches * batch_size)})
+        # Each of ``world`` processes reads its share of the rows: one epoch is the whole run.
+        self.dataset = datasets.Dataset.from_dict({"input_ids": [0] * (micro_batches * batch_size * world)})
         self.weights: np.ndarray | None = None
         self.drawn = 0
         """Micro-batches drawn so far."""
@@ -163,12 +174,16 @@ class DynamicsCallback(TrainerCallback):
             )
         self.config = config
         self.tokenizer = tokenizer
-        self.data = build_data(config, tokenizer)
-        self.sampler = MixtureSampler(self.data.streams, seed=config.training.seed)
+        # torchrun / accelerate launch set these before any process group exists.
+        self.world = world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        self.data = build_data(config, tokenizer, world)
+        self.sampler = RankSlicedSampler(MixtureSampler(self.data.streams, seed=config.training.seed), rank, world)
         self.source = MixtureTrainSource(
             self.sampler,
             config.training.batch_size,
             micro_batches=config.training.total_steps * config.training.gradient_accumulation,
+            world=world,
         )
         self.train_dataset = self.source.dataset
         self.data_collator = self.source.collate
@@ -193,10 +208,15 @@ class DynamicsCallback(TrainerCallback):
         lr_scheduler: Any = None,
         **kwargs: Any,
     ) -> None:
+        if model is None or optimizer is None or lr_scheduler is None:
+            raise RunSetupError("DynamicsCallback needs the Trainer's model, optimizer and LR scheduler at train begin")
         self._check_trainer(args, state)
         self._started = time.perf_counter()
         # Shares the process state of the Trainer's accelerator (device, distributed setup).
         accelerator = Accelerator(cpu=not torch.cuda.is_available() or args.use_cpu)
+        # Every rank probes (collective training) and adopts rank 0's decision.
+        policy = BroadcastPolicy(self.policy, accelerator)
+        self._main = accelerator.is_main_process
         learner = HFLearner.around(
             model,
             optimizer,
@@ -215,31 +235,32 @@ class DynamicsCallback(TrainerCallback):
             tokenizer=self.tokenizer,
             model=model,
             learner=learner,
-            policy=self.policy,
+            policy=policy,
             targets=self.data.targets,
             constraints=self.data.constraints,
             domain_metrics=self.data.domain_metrics,
         )
         out = Path(self.config.output_dir)
         resume: LoopState | None = None
-        if state.global_step == 0:
-            rundir.check_run_dir(out, allow=[args.output_dir])  # the Trainer's own folder may sit inside
+        if state.global_step == 0 and self._main:
+            rundir.check_run_dir(out, allow=[self._trainer_dir(args)])  # the Trainer's own folder may sit inside
             out.mkdir(parents=True, exist_ok=True)
             rundir.atomic_write_text(out / rundir.CONFIG_FILE, self.config.to_yaml())
-            self._writer = RunFolderWriter(self._built, out, progress=False)
-        else:
-            self._writer = RunFolderWriter(self._built, out, progress=False)
+        self._writer = RunFolderWriter(self._built, out, progress=False)
+        if state.global_step > 0:
             resume = self._resume(args, state, out)
         self._loop = mixture_training(
             learner,
-            self.policy,
+            policy,
             targets=self.data.targets,
             constraints=self.data.constraints,
             eval_interval=self.config.evaluation.interval,
             reduced_batches=self.config.evaluation.reduced_batches,
             callbacks=LoopCallbacks(
                 self._writer.on_evaluation, self._writer.on_update, on_checkpoint=self._keep_loop_state
-            ),
+            )
+            if self._main
+            else LoopCallbacks(on_checkpoint=self._keep_loop_state),
             checkpoint_steps=self._checkpoint_steps(args, state),
             resume=resume,
         )
@@ -267,9 +288,9 @@ class DynamicsCallback(TrainerCallback):
     ) -> None:
         """Put the mixture's state into the checkpoint the Trainer just wrote."""
         saved = self._saved
-        if saved is None or saved.step != state.global_step:
+        if not self._main or saved is None or saved.step != state.global_step:
             return  # not a step the loop stopped at (the final one, or save_strategy "best")
-        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        checkpoint = self._trainer_dir(args) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         train_seconds = self._train_seconds_before + time.perf_counter() - self._started
         out = Path(self.config.output_dir)
 
@@ -288,6 +309,10 @@ class DynamicsCallback(TrainerCallback):
 
     # --- the loop ----------------------------------------------------------------------
 
+    @staticmethod
+    def _trainer_dir(args: TrainingArguments) -> Path:
+        return Path(args.output_dir or "trainer_output")  # transformers' own default
+
     def _keep_loop_state(self, saved: LoopState) -> None:
         self._saved = saved
 
@@ -302,7 +327,7 @@ class DynamicsCallback(TrainerCallback):
     def _resume(self, args: TrainingArguments, state: TrainerState, out: Path) -> LoopState:
         """The loop's state from the Trainer checkpoint being resumed (the Trainer restores
         the model, optimizer, scheduler and RNG itself)."""
-        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        checkpoint = self._trainer_dir(args) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         point = checkpoint / STATE_DIR
         if run_state.find_resume_point(checkpoint, name=STATE_DIR) is None:
             raise RunSetupError(
@@ -320,7 +345,8 @@ class DynamicsCallback(TrainerCallback):
         self.sampler.load_state_dict(saved["sampler"])
         self.source.drawn = int(saved["drawn"])
         self._train_seconds_before = float(saved["train_seconds"])
-        self._writer.resume(loop_state, point)
+        if self._main:
+            self._writer.resume(loop_state, point)
         return loop_state
 
     def _advance(self) -> None:
@@ -342,8 +368,9 @@ class DynamicsCallback(TrainerCallback):
         summary["resumed_at"] = []  # resuming a Trainer keeps no list of its sessions
         summary["skipped_steps"] = []
         summary["trainer"] = True
-        self._writer.write_updates(history)
-        rundir.write_json(Path(self.config.output_dir) / rundir.SUMMARY_FILE, summary)
+        if self._main:
+            self._writer.write_updates(history)
+            rundir.write_json(Path(self.config.output_dir) / rundir.SUMMARY_FILE, summary)
         self.summary = summary
 
     def _check_trainer(self, args: TrainingArguments, state: TrainerState) -> None:
@@ -364,10 +391,10 @@ class DynamicsCallback(TrainerCallback):
                 f"TrainingArguments.gradient_accumulation_steps is {args.gradient_accumulation_steps} but "
                 f"training.gradient_accumulation is {training.gradient_accumulation}: set both alike"
             )
-        if args.world_size > 1:
+        if args.world_size != self.world:
             problems.append(
-                f"the Trainer runs {args.world_size} processes; DynamicsCallback runs in one process "
-                "for now: launch one process, or use dynamics run"
+                f"the Trainer runs {args.world_size} processes but the callback was built for {self.world} "
+                "(WORLD_SIZE): build it inside the launched script"
             )
         if args.fp16:
             problems.append("fp16 loss scaling is not supported by DynamicsCallback: use bf16 or fp32")

@@ -1,0 +1,33 @@
+"""A user's Trainer script with DynamicsCallback, launched by the tests under torchrun:
+``python -m torch.distributed.run --nproc_per_node N tests/integrations/trainer_script.py CONFIG``."""
+
+from __future__ import annotations
+
+import sys
+
+from accelerate.utils import set_seed
+from transformers import Trainer
+
+from dynamics import DynamicsCallback, RunConfig
+from dynamics.engine.model import load_causal_lm, load_tokenizer, prepare_model
+from tests.integrations.test_trainer import trainer_args
+
+
+def main(path: str) -> None:
+    config = RunConfig.from_yaml(path)
+    set_seed(config.training.seed)
+    tokenizer = load_tokenizer(config.model)
+    model = prepare_model(load_causal_lm(config.model), config.lora, False)
+    callback = DynamicsCallback(config, tokenizer)
+    trainer = Trainer(
+        model=model,
+        args=trainer_args(f"{config.output_dir}-hf", config),
+        train_dataset=callback.train_dataset,
+        data_collator=callback.data_collator,
+        callbacks=[callback],
+    )
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
