@@ -31,10 +31,8 @@ from dynamics.cli import main as cli_main
 from dynamics.engine import preflight as preflight_module
 from dynamics.engine.config import ConfigError, RunConfig
 from dynamics.engine.preflight import precision_warnings, preflight
-from tests.engine.test_run import tiny_config, tokenizer_dir
+from tests.engine.test_run import tiny_config
 from tests.fixtures.tiny_tokenizer import FIXTURES
-
-__all__ = ["tokenizer_dir"]  # the fixture, imported for the tests below
 
 Mutation = Callable[[dict[str, Any], Path], None]
 

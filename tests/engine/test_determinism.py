@@ -8,7 +8,7 @@ import torch
 
 from dynamics.engine.config import RunConfig
 from dynamics.engine.run import build_run, run
-from tests.engine.test_run import tiny_config, tokenizer_dir  # noqa: F401 (fixture)
+from tests.engine.test_run import tiny_config
 
 
 def untimed_rows(path):
@@ -18,14 +18,14 @@ def untimed_rows(path):
     ]
 
 
-def test_the_same_config_and_seed_give_identical_records(tokenizer_dir, tmp_path):  # noqa: F811
+def test_the_same_config_and_seed_give_identical_records(tokenizer_dir, tmp_path):
     for name in ("a", "b"):
         run(RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / name, variant="robust")), progress=False)
     for log in ("metrics.jsonl", "controller.jsonl"):
         assert untimed_rows(tmp_path / "a" / log) == untimed_rows(tmp_path / "b" / log)
 
 
-def evaluation_rows(tokenizer_dir, tmp_path, **training):  # noqa: F811
+def evaluation_rows(tokenizer_dir, tmp_path, **training):
     data = tiny_config(tokenizer_dir, tmp_path / "unused")
     data["training"].update(training)
     built = build_run(RunConfig.from_dict(data))
@@ -35,7 +35,7 @@ def evaluation_rows(tokenizer_dir, tmp_path, **training):  # noqa: F811
     }, [p.detach().clone() for p in built.learner.trainable_parameters]
 
 
-def test_only_data_seed_draws_the_evaluation_and_test_rows(tokenizer_dir, tmp_path):  # noqa: F811
+def test_only_data_seed_draws_the_evaluation_and_test_rows(tokenizer_dir, tmp_path):
     rows, adapter = evaluation_rows(tokenizer_dir, tmp_path, seed=0)
     rows_new_seed, adapter_new_seed = evaluation_rows(tokenizer_dir, tmp_path, seed=1)
     rows_new_data_seed, _ = evaluation_rows(tokenizer_dir, tmp_path, seed=0, data_seed=1)

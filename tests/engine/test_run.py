@@ -14,7 +14,7 @@ from dynamics.core import metrics
 from dynamics.engine.config import RunConfig
 from dynamics.engine.run import build_run, run
 from dynamics.runs.rundir import read_run
-from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
+from tests.fixtures.tiny_tokenizer import FIXTURES
 
 TINY_LLAMA = {
     "model_type": "llama",
@@ -26,13 +26,6 @@ TINY_LLAMA = {
     "num_key_value_heads": 2,
     "max_position_embeddings": 256,
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tokenizer")
-    tiny_tokenizer().save_pretrained(folder)
-    return folder
 
 
 def tiny_config(tokenizer_dir: Path, out: Path, **method) -> dict:

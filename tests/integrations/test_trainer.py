@@ -28,13 +28,6 @@ from tests.engine.test_run import tiny_config
 from tests.fixtures.tiny_tokenizer import tiny_tokenizer
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tokenizer")
-    tiny_tokenizer().save_pretrained(folder)
-    return folder
-
-
 def trainer_args(out: Path, config: RunConfig, **changes) -> TrainingArguments:
     """TrainingArguments that mean what the config's optimizer section means."""
     optimizer = config.optimizer

@@ -376,21 +376,19 @@ class DynamicsCallback(TrainerCallback):
     def _check_trainer(self, args: TrainingArguments, state: TrainerState) -> None:
         training = self.config.training
         problems = []
-        if args.max_steps != training.total_steps:
-            problems.append(
-                f"TrainingArguments.max_steps is {args.max_steps} but training.total_steps is "
-                f"{training.total_steps}: set both to the same number of optimizer steps"
-            )
-        if args.per_device_train_batch_size != training.batch_size:
-            problems.append(
-                f"TrainingArguments.per_device_train_batch_size is {args.per_device_train_batch_size} but "
-                f"training.batch_size is {training.batch_size}: set both to the same batch size"
-            )
-        if args.gradient_accumulation_steps != training.gradient_accumulation:
-            problems.append(
-                f"TrainingArguments.gradient_accumulation_steps is {args.gradient_accumulation_steps} but "
-                f"training.gradient_accumulation is {training.gradient_accumulation}: set both alike"
-            )
+        # The schedule counts optimizer steps and each batch comes from one dataset.
+        must_agree = (
+            ("max_steps", "total_steps"),
+            ("per_device_train_batch_size", "batch_size"),
+            ("gradient_accumulation_steps", "gradient_accumulation"),
+        )
+        for trainer_field, config_field in must_agree:
+            theirs, ours = getattr(args, trainer_field), getattr(training, config_field)
+            if theirs != ours:
+                problems.append(
+                    f"TrainingArguments.{trainer_field} is {theirs} but training.{config_field} is {ours}: "
+                    "set both to the same value"
+                )
         if args.world_size != self.world:
             problems.append(
                 f"the Trainer runs {args.world_size} processes but the callback was built for {self.world} "
