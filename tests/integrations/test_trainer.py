@@ -210,6 +210,59 @@ def test_resuming_a_checkpoint_without_mixture_state_is_refused(tokenizer_dir, t
         second.train(resume_from_checkpoint=str(checkpoint))
 
 
+def test_gradient_alignment_through_the_callback_matches_dynamics_run(tokenizer_dir, tmp_path):
+    data = tiny_config(tokenizer_dir, tmp_path / "engine")
+    data["datasets"] = [d for d in data["datasets"] if d["name"] != "mmlu"]  # loss constraints only
+    data["method"] = {"name": "gradient-alignment", "schedule": [0, 2, 4], "alignment_batches": 2}
+    torch.set_num_threads(1)
+    run(RunConfig.from_dict(data), progress=False)
+    data["output_dir"] = str(tmp_path / "trainer")
+    train_with_callback(RunConfig.from_dict(data), tmp_path / "hf")
+    engine, trainer = read_run(tmp_path / "engine"), read_run(tmp_path / "trainer")
+    assert [u["step"] for u in trainer.updates] == [0, 2, 4]
+    for mine, theirs in zip(trainer.updates, engine.updates, strict=True):
+        np.testing.assert_allclose(mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-6, atol=1e-12)
+        np.testing.assert_allclose(mine["weights"], theirs["weights"], atol=1e-6)
+
+
+class Recorder(TrainerCallback):
+    """Stands for a report_to integration: it keeps every log it is shown."""
+
+    def __init__(self) -> None:
+        self.logs: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs or {}))
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_the_mixture_reaches_the_trainers_log_and_its_trackers_once_moved_first(tokenizer_dir, tmp_path, moved):
+    config = RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "run"))
+    set_seed(config.training.seed)
+    tokenizer = load_tokenizer(config.model)
+    model = prepare_model(load_causal_lm(config.model), config.lora, False)
+    callback, tracker, after = DynamicsCallback(config, tokenizer), Recorder(), Recorder()
+    trainer = Trainer(
+        model=model,
+        args=trainer_args(tmp_path / "hf", config, logging_strategy="steps", logging_steps=4),
+        train_dataset=callback.train_dataset,
+        data_collator=callback.data_collator,
+        callbacks=[tracker, callback, after],  # the tracker stands where report_to puts it: before
+    )
+    if moved:
+        callback.log_before_trackers(trainer)
+    trainer.train()
+    step_logs = [log for log in after.logs if "loss" in log]
+    assert len(step_logs) == 2  # steps 4 and 8
+    last = read_run(tmp_path / "run").updates[-1]
+    for log in step_logs:
+        assert {"dynamics/weight/math", "dynamics/weight/wiki", "dynamics/worst_slack", "dynamics/feasible"} <= set(log)
+    assert step_logs[-1]["dynamics/weight/math"] == pytest.approx(last["weights"][0])
+    tracked = [log for log in tracker.logs if "loss" in log]
+    assert len(tracked) == 2
+    assert all(("dynamics/weight/math" in log) == moved for log in tracked)
+
+
 def test_fixed_weights_through_the_callback_draw_only_the_weighted_dataset(tokenizer_dir, tmp_path):
     data = tiny_config(tokenizer_dir, tmp_path / "trainer")
     data["method"] = {"name": "fixed", "weights": {"math": 1.0, "wiki": 0.0}}

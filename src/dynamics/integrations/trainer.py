@@ -31,10 +31,12 @@ Resuming: with ``save_strategy="steps"`` the mixture's state goes into each chec
 Trainer saves (``checkpoint-N/dynamics_state/``), and ``trainer.train(resume_from_checkpoint=...)``
 with a callback built from the same config continues the mixture where it stood.
 
-Limits of this first version, each refused with a message: one process; no fp16 loss
-scaling (bf16 and fp32 work); no backtracking (a Trainer's step counter cannot be wound
-back); ``dataloader_num_workers`` 0 (batches are drawn in the training process, where the
-weights are).
+Several processes (torchrun, accelerate launch) draw one global batch per step and keep
+their slices, as ``dynamics run`` does.
+
+Limits, each refused with a message: no fp16 loss scaling (bf16 and fp32 work); no
+backtracking (a Trainer's step counter cannot be wound back); ``dataloader_num_workers``
+0 (batches are drawn in the training process, where the weights are).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from transformers import (
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from dynamics.core import metrics
 from dynamics.core.controller import (
     LoopCallbacks,
     LoopState,
@@ -66,6 +69,7 @@ from dynamics.core.controller import (
     TrainRequest,
     mixture_training,
 )
+from dynamics.core.records import EvaluationRecord, UpdateRecord
 from dynamics.engine.config import RunConfig
 from dynamics.engine.learner import BatchSampler, HFLearner
 from dynamics.engine.preflight import RunSetupError
@@ -195,6 +199,7 @@ class DynamicsCallback(TrainerCallback):
         self._started = 0.0
         self._train_seconds_before = 0.0
         self._saved: LoopState | None = None  # the loop's state at the last checkpoint step
+        self._log_values: dict[str, float] = {}  # the latest weights, slack and feasibility
 
     # --- Trainer events --------------------------------------------------------------
 
@@ -256,11 +261,7 @@ class DynamicsCallback(TrainerCallback):
             constraints=self.data.constraints,
             eval_interval=self.config.evaluation.interval,
             reduced_batches=self.config.evaluation.reduced_batches,
-            callbacks=LoopCallbacks(
-                self._writer.on_evaluation, self._writer.on_update, on_checkpoint=self._keep_loop_state
-            )
-            if self._main
-            else LoopCallbacks(on_checkpoint=self._keep_loop_state),
+            callbacks=LoopCallbacks(self._on_evaluation, self._on_update, on_checkpoint=self._keep_loop_state),
             checkpoint_steps=self._checkpoint_steps(args, state),
             resume=resume,
         )
@@ -307,7 +308,55 @@ class DynamicsCallback(TrainerCallback):
 
         run_state.write_resume_point(checkpoint, state.global_step, write, name=STATE_DIR)
 
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Add the mixture's latest weights, worst slack and feasibility to the Trainer's log."""
+        if logs is not None:
+            logs.update(self._log_values)
+
+    def log_before_trackers(self, trainer: Any) -> None:
+        """Move this callback to the front of ``trainer``'s callbacks.
+
+        Callbacks see each log in order. The Trainer puts its ``report_to`` integrations
+        (TensorBoard, W&B, MLflow, ...) before the callbacks it is given, so without this
+        the mixture's values reach the console log but not those trackers."""
+        callbacks = trainer.callback_handler.callbacks
+        callbacks.remove(self)
+        callbacks.insert(0, self)
+
     # --- the loop ----------------------------------------------------------------------
+
+    def _on_evaluation(self, record: EvaluationRecord, history: RunHistory) -> None:
+        if self._main:
+            self._writer.on_evaluation(record, history)
+        if record.backtracked or record.step == 0:
+            return
+        reference = history.evaluations[0]
+        values: dict[str, float] = {
+            "dynamics/target_loss_sum": float(record.eval[list(history.targets)].sum()),
+            "dynamics/feasible": float(
+                metrics.checkpoint_feasible(record, reference, history.targets, history.constraints)
+            ),
+        }
+        if history.constraints:
+            values["dynamics/worst_slack"] = float(
+                metrics.constraint_slack(record, reference, history.constraints).min()
+            )
+        self._log_values.update(values)
+
+    def _on_update(self, update: UpdateRecord, history: RunHistory) -> None:
+        if self._main:
+            self._writer.on_update(update, history)
+        self._log_values.update(
+            {f"dynamics/weight/{name}": float(w) for name, w in zip(history.dataset_names, update.weights, strict=True)}
+        )
+
 
     @staticmethod
     def _trainer_dir(args: TrainingArguments) -> Path:
