@@ -156,8 +156,9 @@ def test_missing_column_names_it_and_the_fix(
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({}, "exactly one of path="),
-        ({"path": "a.jsonl", "hub_id": "org/name"}, "exactly one of path="),
+        ({"path": "a.jsonl", "hub_id": "org/name"}, "got path and hub_id"),
+        ({"hub_id": "org/name", "rows": [{"text": "a"}]}, "got hub_id and rows"),
+        ({"rows": [{"text": "a"}]}, "rows= must be a datasets.Dataset, got list"),
         ({"path": "a.jsonl", "format": "chat"}, "format='chat'"),
         ({"path": "a.jsonl", "budget": 0}, "budget=0"),
         ({"path": "a.jsonl", "eval_size": 1.5}, r"eval_size=1\.5"),
@@ -169,3 +170,8 @@ def test_missing_column_names_it_and_the_fix(
 def test_invalid_source_fields(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(DataError, match=message):
         DataSource(**fields)
+
+
+def test_a_source_without_rows_is_refused_when_loaded() -> None:
+    with pytest.raises(DataError, match="no rows to read; give path="):
+        load_rows(DataSource(name="math"))

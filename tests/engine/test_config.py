@@ -58,7 +58,7 @@ def test_overrides_by_dotted_path_and_dataset_name():
         ({"method": {"name": "fixed"}}, ["method.weights"]),
         ({"method": {"name": "fixed", "weights": {"math": 1}}}, ["missing ['wiki']"]),
         ({"optimiser": {}}, ["optimiser", "unknown field"]),
-        ({"model": {"name_or_path": "x", "init_config": {"model_type": "llama"}}}, ["exactly one"]),
+        ({"model": {"name_or_path": "x", "init_config": {"model_type": "llama"}}}, ["set only one"]),
         ({"method": {"name": "fixed", "weights": {"math": 1, "wiki": 1}, "backtrack": 2}}, ["method.backtrack"]),
         ({"method": {"name": "gradient-alignment", "calibration": True}}, ["method.name: dynamics"]),
         ({"method": {"backtrack": -1}}, ["method.backtrack"]),

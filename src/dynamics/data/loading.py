@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -93,7 +93,9 @@ class DataSource:
     path: str | None = None
     """A local ``.jsonl``/``.json``/``.parquet``/``.txt`` file, or a local dataset folder."""
     hub_id: str | None = None
-    """A Hugging Face hub dataset id (``org/name``); exactly one of ``path``/``hub_id``."""
+    """A Hugging Face hub dataset id (``org/name``); at most one of ``path``/``hub_id``/``rows``."""
+    rows: datasets.Dataset | None = field(default=None, compare=False, repr=False)
+    """Rows already in memory (a notebook's ``datasets.Dataset``), read instead of a file."""
     config_name: str | None = None
     """The hub dataset's configuration (``load_dataset``'s ``name``), if it has several."""
     split: str = "train"
@@ -128,11 +130,14 @@ class DataSource:
     """Rows held out for the test split, as ``eval_size``."""
 
     def __post_init__(self) -> None:
-        if (self.path is None) == (self.hub_id is None):
+        given = [name for name in ("path", "hub_id", "rows") if getattr(self, name) is not None]
+        if len(given) > 1:
             raise DataError(
-                f"a DataSource needs exactly one of path= (a local file or folder) or "
-                f"hub_id= (a hub dataset id); got path={self.path!r}, hub_id={self.hub_id!r}"
+                f"a DataSource reads one of path= (a local file or folder), hub_id= (a hub dataset id) "
+                f"or rows= (a datasets.Dataset); got {' and '.join(given)}"
             )
+        if self.rows is not None and not isinstance(self.rows, datasets.Dataset):
+            raise DataError(f"rows= must be a datasets.Dataset, got {type(self.rows).__name__}")
         if self.format not in ROW_FORMATS:
             raise DataError(f"format={self.format!r}: use one of {', '.join(ROW_FORMATS)}")
         if self.budget is not None and (
@@ -158,6 +163,8 @@ class DataSource:
         """How error messages name this dataset."""
         if self.path is not None:
             where = f"file {self.path}" if Path(self.path).suffix else f"folder {self.path}"
+        elif self.hub_id is None:
+            where = "rows in memory" if self.rows is not None else "no path, hub_id or rows"
         else:
             config = f" (config {self.config_name})" if self.config_name else ""
             where = f"hub dataset {self.hub_id}{config}, split {self.split}"
@@ -209,7 +216,14 @@ def load_rows(
     """
     cache = None if cache_dir is None else str(cache_dir)
     check_path(source)
-    if source.path is not None:
+    if source.rows is not None:
+        loaded = source.rows
+    elif source.path is None and source.hub_id is None:
+        raise DataError(
+            f"{source.description}: no rows to read; give path= (a local file or folder), hub_id= (a hub "
+            "dataset id) or rows= (a datasets.Dataset)"
+        )
+    elif source.path is not None:
         path = Path(source.path)
         if path.is_dir():
             loaded = _load(source, str(path), name=source.config_name, cache_dir=cache)

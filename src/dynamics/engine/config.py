@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+import datasets
 import yaml
 from pydantic import (
     BaseModel,
@@ -54,8 +55,10 @@ class ModelConfig(_Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
-        if (self.name_or_path is None) == (self.init_config is None):
-            raise ValueError("set exactly one of model.name_or_path (a hub id or folder) or model.init_config")
+        if self.name_or_path is not None and self.init_config is not None:
+            raise ValueError("set only one of model.name_or_path (a hub id or folder) or model.init_config")
+        # Neither: the model is passed in Python (dynamics.run(config, model=..., tokenizer=...)),
+        # which preflight checks.
         if self.init_config is not None and "model_type" not in self.init_config:
             raise ValueError("model.init_config needs a 'model_type' key, e.g. 'llama'")
         if self.init_config is not None and not isinstance(self.init_config["model_type"], str):
@@ -272,8 +275,9 @@ class DatasetConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> DatasetConfig:
-        if (self.path is None) == (self.hub_id is None):
-            raise ValueError(f"dataset {self.name!r}: set exactly one of path (a local file) or hub_id")
+        if self.path is not None and self.hub_id is not None:
+            raise ValueError(f"dataset {self.name!r}: set only one of path (a local file) or hub_id")
+        # Neither: the rows are passed in Python (dynamics.run(config, data={name: rows})).
         unknown = sorted(set(self.columns) - set(COLUMN_KEYS))
         if unknown:
             raise ValueError(f"dataset {self.name!r}: unknown columns keys {unknown}; use {list(COLUMN_KEYS)}")
@@ -301,17 +305,21 @@ class DatasetConfig(_Section):
             raise ValueError(f"dataset {self.name!r}: {err}") from None
         return self
 
-    def data_source(self) -> DataSource:
-        """The data layer's spec of this dataset. Constraint domains are evaluation-only, so
-        their rows are split between eval and test (half each unless set)."""
+    def data_source(self, rows: datasets.Dataset | None = None) -> DataSource:
+        """The data layer's spec of this dataset, reading ``rows`` (in memory) when given
+        instead of its path or hub id. Constraint domains are evaluation-only, so their rows
+        are split between eval and test (half each unless set)."""
+        if rows is not None:
+            rows_source = {"path": None, "hub_id": None, "rows": rows}
+        else:
+            rows_source = {"path": self.path, "hub_id": self.hub_id}
         default_held_out = 0.5 if self.role == "constraint" else 0.1
         columns = {f"{key}_column": value for key, value in self.columns.items()}
         return DataSource(
             name=self.name,
             trained=self.role != "constraint",
             evaluated=self.role != "non-target",
-            path=self.path,
-            hub_id=self.hub_id,
+            **rows_source,
             config_name=self.config_name,
             split=self.split,
             format=self.format,
@@ -323,7 +331,10 @@ class DatasetConfig(_Section):
 
 
 class RunConfig(_Section):
-    model: ModelConfig
+    model: ModelConfig = Field(
+        default_factory=ModelConfig,
+        description="The base model; may be left out when dynamics.run is given the model object.",
+    )
     lora: LoraConfig | None = Field(default_factory=LoraConfig, description="LoRA settings; null = full fine-tuning.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
@@ -352,6 +363,8 @@ class RunConfig(_Section):
             raise ValueError(f"dataset names must be unique, repeated: {dupes}; rename or remove the copies")
         seen: dict[tuple[str | None, ...], DatasetConfig] = {}
         for d in datasets:
+            if d.path is None and d.hub_id is None:
+                continue  # rows passed in Python: nothing here says where they come from
             first = seen.setdefault(_source_key(d), d)
             if first is d:
                 continue

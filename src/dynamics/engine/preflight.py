@@ -28,12 +28,14 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from dynamics.data.loading import check_path, offline, one_line
+from dynamics.data.loading import DataError, check_path, offline, one_line
 from dynamics.engine.config import RunConfig
 from dynamics.engine.model import _resolve_dtype, load_tokenizer
 from dynamics.runs.rundir import RunDirError
@@ -54,19 +56,46 @@ SHARDED_LAUNCHES = {
 _TRUE = ("1", "true", "yes", "y", "on", "t")
 
 
-def preflight(config: RunConfig) -> list[str]:
+def preflight(config: RunConfig, data: Mapping[str, Any] | None = None, model_given: bool = False) -> list[str]:
     """Refuse what cannot run here (raising ``RunSetupError``, ``RunDirError`` or
-    ``DataError``); return the warnings, which are also logged."""
+    ``DataError``); return the warnings, which are also logged. ``data`` holds the rows
+    passed in Python by dataset name; ``model_given``: the model was passed in Python."""
     check_launch()
     check_precision(config)
     check_output_dir(config.output_dir)
-    for dataset in config.datasets:
-        check_path(dataset.data_source())
-    check_model(config)
+    check_sources(config, data or {})
+    if not model_given and config.model.name_or_path is None and config.model.init_config is None:
+        raise RunSetupError(
+            "the config names no model: set model.name_or_path (a hub id or folder) or model.init_config "
+            "(or, from Python, pass it: dynamics.run(config, model=model, tokenizer=tokenizer))"
+        )
+    if not model_given:  # the caller's own model and tokenizer need no resolving
+        check_model(config)
     warnings = precision_warnings(config)
     for warning in warnings:
         logger.warning(warning)
     return warnings
+
+
+def check_sources(config: RunConfig, data: Mapping[str, Any]) -> None:
+    """Every dataset has rows to read: a file that exists, a hub id, or rows passed in Python."""
+    names = [d.name for d in config.datasets]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise RunSetupError(f"data= names {unknown}, which are not datasets of the config ({names})")
+    for dataset in config.datasets:
+        rows = data.get(dataset.name)
+        if rows is None and dataset.path is None and dataset.hub_id is None:
+            raise DataError(
+                f"dataset {dataset.name!r} has no path or hub_id: set one of them (or, from Python, pass its "
+                f"rows: dynamics.run(config, data={{{dataset.name!r}: rows}}))"
+            )
+        if rows is not None and (dataset.path is not None or dataset.hub_id is not None):
+            raise RunSetupError(
+                f"dataset {dataset.name!r} has a {'path' if dataset.path else 'hub_id'} in the config and rows in "
+                "data=: give one of them"
+            )
+        check_path(dataset.data_source(rows))
 
 
 def check_launch() -> None:

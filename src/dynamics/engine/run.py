@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dynamics.core import metrics
 from dynamics.core.controller import (
@@ -171,9 +172,16 @@ class RunData:
     domain_metrics: list[str]
 
 
-def build_data(config: RunConfig, tokenizer: PreTrainedTokenizerBase, world: int = 1) -> RunData:
-    """Tokenize and split every dataset of ``config``; ``world`` processes share each
-    global training batch (the streams draw batches of ``batch_size * world`` rows)."""
+def build_data(
+    config: RunConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    world: int = 1,
+    data: Mapping[str, datasets.Dataset] | None = None,
+) -> RunData:
+    """Tokenize and split every dataset of ``config`` (reading ``data[name]`` for rows passed
+    in Python); ``world`` processes share each global training batch (the streams draw
+    batches of ``batch_size * world`` rows)."""
+    data = data or {}
     training = config.training
     pad_id = pad_token_id(tokenizer)
     eval_batch_size = config.evaluation.batch_size or training.batch_size
@@ -181,7 +189,7 @@ def build_data(config: RunConfig, tokenizer: PreTrainedTokenizerBase, world: int
     domains: dict[str, EvalBatches] = {}
     for index, dataset in enumerate(config.datasets):
         parts = prepare_examples(
-            dataset.data_source(),
+            dataset.data_source(data.get(dataset.name)),
             tokenizer,
             sequence_length=training.sequence_length,
             packing=training.packing,
@@ -229,8 +237,16 @@ def build_data(config: RunConfig, tokenizer: PreTrainedTokenizerBase, world: int
     )
 
 
-def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> BuiltRun:
-    """Set up the tokenizer, model, data, learner and policy of ``config``."""
+def build_run(
+    config: RunConfig,
+    accelerator: Accelerator | None = None,
+    *,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    data: Mapping[str, datasets.Dataset] | None = None,
+) -> BuiltRun:
+    """Set up the tokenizer, model, data, learner and policy of ``config``; ``model`` and
+    ``tokenizer`` (passed together) replace the config's, ``data`` holds rows by dataset name."""
     training = config.training
     if accelerator is None:
         accelerator = Accelerator(
@@ -241,41 +257,44 @@ def build_run(config: RunConfig, accelerator: Accelerator | None = None) -> Buil
             project_dir=config.output_dir,
         )
     set_seed(training.seed)
-    tokenizer = load_tokenizer(config.model)
-    base_model = load_causal_lm(config.model)
+    if (model is None) != (tokenizer is None):
+        raise RunSetupError("pass model= and tokenizer= together (the model's own tokenizer), or neither")
+    if tokenizer is None:
+        tokenizer = load_tokenizer(config.model)
+    base_model = model if model is not None else load_causal_lm(config.model)
     vocab = int(base_model.config.vocab_size)
     if len(tokenizer) > vocab:
         raise RunSetupError(
             f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {vocab}: "
             "use the model's own tokenizer (model.tokenizer) or a larger vocab_size in model.init_config"
         )
-    model = prepare_model(base_model, config.lora, training.gradient_checkpointing)
-    data = build_data(config, tokenizer, accelerator.num_processes)
+    trained = prepare_model(base_model, config.lora, training.gradient_checkpointing)
+    run_data = build_data(config, tokenizer, accelerator.num_processes, data)
     sampler = RankSlicedSampler(
-        MixtureSampler(data.streams, seed=training.seed), accelerator.process_index, accelerator.num_processes
+        MixtureSampler(run_data.streams, seed=training.seed), accelerator.process_index, accelerator.num_processes
     )
     learner = HFLearner(
-        model,
+        trained,
         sampler,
-        data.dataset_names,
-        data.domains,
+        run_data.dataset_names,
+        run_data.domains,
         config.optimizer,
         total_steps=training.total_steps,
         gradient_accumulation=training.gradient_accumulation,
         accelerator=accelerator,
         max_skipped_steps=training.max_skipped_steps,
     )
-    policy: MixturePolicy = BroadcastPolicy(build_policy(config, data.dataset_names), accelerator)
+    policy: MixturePolicy = BroadcastPolicy(build_policy(config, run_data.dataset_names), accelerator)
     return BuiltRun(
         config=config,
         accelerator=accelerator,
         tokenizer=tokenizer,
-        model=model,
+        model=trained,
         learner=learner,
         policy=policy,
-        targets=data.targets,
-        constraints=data.constraints,
-        domain_metrics=data.domain_metrics,
+        targets=run_data.targets,
+        constraints=run_data.constraints,
+        domain_metrics=run_data.domain_metrics,
     )
 
 
@@ -491,12 +510,25 @@ def checkpoint_steps(config: RunConfig) -> list[int]:
     return list(range(interval, config.training.total_steps, interval)) if interval else []
 
 
-def run(config: RunConfig, progress: bool = True, resume: bool = False) -> dict[str, Any]:
+def run(
+    config: RunConfig,
+    progress: bool = True,
+    resume: bool = False,
+    *,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    data: Mapping[str, datasets.Dataset] | None = None,
+) -> dict[str, Any]:
     """Train ``config`` and write its run folder; returns the summary.
 
     With ``resume``, continue the run in ``config.output_dir`` from its last complete
     resume point (``last_checkpoint/``); the config must be the one it started with. A
     finished run is not trained again: its summary is returned as it is.
+
+    From a notebook, ``model`` and ``tokenizer`` (together) replace the config's ``model``
+    section: the model is fine-tuned in place (LoRA adapters, if ``lora`` is set, are added
+    to it). ``data`` maps dataset names to ``datasets.Dataset`` rows for the datasets whose
+    config gives no path or hub id. A resume must pass the same objects again.
     """
     started = time.perf_counter()
     # Our own bar shows the run's progress; the libraries' per-file bars (dataset splits,
@@ -507,7 +539,7 @@ def run(config: RunConfig, progress: bool = True, resume: bool = False) -> dict[
     missing = trackers_missing(list(config.trackers))
     if missing:
         raise RunSetupError(f"trackers {missing} are not installed: pip install {' '.join(missing)}, or remove them")
-    preflight(config)  # refusals raise; warnings are logged
+    preflight(config, data, model_given=model is not None)  # refusals raise; warnings are logged
     accelerator_main = _is_main_process()
     out = Path(config.output_dir)
     resume_point: Path | None = None
@@ -521,7 +553,7 @@ def run(config: RunConfig, progress: bool = True, resume: bool = False) -> dict[
             logger.warning("%s holds no complete resume point yet: the run starts again from step 0", out)
     elif accelerator_main:
         rundir.check_run_dir(out)  # fail before minutes of setup, not after
-    built = build_run(config)
+    built = build_run(config, model=model, tokenizer=tokenizer, data=data)
     if accelerator_main and resume:
         run_state.clear_unfinished(out, keep=resume_point)
     elif accelerator_main:

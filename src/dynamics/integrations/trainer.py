@@ -72,7 +72,7 @@ from dynamics.core.controller import (
 from dynamics.core.records import EvaluationRecord, UpdateRecord
 from dynamics.engine.config import RunConfig
 from dynamics.engine.learner import BatchSampler, HFLearner
-from dynamics.engine.preflight import RunSetupError
+from dynamics.engine.preflight import RunSetupError, check_sources
 from dynamics.engine.run import (
     BroadcastPolicy,
     BuiltRun,
@@ -162,6 +162,8 @@ class DynamicsCallback(TrainerCallback):
             seeds, ``output_dir`` for the run folder. Its ``model``, ``lora`` and
             ``optimizer`` sections are not used: the Trainer's model and optimizer are.
         tokenizer: the model's tokenizer; every dataset is tokenized with it here.
+        data: rows by dataset name (``datasets.Dataset``) for the datasets whose config
+            gives no path or hub id.
 
     Attributes:
         train_dataset: pass as the Trainer's ``train_dataset``.
@@ -170,7 +172,12 @@ class DynamicsCallback(TrainerCallback):
         summary: ``summary.json``'s contents once training ended.
     """
 
-    def __init__(self, config: RunConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        data: Mapping[str, datasets.Dataset] | None = None,
+    ) -> None:
         if config.method.backtrack:
             raise RunSetupError(
                 "method.backtrack returns the model to an earlier step, which a Trainer's step counter "
@@ -181,7 +188,8 @@ class DynamicsCallback(TrainerCallback):
         # torchrun / accelerate launch set these before any process group exists.
         self.world = world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
-        self.data = build_data(config, tokenizer, world)
+        check_sources(config, data or {})
+        self.data = build_data(config, tokenizer, world, data)
         self.sampler = RankSlicedSampler(MixtureSampler(self.data.streams, seed=config.training.seed), rank, world)
         self.source = MixtureTrainSource(
             self.sampler,
