@@ -28,7 +28,9 @@ def config(tokenizer_dir: Path, out: Path, batch_size: int) -> dict:
         # Packed text: every sequence has the same number of loss tokens, so the mean of
         # the two ranks' mean losses equals the one-process mean (DDP averages gradients).
         "training": {"total_steps": 6, "batch_size": batch_size, "sequence_length": 32, "packing": True},
-        "evaluation": {"interval": 3, "batches": 2, "reduced_batches": 1, "batch_size": 4},
+        # Three batches over two ranks: rank 0 evaluates two, rank 1 one (none of the
+        # single reduced batch), and the gathered values must equal one process's.
+        "evaluation": {"interval": 3, "batches": 3, "reduced_batches": 1, "batch_size": 4},
         "method": {"name": "dynamics", "schedule": [0, 2, 4]},
         "datasets": [
             {"name": "wiki", "path": str(FIXTURES / "wikipedia.jsonl"), "role": "target", **text},
@@ -60,6 +62,10 @@ def launch(tmp_path: Path, name: str, nproc: int, batch_size: int, tokenizer_dir
     return [json.loads(line) for line in (out / "controller.jsonl").read_text().splitlines()]
 
 
+def evaluations(tmp_path: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_two_processes_match_one_process(tmp_path):
     tokenizer_dir = tmp_path / "tokenizer"
     tiny_tokenizer().save_pretrained(tokenizer_dir)
@@ -70,3 +76,6 @@ def test_two_processes_match_one_process(tmp_path):
         np.testing.assert_allclose(two["slope_matrix"], one["slope_matrix"], rtol=1e-3, atol=1e-5)
         np.testing.assert_allclose(two["weights"], one["weights"], atol=1e-4)
         np.testing.assert_allclose(two["current_losses"], one["current_losses"], rtol=1e-5)
+    for one, two in zip(evaluations(tmp_path, "single"), evaluations(tmp_path, "double"), strict=True):
+        for split in ("eval", "test"):
+            np.testing.assert_allclose(list(two[split].values()), list(one[split].values()), rtol=1e-5)

@@ -531,7 +531,9 @@ class HFLearner:
         domains, negative accuracy (in [-1, 0]) for accuracy domains.
 
         Runs in eval mode (no dropout) without gradients; draws no random numbers and
-        leaves the training state untouched.
+        leaves the training state untouched. Under several processes the batches are
+        shared out (batch ``b`` to rank ``b mod P``) and the per-batch values gathered, so
+        every rank returns the whole array, the same as one process computes.
         """
         batches = [self._split_batches(domain, split) for domain in self.domains]
         available = len(batches[0])
@@ -540,20 +542,42 @@ class HFLearner:
             raise ValueError(
                 f"num_batches={num_batches} outside [1, {available}] for split {split!r}"
             )
+        world = self.accelerator.num_processes
+        mine = range(self.accelerator.process_index, count, world)
+        # The module itself, not its DDP wrapper: ranks evaluate different numbers of
+        # batches, and a wrapper's forward may synchronise buffers across ranks.
+        model = self.accelerator.unwrap_model(self.model) if world > 1 else self.model
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
-                values = [
-                    torch.stack(
-                        [self._batch_metric(domain, batch) for batch in domain_batches[:count]]
-                    ).double()
-                    for domain, domain_batches in zip(self.domains, batches, strict=True)
-                ]
+                values = torch.stack(
+                    [
+                        torch.stack([self._batch_metric(domain, domain_batches[b], model) for b in mine]).double()
+                        if len(mine)
+                        else torch.zeros(0, dtype=torch.float64, device=self.accelerator.device)
+                        for domain, domain_batches in zip(self.domains, batches, strict=True)
+                    ]
+                )
         finally:
             self.model.train(was_training)
+        if world > 1:
+            values = self._gather_batches(values, count)
         # One device-to-host copy for the whole evaluation instead of one sync per batch.
-        return Evaluation(torch.stack(values).double().cpu().numpy())
+        return Evaluation(values.cpu().numpy())
+
+    def _gather_batches(self, local: Tensor, count: int) -> Tensor:
+        """The (M, count) array from each rank's (M, its share) columns (rank r holds batches
+        r, r + P, r + 2P, ...)."""
+        world = self.accelerator.num_processes
+        width = -(-count // world)
+        padded = torch.zeros((local.shape[0], width), dtype=local.dtype, device=local.device)
+        padded[:, : local.shape[1]] = local
+        gathered = self.accelerator.gather(padded.unsqueeze(0))  # (P, M, width)
+        full = torch.empty((local.shape[0], count), dtype=local.dtype, device=local.device)
+        for rank in range(world):
+            full[:, rank::world] = gathered[rank, :, : len(range(rank, count, world))]
+        return full
 
     # --- gradient alignment (appendix K) ----------------------------------------------
 
@@ -644,10 +668,10 @@ class HFLearner:
     def _to_device(self, batch: Batch) -> dict[str, Tensor]:
         return {key: value.to(self.accelerator.device) for key, value in batch.items()}
 
-    def _language_model_loss(self, batch: Batch) -> Tensor:
+    def _language_model_loss(self, batch: Batch, model: nn.Module | None = None) -> Tensor:
         """Mean next-token cross-entropy over the unmasked label tokens (HF's own shift)."""
         batch = self._to_device(batch)
-        output = self.model(
+        output = (self.model if model is None else model)(
             input_ids=batch["input_ids"],
             attention_mask=batch["attention_mask"],
             labels=batch["labels"],
@@ -684,11 +708,11 @@ class HFLearner:
         batch = self._to_device(batch)
         return F.cross_entropy(choice_logits(self.model, batch), batch["answer_index"])
 
-    def _batch_metric(self, domain: EvaluationDomain, batch: Batch) -> Tensor:
+    def _batch_metric(self, domain: EvaluationDomain, batch: Batch, model: nn.Module) -> Tensor:
         if domain.metric == "loss":
-            return self._language_model_loss(batch)
+            return self._language_model_loss(batch, model)
         batch = self._to_device(batch)
-        predicted = choice_logits(self.model, batch).argmax(dim=-1)
+        predicted = choice_logits(model, batch).argmax(dim=-1)
         # float64: k/n exactly rounded, where float32 made 63/72 right read as 0.87499999.
         return -(predicted == batch["answer_index"]).double().mean()
 

@@ -7,7 +7,8 @@ write the run folder (docs/method.md, "The run folder"). The recipe reads top to
 
 Under several processes (``torchrun`` / ``accelerate launch``) every rank builds the same
 data; each optimizer step draws one global batch from one dataset and every rank trains
-on its own slice of it; every rank evaluates the same fixed batches; the policy decides
+on its own slice of it; the fixed evaluation batches are shared out among the ranks
+(batch b to rank b mod P) and the per-batch values gathered; the policy decides
 on every rank (probes are collective training) and rank 0's decision is broadcast, so
 all ranks hold identical weights and slopes. Only rank 0 writes files.
 """
