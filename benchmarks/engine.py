@@ -8,10 +8,13 @@
     once per dataset per update, against c_t (up to 128) probe steps.
 
     .venv/bin/python benchmarks/engine.py [--hidden 256] [--layers 4] [--seq 128] [--batch 8]
+    .venv/bin/python benchmarks/engine.py --shape qwen2.5-0.5b --mixed-precision bf16 --lora-rank 32 --seq 512
 
-Prints one JSON object. The model is a random-init Llama sized so that a CPU step takes
-tens to hundreds of milliseconds. The machine is shared and noisy, so the loops alternate
-step by step and every ratio is between medians measured in this run.
+Prints one JSON object. By default the model is a random-init Llama sized so that a CPU
+step takes tens to hundreds of milliseconds; ``--shape`` takes a named shape of
+``benchmarks/shapes.py`` instead. It runs on the GPU when there is one (peak memory is then
+reported). The machine is shared and noisy, so the loops alternate step by step and every
+ratio is between medians measured in this run.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from accelerate import Accelerator
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from dynamics.engine.config import LoraConfig, OptimizerConfig
 from dynamics.engine.learner import HFLearner
@@ -70,8 +74,13 @@ class EvalDomain:
         self.test_batches = batches
 
 
-def build_model(args: argparse.Namespace, lora: LoraConfig | None) -> torch.nn.Module:
-    config = LlamaConfig(
+def model_config(args: argparse.Namespace) -> Any:
+    if args.shape is not None:
+        from shapes import SHAPES
+
+        spec = dict(SHAPES[args.shape])
+        return AutoConfig.for_model(spec.pop("model_type"), **spec)
+    return LlamaConfig(
         vocab_size=VOCAB_SIZE,
         hidden_size=args.hidden,
         intermediate_size=4 * args.hidden,
@@ -79,8 +88,11 @@ def build_model(args: argparse.Namespace, lora: LoraConfig | None) -> torch.nn.M
         num_attention_heads=args.hidden // 64,
         max_position_embeddings=args.seq,
     )
+
+
+def build_model(args: argparse.Namespace, lora: LoraConfig | None) -> torch.nn.Module:
     torch.manual_seed(0)
-    return prepare_model(LlamaForCausalLM(config), lora)
+    return prepare_model(AutoModelForCausalLM.from_config(model_config(args)), lora)
 
 
 def make_batches(args: argparse.Namespace, count: int = 4) -> list[dict[str, torch.Tensor]]:
@@ -106,27 +118,40 @@ def build_learner(args: argparse.Namespace, lora: LoraConfig | None, batches: li
         [EvalDomain(batches)],
         OPTIMIZER,
         total_steps=10_000,
+        accelerator=Accelerator(mixed_precision=args.mixed_precision),
     )
 
 
-def hand_loop(args: argparse.Namespace, batches: list) -> Callable[[int], None]:
-    """The plain loop a user would write without us."""
-    model = build_model(args, LORA)
+def hand_loop(args: argparse.Namespace, batches: list, lora: LoraConfig) -> Callable[[int], None]:
+    """The plain loop a user would write without us (autocast for mixed precision)."""
+    device = Accelerator().device
+    model = build_model(args, lora).to(device)
     model.train()
     optimizer = build_optimizer(trainable_parameters(model), OPTIMIZER)
+    on_device = [{k: v.to(device) for k, v in batch.items()} for batch in batches]
+    dtype = torch.bfloat16 if args.mixed_precision == "bf16" else None
     position = 0
 
     def train(steps: int) -> None:
         nonlocal position
         for _ in range(steps):
-            batch = batches[position % len(batches)]
+            batch = on_device[position % len(on_device)]
             position += 1
-            loss = model(**batch).loss
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = model(**batch).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
     return train
+
+
+def synchronized(learner: HFLearner, steps: int, weights: np.ndarray) -> None:
+    learner.train(steps, weights)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def seconds(fn: Callable[[], None]) -> float:
@@ -149,19 +174,26 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128, help="tokens per sequence")
     parser.add_argument("--batch", type=int, default=8, help="sequences per step")
     parser.add_argument("--steps", type=int, default=30, help="timed steps of each loop")
+    parser.add_argument("--shape", default=None, help="a named shape of benchmarks/shapes.py instead of --hidden/--layers")
+    parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16"])
+    parser.add_argument("--lora-rank", type=int, default=LORA.rank)
+    parser.add_argument("--no-full", action="store_true", help="skip full fine-tuning (large shapes)")
     args = parser.parse_args()
 
+    lora = LoraConfig(rank=args.lora_rank, alpha=2.0 * args.lora_rank, dropout=LORA.dropout)
     batches = make_batches(args)
     weights = np.ones(1)
-    engine = build_learner(args, LORA, batches)
-    hand = hand_loop(args, batches)
-    full = build_learner(args, None, batches)
+    engine = build_learner(args, lora, batches)
+    hand = hand_loop(args, batches, lora)
+    full = None if args.no_full else build_learner(args, None, batches)
     for warm_up in (
-        lambda: engine.train(2, weights),
+        lambda: synchronized(engine, 2, weights),
         lambda: hand(2),
-        lambda: full.train(2, weights),
+        lambda: None if full is None else synchronized(full, 2, weights),
     ):
         warm_up()  # first steps allocate Adam state and warm the allocator
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
 
     # Single steps interleaved, so slow phases of the shared machine hit every loop alike;
     # medians drop the steps that a neighbour's burst slowed down.
@@ -169,40 +201,54 @@ def main() -> None:
     for k in range(args.steps):
         # Alternate which loop goes first, so neither always runs on a just-warmed cache.
         if k % 2:
-            engine_step.append(seconds(lambda: engine.train(1, weights)))
+            engine_step.append(seconds(lambda: synchronized(engine, 1, weights)))
             hand_step.append(seconds(lambda: hand(1)))
         else:
             hand_step.append(seconds(lambda: hand(1)))
-            engine_step.append(seconds(lambda: engine.train(1, weights)))
-        full_step.append(seconds(lambda: full.train(1, weights)))
+            engine_step.append(seconds(lambda: synchronized(engine, 1, weights)))
         lora_rollback.extend(snapshot_restore_seconds(engine, repeats=3))
-        full_rollback.extend(snapshot_restore_seconds(full, repeats=3))
+        if full is not None:
+            full_step.append(seconds(lambda: synchronized(full, 1, weights)))
+            full_rollback.extend(snapshot_restore_seconds(full, repeats=3))
 
+    def median_ratio(top: list[float], bottom: list[float]) -> float | None:
+        return statistics.median(top) / statistics.median(bottom) if top and bottom else None
+
+    tokens = args.batch * args.seq
+    config = model_config(args)
     results = {
         "model": {
-            "hidden": args.hidden,
-            "layers": args.layers,
+            "shape": args.shape or f"llama hidden {args.hidden}, {args.layers} layers",
+            "hidden": config.hidden_size,
+            "layers": config.num_hidden_layers,
             "seq": args.seq,
             "batch": args.batch,
-            "lora_rank": LORA.rank,
+            "mixed_precision": args.mixed_precision,
+            "device": str(engine.accelerator.device),
+            "lora_rank": lora.rank,
             "trainable_lora": sum(p.numel() for p in engine.trainable_parameters),
-            "trainable_full": sum(p.numel() for p in full.trainable_parameters),
+            "trainable_full": None if full is None else sum(p.numel() for p in full.trainable_parameters),
             "torch_threads": torch.get_num_threads(),
         },
         "step_ms": {
             "engine_lora": 1e3 * statistics.median(engine_step),
             "hand_loop_lora": 1e3 * statistics.median(hand_step),
-            "engine_full": 1e3 * statistics.median(full_step),
+            "engine_full": 1e3 * statistics.median(full_step) if full_step else None,
+        },
+        "tokens_per_s": {
+            "engine_lora": tokens / statistics.median(engine_step),
+            "hand_loop_lora": tokens / statistics.median(hand_step),
         },
         "snapshot_restore_ms": {
             "lora": 1e3 * statistics.median(lora_rollback),
-            "full": 1e3 * statistics.median(full_rollback),
+            "full": 1e3 * statistics.median(full_rollback) if full_rollback else None,
         },
         "throughput_ratio": statistics.median(hand_step) / statistics.median(engine_step),
         "snapshot_restore_over_step": {
-            "lora": statistics.median(lora_rollback) / statistics.median(engine_step),
-            "full": statistics.median(full_rollback) / statistics.median(full_step),
+            "lora": median_ratio(lora_rollback, engine_step),
+            "full": median_ratio(full_rollback, full_step),
         },
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "goals": GOALS,
     }
     print(json.dumps(results, indent=2))

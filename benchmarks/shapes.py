@@ -1,0 +1,34 @@
+"""Model shapes the benchmarks build from random weights (no downloads).
+
+``tiny`` runs on a CPU in seconds; ``qwen2.5-0.5b`` has the shape of Qwen/Qwen2.5-0.5B
+(its config.json: 24 layers, hidden 896, 14 heads, 2 KV heads, tied embeddings, a vocabulary
+of 151,936), for the GPU check (``benchmarks/gpu.sh``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 512,
+    },
+    "qwen2.5-0.5b": {
+        "model_type": "qwen2",
+        "vocab_size": 151936,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+    },
+}
