@@ -247,11 +247,8 @@ class RobustProblem:
 
     def violations(self, weights: np.ndarray) -> np.ndarray:
         """Predicted loss plus margin minus reference, per constraint (positive = violated)."""
-        if not self.tempered:
-            return self.problem.violations(weights) + self.margins(weights)
         c = self._constraint_rows
-        nominal = self.predicted_losses(weights)[c] - self.problem.reference_losses[c]
-        return nominal + self.margins(weights)
+        return self.predicted_losses(weights)[c] - self.problem.reference_losses[c] + self.margins(weights)
 
     def max_violation(self, weights: np.ndarray) -> float:
         v = self.violations(weights)

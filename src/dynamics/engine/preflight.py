@@ -64,12 +64,12 @@ def preflight(config: RunConfig, data: Mapping[str, Any] | None = None, model_gi
     check_precision(config)
     check_output_dir(config.output_dir)
     check_sources(config, data or {})
-    if not model_given and config.model.name_or_path is None and config.model.init_config is None:
-        raise RunSetupError(
-            "the config names no model: set model.name_or_path (a hub id or folder) or model.init_config "
-            "(or, from Python, pass it: dynamics.run(config, model=model, tokenizer=tokenizer))"
-        )
     if not model_given:  # the caller's own model and tokenizer need no resolving
+        if config.model.name_or_path is None and config.model.init_config is None:
+            raise RunSetupError(
+                "the config names no model: set model.name_or_path (a hub id or folder) or model.init_config "
+                "(or, from Python, pass it: dynamics.run(config, model=model, tokenizer=tokenizer))"
+            )
         check_model(config)
     warnings = precision_warnings(config)
     for warning in warnings:

@@ -332,7 +332,7 @@ class RunFolderWriter:
         )
 
     def on_evaluation(self, record: EvaluationRecord, history: RunHistory) -> None:
-        row = self._metrics_row(record, history)
+        row = self.metrics_row(record, history)
         self.metrics_log.append(row)
         self.built.accelerator.log(
             {f"eval/{n}": float(v) for n, v in zip(history.domain_names, record.eval, strict=True)}, step=record.step
@@ -343,7 +343,8 @@ class RunFolderWriter:
         if self.built.config.training.total_steps and record.weights.size:
             self.bar.set_postfix_str(self._postfix(record.weights, history), refresh=False)
 
-    def _metrics_row(self, record: EvaluationRecord, history: RunHistory) -> dict[str, Any]:
+    def metrics_row(self, record: EvaluationRecord, history: RunHistory) -> dict[str, Any]:
+        """The ``metrics.jsonl`` row of one main evaluation (also what trackers are shown)."""
         names = history.domain_names
         reference = history.evaluations[0]
         feasible = record.step > 0 and metrics.checkpoint_feasible(
@@ -370,7 +371,7 @@ class RunFolderWriter:
         """Rewrite the logs as they stood at the resume point (a crash may have left rows of
         steps about to be trained again) and put its best checkpoint back."""
         history = state.history
-        rows = [self._metrics_row(record, history) for record in history.evaluations]
+        rows = [self.metrics_row(record, history) for record in history.evaluations]
         self.metrics_log.rewrite(rows)
         for record, row in zip(history.evaluations, rows, strict=True):
             if self._is_new_best(record, row["feasible"], history):
@@ -547,7 +548,7 @@ def run(
     if resume:
         if (out / rundir.SUMMARY_FILE).is_file():
             return dict(json.loads((out / rundir.SUMMARY_FILE).read_text()))
-        _check_same_config(config, out)
+        check_same_config(config, out)
         resume_point = run_state.find_resume_point(out)
         if resume_point is None:
             # Stopped before its first resume point: nothing trained is lost by starting over.
@@ -609,8 +610,9 @@ def run(
     return summary
 
 
-def _check_same_config(config: RunConfig, out: Path) -> None:
-    """A resumed run must go on with the config it started with."""
+def check_same_config(config: RunConfig, out: Path, how: str | None = None) -> None:
+    """A resumed run must go on with the config it started with (saved in ``out``); ``how``
+    says how to resume with the saved one (by default ``dynamics run --resume``)."""
     path = out / rundir.CONFIG_FILE
     if not path.is_file():
         raise RunSetupError(f"{path} is missing: {out} is not a run folder that can be resumed")
@@ -620,7 +622,7 @@ def _check_same_config(config: RunConfig, out: Path) -> None:
         changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
         raise RunSetupError(
             f"the config differs from the one {out} started with (in {', '.join(changed)}): resume with "
-            f"the saved {path}, e.g. dynamics run --resume {out}"
+            f"the saved {path}, {how or f'e.g. dynamics run --resume {out}'}"
         )
 
 

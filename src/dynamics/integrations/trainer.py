@@ -61,7 +61,6 @@ from transformers import (
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from dynamics.core import metrics
 from dynamics.core.controller import (
     LoopCallbacks,
     LoopState,
@@ -80,6 +79,7 @@ from dynamics.engine.run import (
     RunFolderWriter,
     build_data,
     build_policy,
+    check_same_config,
     summarize,
 )
 from dynamics.engine.sampler import MixtureSampler
@@ -299,7 +299,7 @@ class DynamicsCallback(TrainerCallback):
         saved = self._saved
         if not self._main or saved is None or saved.step != state.global_step:
             return  # not a step the loop stopped at (the final one, or save_strategy "best")
-        checkpoint = self._trainer_dir(args) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        checkpoint = self._checkpoint(args, state)
         train_seconds = self._train_seconds_before + time.perf_counter() - self._started
         out = Path(self.config.output_dir)
 
@@ -345,18 +345,11 @@ class DynamicsCallback(TrainerCallback):
             self._writer.on_evaluation(record, history)
         if record.backtracked or record.step == 0:
             return
-        reference = history.evaluations[0]
-        values: dict[str, float] = {
-            "dynamics/target_loss_sum": float(record.eval[list(history.targets)].sum()),
-            "dynamics/feasible": float(
-                metrics.checkpoint_feasible(record, reference, history.targets, history.constraints)
-            ),
-        }
-        if history.constraints:
-            values["dynamics/worst_slack"] = float(
-                metrics.constraint_slack(record, reference, history.constraints).min()
-            )
-        self._log_values.update(values)
+        row = self._writer.metrics_row(record, history)  # what metrics.jsonl holds for this step
+        self._log_values["dynamics/target_loss_sum"] = row["target_loss_sum"]
+        self._log_values["dynamics/feasible"] = float(row["feasible"])
+        if row["constraint_slack"]:
+            self._log_values["dynamics/worst_slack"] = min(row["constraint_slack"].values())
 
     def _on_update(self, update: UpdateRecord, history: RunHistory) -> None:
         if self._main:
@@ -365,10 +358,14 @@ class DynamicsCallback(TrainerCallback):
             {f"dynamics/weight/{name}": float(w) for name, w in zip(history.dataset_names, update.weights, strict=True)}
         )
 
-
     @staticmethod
     def _trainer_dir(args: TrainingArguments) -> Path:
         return Path(args.output_dir or "trainer_output")  # transformers' own default
+
+    @classmethod
+    def _checkpoint(cls, args: TrainingArguments, state: TrainerState) -> Path:
+        """The checkpoint folder the Trainer writes (or resumes) at this step."""
+        return cls._trainer_dir(args) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
 
     def _keep_loop_state(self, saved: LoopState) -> None:
         self._saved = saved
@@ -384,7 +381,7 @@ class DynamicsCallback(TrainerCallback):
     def _resume(self, args: TrainingArguments, state: TrainerState, out: Path) -> LoopState:
         """The loop's state from the Trainer checkpoint being resumed (the Trainer restores
         the model, optimizer, scheduler and RNG itself)."""
-        checkpoint = self._trainer_dir(args) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        checkpoint = self._checkpoint(args, state)
         point = checkpoint / STATE_DIR
         if run_state.find_resume_point(checkpoint, name=STATE_DIR) is None:
             raise RunSetupError(
@@ -392,11 +389,7 @@ class DynamicsCallback(TrainerCallback):
                 "resume from a checkpoint the Trainer saved with DynamicsCallback (save_strategy 'steps'), "
                 "inside TrainingArguments.output_dir"
             )
-        saved_config = RunConfig.from_yaml(point / rundir.CONFIG_FILE)
-        if saved_config != self.config:
-            raise RunSetupError(
-                f"the run config differs from the one {checkpoint} was saved with: resume with {point / rundir.CONFIG_FILE}"
-            )
+        check_same_config(self.config, point, how="building the callback from it")
         saved = run_state.read_loop_file(point)
         loop_state = run_state.loop_state_from_dict(saved, lambda name: None)
         self.sampler.load_state_dict(saved["sampler"])
