@@ -19,7 +19,7 @@ from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
 pytestmark = pytest.mark.slow
 
 
-def config(tokenizer_dir: Path, out: Path, batch_size: int) -> dict:
+def config(tokenizer_dir: Path, out: Path, batch_size: int, split_probes: bool) -> dict:
     text = {"format": "text", "eval_size": 2, "test_size": 2}
     return {
         "model": {"init_config": TINY_LLAMA, "tokenizer": str(tokenizer_dir)},
@@ -27,7 +27,8 @@ def config(tokenizer_dir: Path, out: Path, batch_size: int) -> dict:
         "optimizer": {"lr": 1e-2},
         # Packed text: every sequence has the same number of loss tokens, so the mean of
         # the two ranks' mean losses equals the one-process mean (DDP averages gradients).
-        "training": {"total_steps": 6, "batch_size": batch_size, "sequence_length": 32, "packing": True},
+        "training": {"total_steps": 6, "batch_size": batch_size, "sequence_length": 32, "packing": True,
+                     "split_probes": split_probes},
         # Three batches over two ranks: rank 0 evaluates two, rank 1 one (none of the
         # single reduced batch), and the gathered values must equal one process's.
         "evaluation": {"interval": 3, "batches": 3, "reduced_batches": 1, "batch_size": 4},
@@ -42,10 +43,12 @@ def config(tokenizer_dir: Path, out: Path, batch_size: int) -> dict:
     }
 
 
-def launch(tmp_path: Path, name: str, nproc: int, batch_size: int, tokenizer_dir: Path) -> list[dict]:
+def launch(
+    tmp_path: Path, name: str, nproc: int, batch_size: int, tokenizer_dir: Path, split_probes: bool = True
+) -> list[dict]:
     path = tmp_path / f"{name}.yaml"
     out = tmp_path / name
-    path.write_text(yaml.safe_dump(config(tokenizer_dir, out, batch_size)))
+    path.write_text(yaml.safe_dump(config(tokenizer_dir, out, batch_size, split_probes)))
     env = {
         **os.environ,
         # Two processes with two threads each on two cores run ~40x slower.
@@ -66,16 +69,32 @@ def evaluations(tmp_path: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
 
+def probe_streams(tmp_path: Path, name: str) -> list[dict]:
+    """Where each probe stream stood at the last checkpoint (written by rank 0)."""
+    meta = json.loads((tmp_path / name / "last_checkpoint" / "learner.json").read_text())
+    return meta["sampler"]["probe_streams"]
+
+
 def test_two_processes_match_one_process(tmp_path):
     tokenizer_dir = tmp_path / "tokenizer"
     tiny_tokenizer().save_pretrained(tokenizer_dir)
     single = launch(tmp_path, "single", nproc=1, batch_size=4, tokenizer_dir=tokenizer_dir)
-    double = launch(tmp_path, "double", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir)
-    assert [u["step"] for u in single] == [u["step"] for u in double] == [0, 2, 4]
-    for one, two in zip(single, double, strict=True):
-        np.testing.assert_allclose(two["slope_matrix"], one["slope_matrix"], rtol=1e-3, atol=1e-5)
-        np.testing.assert_allclose(two["weights"], one["weights"], atol=1e-4)
-        np.testing.assert_allclose(two["current_losses"], one["current_losses"], rtol=1e-5)
-    for one, two in zip(evaluations(tmp_path, "single"), evaluations(tmp_path, "double"), strict=True):
-        for split in ("eval", "test"):
-            np.testing.assert_allclose(list(two[split].values()), list(one[split].values()), rtol=1e-5)
+    # Two datasets over two ranks: each rank probes one dataset on its own.
+    split = launch(tmp_path, "split", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir)
+    # Both ranks take part in both probes, as data-parallel training does.
+    together = launch(tmp_path, "together", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir, split_probes=False)
+    assert [u["probe_ranks"] for u in single] == [[[0], [0]]] * 3
+    assert [u["probe_ranks"] for u in split] == [[[0], [1]]] * 3
+    assert [u["probe_ranks"] for u in together] == [[[0, 1], [0, 1]]] * 3
+    for name, double in (("split", split), ("together", together)):
+        assert [u["step"] for u in single] == [u["step"] for u in double] == [0, 2, 4]
+        for one, two in zip(single, double, strict=True):
+            np.testing.assert_allclose(two["slope_matrix"], one["slope_matrix"], rtol=1e-3, atol=1e-5)
+            np.testing.assert_allclose(two["weights"], one["weights"], atol=1e-4)
+            np.testing.assert_allclose(two["current_losses"], one["current_losses"], rtol=1e-5)
+            assert all(seconds > 0 for seconds in two["dataset_probe_seconds"])
+        # Rank 0 probed only the first dataset, yet saves both streams where one process has them.
+        assert probe_streams(tmp_path, name) == probe_streams(tmp_path, "single")
+        for one, two in zip(evaluations(tmp_path, "single"), evaluations(tmp_path, name), strict=True):
+            for part in ("eval", "test"):
+                np.testing.assert_allclose(list(two[part].values()), list(one[part].values()), rtol=1e-5)

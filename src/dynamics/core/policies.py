@@ -20,6 +20,7 @@ import numpy as np
 from dynamics.core.controller import UpdateContext
 from dynamics.core.learner import AlignmentLearner, Diverged, Learner
 from dynamics.core.predictors import PREDICTORS, probe_progress
+from dynamics.core.probes import probe_datasets
 from dynamics.core.problem import MixtureProblem, SolverGrid
 from dynamics.core.records import UpdateRecord
 from dynamics.core.robust import (
@@ -138,35 +139,16 @@ class DynamicsPolicy:
         # Probe checkpoints (in steps from the snapshot); the last one is always c_t.
         checkpoints = probe_progress(budget, predictor.num_probe_evals)
         num_datasets = len(learner.dataset_names)
-        num_domains = len(learner.domain_names)
-        trajectories = np.empty((len(checkpoints), num_domains, num_datasets))
-        probed = np.empty((num_datasets, num_domains, context.reduced_batches))
-        snapshot = learner.snapshot()
-        reliable = []
-        for j in range(num_datasets):
-            # Algorithm 1: every probe starts from the same parameters and optimizer state.
-            learner.restore(snapshot)
-            done = 0
-            try:
-                for k, checkpoint in enumerate(checkpoints):
-                    learner.probe(checkpoint - done, j)
-                    done = checkpoint
-                    evaluation = learner.evaluate("eval", context.reduced_batches)
-                    trajectories[k, :, j] = evaluation.means()
-                probed[j] = evaluation.per_batch
-            except Diverged:
-                probed[j] = np.nan
-            if np.isfinite(probed[j]).all():
-                reliable.append(j)
-        learner.restore(snapshot)
+        probes = probe_datasets(learner, checkpoints, context.reduced_batches)
+        reliable = probes.reliable()
         if not reliable:
             raise Diverged(
                 f"every probe at step {context.step} reached a non-finite loss or evaluation: "
                 "lower optimizer.lr or set optimizer.max_grad_norm, and start again"
             )
         # A diverged probe says nothing about its dataset: its column is left out of this
-        # update (weight 0), and the record says so.
-        trajectories = trajectories[:, :, reliable]
+        # update (weight 0), and the record says so. Trajectories are (K, M, N).
+        trajectories = probes.evaluations[reliable].mean(axis=-1).transpose(1, 2, 0)
         anchor = context.anchor.means()
         fit = predictor.slopes(
             anchor=anchor,
@@ -176,14 +158,20 @@ class DynamicsPolicy:
             horizon=context.horizon,
         )
         slope_errors = slope_standard_errors(
-            context.anchor.per_batch[:, : context.reduced_batches], probed[reliable], budget
+            context.anchor.per_batch[:, : context.reduced_batches], probes.evaluations[reliable, -1], budget
         )
-        extra = {"predictor": self.predictor, **fit.details, "slope_errors": slope_errors}
+        extra = {
+            "predictor": self.predictor,
+            **fit.details,
+            "slope_errors": slope_errors,
+        }
         probe_seconds = time.perf_counter() - started
         if self.options.is_paper:
             record = _solve_update(self.name, context, fit.slope_matrix, self.grid, probe_seconds, extra)
         else:
             record = self._robust_update(context, fit.slope_matrix, slope_errors, probe_seconds, extra)
+        record.dataset_probe_seconds = probes.seconds
+        record.probe_ranks = probes.ranks
         if len(reliable) < num_datasets:
             _widen(record, reliable, num_datasets)
             record.extra["unreliable_datasets"] = [

@@ -64,6 +64,8 @@ class UpdateRecord:
     solver: dict[str, Any] | None = None  # lambda, eps, feasible, max_violation, LP result
     realized_losses: np.ndarray | None = None  # (M,) at step + horizon
     probe_seconds: float = 0.0
+    dataset_probe_seconds: np.ndarray | None = None  # (N,) wall time of each dataset's probe
+    probe_ranks: list[list[int]] | None = None  # per dataset, the processes that probed it
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

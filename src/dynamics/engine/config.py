@@ -121,6 +121,11 @@ class TrainingConfig(_Section):
         description="Main-run steps with a non-finite loss or gradient that are skipped (never applied) "
         "before the run stops as diverged.",
     )
+    split_probes: bool = Field(
+        True,
+        description="Under several processes, each process probes its own share of the fine-tuning datasets "
+        "(when the process count divides their number) instead of every process taking part in every probe.",
+    )
     checkpoint_interval: int | None = Field(
         None,
         ge=0,

@@ -31,16 +31,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 import safetensors.torch
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
+from accelerate.utils import DistributedType, gather_object
 from torch import Tensor, nn
 
 from dynamics.core.learner import Diverged, Evaluation
+from dynamics.core.probes import ProbeRuns, probe_in_turn
 from dynamics.data.formatting import IGNORE_INDEX
 from dynamics.engine.config import OptimizerConfig
 from dynamics.engine.model import build_lr_scheduler, build_optimizer, trainable_parameters
@@ -74,6 +76,16 @@ class BatchSampler(Protocol):
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class SlicingSampler(BatchSampler, Protocol):
+    """A sampler of one rank's slice of each global batch, which can also hand a rank that
+    probes on its own every rank's slice (:meth:`HFLearner.probe_all`)."""
+
+    def probe_slices(self, dataset: int) -> list[Batch]:
+        """The next global probe batch of ``dataset``, as the list of every rank's slice."""
+        ...
 
 
 class EvaluationDomain(Protocol):
@@ -334,6 +346,10 @@ class HFLearner:
         self.last_train_loss = float("nan")
         """Mean training loss of the last step of the last ``train`` call (display only)."""
         self.max_skipped_steps = max_skipped_steps
+        self.split_probes = True
+        """Under several processes, let each process probe its own datasets (see
+        :meth:`probe_all`); False makes every process take part in every probe."""
+        self._alone = False  # this process is probing on its own (see probe_all)
         self.main_steps = 0
         self.skipped_steps: list[dict[str, Any]] = []
         """Main-run steps skipped for a non-finite loss or gradient: step and datasets."""
@@ -365,10 +381,73 @@ class HFLearner:
         main run's data order and each update probes on fresh batches."""
         if not 0 <= dataset < len(self._dataset_names):
             raise ValueError(f"dataset index {dataset} outside [0, {len(self._dataset_names) - 1}]")
-        self._optimizer_steps(steps, lambda: (dataset, self.sampler.probe_batch(dataset)), probing=True)
+        if self._alone:
+            sampler = cast(SlicingSampler, self.sampler)
+            self._optimizer_steps(steps, lambda: (dataset, sampler.probe_slices(dataset)), probing=True)
+        else:
+            self._optimizer_steps(steps, lambda: (dataset, self.sampler.probe_batch(dataset)), probing=True)
+
+    def probe_all(self, checkpoints: Sequence[int], num_batches: int) -> ProbeRuns:
+        """Every probe of one update, from the current state, which is restored afterwards
+        (:class:`dynamics.core.probes.ProbingLearner`).
+
+        One process probes the datasets in turn. Under ``P`` processes with ``N`` a
+        multiple of ``P`` (and ``split_probes``, and unsharded parameters), process ``r``
+        probes datasets ``r, r + P, ...`` on its own: each probe step runs the global
+        batch's ``P`` slices one after another on the unwrapped module (the same memory
+        per process, the same gradient as all processes together) and evaluates every
+        reduced batch itself; the evaluations are then summed across processes (each
+        dataset's are non-zero on one process only) and the probe streams' positions
+        shared, so every process holds what one process would have measured. Otherwise
+        every process takes part in every probe, as in data-parallel training. The work
+        is the same either way; probing alone saves the per-step gradient all-reduce and
+        the snapshot restores (``N / P + 1`` per process instead of ``N + 1``).
+        """
+        count = len(self._dataset_names)
+        world = self.accelerator.num_processes
+        snapshot = self.snapshot()
+        if not self._splits_probes():
+            evaluations, seconds = probe_in_turn(self, range(count), checkpoints, num_batches, snapshot)
+            self.restore(snapshot)
+            return ProbeRuns(evaluations, seconds, [list(range(world)) for _ in range(count)])
+        mine = list(range(self.accelerator.process_index, count, world))
+        self._alone = True
+        try:
+            local, local_seconds = probe_in_turn(self, mine, checkpoints, num_batches, snapshot)
+        finally:
+            self._alone = False
+        self.restore(snapshot)
+        device = self.accelerator.device
+        shared = torch.zeros((count, *local.shape[1:]), dtype=torch.float64, device=device)
+        shared[mine] = torch.from_numpy(local).to(device)
+        shared_seconds = torch.zeros(count, dtype=torch.float64, device=device)
+        shared_seconds[mine] = torch.from_numpy(local_seconds).to(device)
+        shared = self.accelerator.reduce(shared, reduction="sum")
+        shared_seconds = self.accelerator.reduce(shared_seconds, reduction="sum")
+        # Each process moved only its own datasets' probe streams.
+        state = self.sampler.state_dict()
+        for j, stream in gather_object([(j, state["probe_streams"][j]) for j in mine]):
+            state["probe_streams"][j] = stream
+        self.sampler.load_state_dict(state)
+        return ProbeRuns(shared.cpu().numpy(), shared_seconds.cpu().numpy(), [[j % world] for j in range(count)])
+
+    def _splits_probes(self) -> bool:
+        world = self.accelerator.num_processes
+        sharded = self.accelerator.distributed_type in (
+            DistributedType.FSDP,
+            DistributedType.DEEPSPEED,
+            DistributedType.MEGATRON_LM,
+        )
+        return (
+            world > 1
+            and self.split_probes
+            and len(self._dataset_names) % world == 0
+            and not sharded
+            and isinstance(self.sampler, SlicingSampler)
+        )
 
     def _optimizer_steps(
-        self, steps: int, next_batch: Callable[[], tuple[int, Batch]], probing: bool
+        self, steps: int, next_batch: Callable[[], tuple[int, Batch | list[Batch]]], probing: bool
     ) -> Tensor:
         """Train ``steps`` optimizer steps; returns the last step's loss (on device).
 
@@ -386,13 +465,16 @@ class HFLearner:
             for micro_step in range(self.gradient_accumulation):
                 dataset, batch = next_batch()
                 datasets.append(dataset)
+                if isinstance(batch, list):  # every rank's slice: this process probes alone
+                    step_loss = step_loss + self._backward_alone(batch)
+                    continue
                 last = micro_step == self.gradient_accumulation - 1
                 # Under DDP, gradients are all-reduced only on the last micro-batch.
                 with nullcontext() if last else self.accelerator.no_sync(self.model):
                     loss = self._training_loss(batch) / self.gradient_accumulation
                     self.accelerator.backward(loss)
                 step_loss = step_loss + loss.detach()
-            if self._average_gradients:
+            if self._average_gradients and not self._alone:
                 self._all_reduce_gradients()
             # Without clipping, an infinite max norm measures without changing anything.
             max_norm = self.max_grad_norm if self.max_grad_norm is not None else float("inf")
@@ -423,7 +505,7 @@ class HFLearner:
     def _finite(self, step_loss: Tensor, grad_norm: Tensor | float | None) -> bool:
         """Whether this step may be applied; the same answer on every rank."""
         loss = step_loss.reshape(1)
-        if self.accelerator.num_processes > 1:
+        if self.accelerator.num_processes > 1 and not self._alone:
             loss = self.accelerator.reduce(loss, reduction="sum")  # NaN on one rank: NaN everywhere
         ok = torch.isfinite(loss).all()
         # Under fp16 an infinite gradient is the loss scaler's overflow, which the scaler
@@ -542,11 +624,12 @@ class HFLearner:
             raise ValueError(
                 f"num_batches={num_batches} outside [1, {available}] for split {split!r}"
             )
-        world = self.accelerator.num_processes
-        mine = range(self.accelerator.process_index, count, world)
+        # A process probing on its own evaluates every batch itself.
+        world = 1 if self._alone else self.accelerator.num_processes
+        mine = range(self.accelerator.process_index if world > 1 else 0, count, world)
         # The module itself, not its DDP wrapper: ranks evaluate different numbers of
         # batches, and a wrapper's forward may synchronise buffers across ranks.
-        model = self.accelerator.unwrap_model(self.model) if world > 1 else self.model
+        model = self.accelerator.unwrap_model(self.model) if self.accelerator.num_processes > 1 else self.model
         was_training = self.model.training
         self.model.eval()
         try:
@@ -702,6 +785,27 @@ class HFLearner:
         )
         loss: Tensor = output.loss.float() * world_size
         return loss
+
+    def _backward_alone(self, slices: Sequence[Batch]) -> Tensor:
+        """Backward one micro-batch of a probe this process runs on its own: the global
+        batch's per-process ``slices`` in turn on the unwrapped module, each slice's token
+        loss summed over the global batch's loss tokens, so the accumulated gradient is that
+        of the global batch's mean token loss, as all processes together compute it."""
+        model = self.accelerator.unwrap_model(self.model)
+        batches = [self._to_device(batch) for batch in slices]
+        tokens = torch.stack([(b["labels"][:, 1:] != IGNORE_INDEX).sum() for b in batches]).sum()
+        total = torch.zeros((), device=self.accelerator.device)
+        for batch in batches:
+            output = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                labels=batch["labels"],
+                num_items_in_batch=tokens,
+            )
+            loss = output.loss.float() / self.gradient_accumulation
+            self.accelerator.backward(loss)
+            total = total + loss.detach()
+        return total
 
     def _choice_loss(self, batch: Batch) -> Tensor:
         """Cross-entropy of the correct letter among the choice letters' logits."""

@@ -83,11 +83,18 @@ class RankSlicedSampler:
     def probe_batch(self, j: int) -> Batch:
         return self._slice(self.sampler.probe_batch(j))
 
-    def _slice(self, batch: Batch) -> Batch:
+    def probe_slices(self, j: int) -> list[Batch]:
+        """The next global probe batch of dataset ``j`` as every rank's slice, for a rank
+        that probes ``j`` on its own; the stream moves as under ``probe_batch``."""
+        batch = self.sampler.probe_batch(j)
+        return [self._slice(batch, rank) for rank in range(self.world_size)]
+
+    def _slice(self, batch: Batch, rank: int | None = None) -> Batch:
         if self.world_size == 1:
             return batch
+        rank = self.rank if rank is None else rank
         rows = next(iter(batch.values())).shape[0] // self.world_size
-        return {k: v[self.rank * rows : (self.rank + 1) * rows] for k, v in batch.items()}
+        return {k: v[rank * rows : (rank + 1) * rows] for k, v in batch.items()}
 
     def state_dict(self) -> dict[str, Any]:
         return self.sampler.state_dict()
@@ -98,8 +105,9 @@ class RankSlicedSampler:
 
 @dataclass
 class BroadcastPolicy:
-    """Run the wrapped policy on every rank (probing trains collectively), then adopt rank
-    0's record everywhere: one decision, identical weights and slopes on all ranks."""
+    """Run the wrapped policy on every rank (each rank probing its share of the datasets,
+    or all of them together; see ``HFLearner.probe_all``), then adopt rank 0's record
+    everywhere: one decision, identical weights and slopes on all ranks."""
 
     policy: MixturePolicy
     accelerator: Accelerator
@@ -285,6 +293,7 @@ def build_run(
         accelerator=accelerator,
         max_skipped_steps=training.max_skipped_steps,
     )
+    learner.split_probes = training.split_probes
     policy: MixturePolicy = BroadcastPolicy(build_policy(config, run_data.dataset_names), accelerator)
     return BuiltRun(
         config=config,

@@ -227,7 +227,8 @@ class DynamicsCallback(TrainerCallback):
         self._started = time.perf_counter()
         # Shares the process state of the Trainer's accelerator (device, distributed setup).
         accelerator = Accelerator(cpu=not torch.cuda.is_available() or args.use_cpu)
-        # Every rank probes (collective training) and adopts rank 0's decision.
+        # Every rank probes (its share of the datasets, or all of them together) and adopts
+        # rank 0's decision.
         policy = BroadcastPolicy(self.policy, accelerator)
         self._main = accelerator.is_main_process
         learner = HFLearner.around(
@@ -242,6 +243,7 @@ class DynamicsCallback(TrainerCallback):
             gradient_accumulation=args.gradient_accumulation_steps,
             max_skipped_steps=self.config.training.max_skipped_steps,
         )
+        learner.split_probes = self.config.training.split_probes
         self._built = BuiltRun(
             config=self.config,
             accelerator=accelerator,

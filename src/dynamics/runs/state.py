@@ -179,6 +179,8 @@ def update_from_dict(row: dict[str, Any]) -> UpdateRecord:
         solver=row["solver"],
         realized_losses=optional("realized_losses"),
         probe_seconds=float(row["probe_seconds"]),
+        dataset_probe_seconds=optional("dataset_probe_seconds") if "dataset_probe_seconds" in row else None,
+        probe_ranks=row.get("probe_ranks"),
         extra=row["extra"],
     )
 

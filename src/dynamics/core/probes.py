@@ -1,0 +1,105 @@
+"""Algorithm 1's probes, run in turn or shared out among processes.
+
+Public API:
+
+- ``ProbeRuns``: what probing one update measured: the reduced evaluation after each probe
+  checkpoint of each dataset, each probe's wall time, and which process(es) ran it.
+- ``probe_in_turn(learner, datasets, checkpoints, num_batches, snapshot)``: probe the
+  given datasets one after another, each from ``snapshot`` (the paper's loop).
+- ``ProbingLearner``: a learner that runs all the probes of an update itself, e.g. spread
+  over several processes (``dynamics.engine.learner.HFLearner``).
+- ``probe_datasets(learner, checkpoints, num_batches)``: all N probes of one update,
+  through ``ProbingLearner.probe_all`` when the learner has it, else in turn; the learner
+  is back at its starting state afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from dynamics.core.learner import Diverged, Learner
+
+
+@dataclass(frozen=True)
+class ProbeRuns:
+    """The measurements of one update's probes.
+
+    ``evaluations[j, k]`` is the reduced eval-split evaluation ``(M, R)`` after the
+    ``k``-th checkpoint of dataset ``j``'s probe; all NaN for a probe that diverged.
+    ``seconds[j]`` is the wall time of dataset ``j``'s probe (its steps and evaluations);
+    ``ranks[j]`` the processes that ran it (``[0]`` in a single process).
+    """
+
+    evaluations: np.ndarray  # (N, K, M, R)
+    seconds: np.ndarray  # (N,)
+    ranks: list[list[int]]
+
+    def __post_init__(self) -> None:
+        if self.evaluations.ndim != 4:
+            raise ValueError(f"evaluations must have shape (N, K, M, R), got {self.evaluations.shape}")
+        if self.seconds.shape != self.evaluations.shape[:1] or len(self.ranks) != len(self.seconds):
+            raise ValueError("seconds and ranks need one entry per probed dataset")
+
+    def reliable(self) -> list[int]:
+        """The datasets whose probe reached finite evaluations throughout."""
+        finite = np.isfinite(self.evaluations).reshape(len(self.evaluations), -1).all(axis=1)
+        return [int(j) for j in np.flatnonzero(finite)]
+
+
+def probe_in_turn(
+    learner: Learner,
+    datasets: Sequence[int],
+    checkpoints: Sequence[int],
+    num_batches: int,
+    snapshot: Any,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Probe each of ``datasets`` from ``snapshot``, evaluating ``num_batches`` reduced
+    batches at every checkpoint (steps from the snapshot, increasing).
+
+    Returns the evaluations ``(len(datasets), K, M, R)`` (NaN for a probe that raised
+    :class:`Diverged`) and each probe's wall seconds. The learner is left at the end of
+    the last probe: the caller restores it.
+    """
+    num_domains = len(learner.domain_names)
+    evaluations = np.full((len(datasets), len(checkpoints), num_domains, num_batches), np.nan)
+    seconds = np.zeros(len(datasets))
+    for row, j in enumerate(datasets):
+        started = time.perf_counter()
+        # Algorithm 1: every probe starts from the same parameters and optimizer state.
+        learner.restore(snapshot)
+        done = 0
+        try:
+            for k, checkpoint in enumerate(checkpoints):
+                learner.probe(checkpoint - done, j)
+                done = checkpoint
+                evaluations[row, k] = learner.evaluate("eval", num_batches).per_batch
+        except Diverged:
+            evaluations[row] = np.nan
+        seconds[row] = time.perf_counter() - started
+    return evaluations, seconds
+
+
+@runtime_checkable
+class ProbingLearner(Learner, Protocol):
+    """A learner that runs every probe of an update itself."""
+
+    def probe_all(self, checkpoints: Sequence[int], num_batches: int) -> ProbeRuns:
+        """Probe every dataset from the current state (as :func:`probe_in_turn` does) and
+        return to that state afterwards; every process gets the same ``ProbeRuns``."""
+        ...
+
+
+def probe_datasets(learner: Learner, checkpoints: Sequence[int], num_batches: int) -> ProbeRuns:
+    """All probes of one update; the learner ends where it started."""
+    if isinstance(learner, ProbingLearner):
+        return learner.probe_all(checkpoints, num_batches)
+    snapshot = learner.snapshot()
+    datasets = range(len(learner.dataset_names))
+    evaluations, seconds = probe_in_turn(learner, datasets, checkpoints, num_batches, snapshot)
+    learner.restore(snapshot)
+    return ProbeRuns(evaluations, seconds, [[0] for _ in datasets])
