@@ -104,6 +104,28 @@ def test_fixed_weights_policy_trains_one_mixture():
     assert all(np.allclose(e.weights, [0.25, 0.25, 0.5]) for e in history.evaluations)
 
 
+def test_the_loop_announces_each_phase_before_it_starts():
+    from dynamics.core.controller import LoopCallbacks
+
+    phases: list[tuple[str, int]] = []
+    learner = ToyLearner(SLOPES, INITIAL)
+    run_mixture_training(
+        learner,
+        DynamicsPolicy(build_schedule([0, 8], 32)),
+        targets=[0],
+        constraints=[1],
+        eval_interval=16,
+        reduced_batches=4,
+        callbacks=LoopCallbacks(on_phase=lambda phase, step: phases.append((phase, step))),
+    )
+    assert phases == [
+        ("evaluation", 0), ("update", 0), ("training", 0),
+        ("update", 8), ("training", 8),
+        ("evaluation", 16), ("training", 16),
+        ("evaluation", 32),
+    ]
+
+
 def test_reduced_batches_larger_than_main_evaluation_is_an_error():
     learner = ToyLearner(SLOPES, INITIAL, num_batches=2)
     with pytest.raises(ValueError, match="reduced_batches"):

@@ -186,7 +186,7 @@ CASES = [
     Case("unknown-field", setting("training.totl_steps", 8), ("training.totl_steps", "unknown field", "docs/config.md")),
     Case("missing-model", lambda data, tmp: data.pop("model"), ("names no model", "model.name_or_path", "model.init_config")),
     Case("dataset-without-rows", lambda data, tmp: data["datasets"][1].pop("path"), ("dataset 'wiki' has no path or hub_id",)),
-    Case("unknown-tracker", setting("trackers", ["mlflow"]), ("trackers.0", "'tensorboard' or 'wandb'")),
+    Case("unknown-tracker", setting("trackers", ["comet"]), ("trackers.0", "'tensorboard', 'wandb' or 'mlflow'")),
     Case("adam-beta-out-of-range", setting("optimizer.betas", [0.9, 1.5]), ("optimizer.betas", "[0, 1)")),
     Case("learning-rate-infinite", setting("optimizer.lr", math.inf), ("optimizer.lr", "finite")),
     Case("eval-size-zero-for-a-target", dataset_setting("math", eval_size=0), ("datasets.0", "'math'", "eval_size", "evaluated")),

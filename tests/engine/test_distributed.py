@@ -19,7 +19,7 @@ from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
 pytestmark = pytest.mark.slow
 
 
-def config(tokenizer_dir: Path, out: Path, batch_size: int, split_probes: bool) -> dict:
+def config(tokenizer_dir: Path, out: Path, batch_size: int, split_probes: bool = True) -> dict:
     text = {"format": "text", "eval_size": 2, "test_size": 2}
     return {
         "model": {"init_config": TINY_LLAMA, "tokenizer": str(tokenizer_dir)},

@@ -177,9 +177,9 @@ def test_gradient_alignment_run(tokenizer_dir, tmp_path):
 
 
 def test_missing_tracker_is_a_clear_error(tokenizer_dir, tmp_path, monkeypatch):
-    import dynamics.engine.run as run_module
+    from dynamics.engine import tracking
 
-    monkeypatch.setitem(run_module.TRACKER_MODULES, "wandb", "no_such_tracker_module_xyz")
+    monkeypatch.setitem(tracking.TRACKER_MODULES, "wandb", "no_such_tracker_module_xyz")
     data = tiny_config(tokenizer_dir, tmp_path / "tracked")
     data["trackers"] = ["wandb"]
     with pytest.raises(ValueError, match="pip install wandb"):

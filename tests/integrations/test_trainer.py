@@ -332,6 +332,7 @@ def test_two_processes_under_the_trainer_match_one_process(tmp_path):
         updates[name] = read_run(tmp_path / name).updates
     single, double = updates["single"], updates["double"]
     assert [u["step"] for u in single] == [u["step"] for u in double] == [0, 2, 4]
+    assert [u["probe_ranks"] for u in double] == [[[0], [1]]] * 3  # each rank probed one dataset alone
     for one, two in zip(single, double, strict=True):
         np.testing.assert_allclose(two["slope_matrix"], one["slope_matrix"], rtol=1e-3, atol=1e-5)
         np.testing.assert_allclose(two["weights"], one["weights"], atol=1e-4)

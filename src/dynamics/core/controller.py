@@ -94,6 +94,13 @@ class LoopCallbacks:
     on_update: Callable[[UpdateRecord, RunHistory], None] | None = None
     on_train: Callable[[int, int], None] | None = None  # (steps just trained, step now)
     on_checkpoint: Callable[[LoopState], None] | None = None  # at a resume point
+    on_phase: Callable[[str, int], None] | None = None
+    """(phase, step) as the loop starts a phase: "evaluation" (a main evaluation),
+    "update" (the policy probing and solving) or "training"."""
+
+    def phase(self, name: str, step: int) -> None:
+        if self.on_phase is not None:
+            self.on_phase(name, step)
 
 
 def evaluation_steps(total_steps: int, eval_interval: int) -> list[int]:
@@ -289,6 +296,7 @@ def mixture_training(
             assert feasible_state is not None
             main_eval = feasible_state.evaluation  # recorded already, before the backtrack
         elif step in eval_steps:
+            callbacks.phase("evaluation", step)
             started = time.perf_counter()
             main_eval = learner.evaluate("eval")
             test_eval = learner.evaluate("test")
@@ -344,6 +352,7 @@ def mixture_training(
                     continue
 
         if not resuming and (step in schedule or backtrack is not None):
+            callbacks.phase("update", step)
             recycled = main_eval is not None
             anchor = (
                 Evaluation(main_eval.per_batch[:, :reduced_batches])
@@ -413,6 +422,7 @@ def mixture_training(
                 )
             )
         resuming = False
+        callbacks.phase("training", step)
         yield TrainRequest(events[index + 1] - step, weights.copy(), events[index + 1])
         index += 1
     return history

@@ -347,9 +347,15 @@ class RunConfig(_Section):
     method: MethodConfig = Field(default_factory=MethodConfig)
     datasets: list[DatasetConfig] = Field(..., min_length=1)
     output_dir: str = Field("runs/run", description="Run folder (created; must be empty or absent).")
-    trackers: list[Literal["tensorboard", "wandb"]] = Field(
-        default_factory=list, description="Optional accelerate trackers, when installed."
+    trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list,
+        description="Experiment trackers (through accelerate; each needs its package installed). They receive "
+        "every main evaluation, weight update, probe time and the training loss and learning rate.",
     )
+    tracker_project: str = Field(
+        "dynamics", min_length=1, description="Tracker project (TensorBoard: the subfolder of output_dir it writes)."
+    )
+    tracker_run_name: str | None = Field(None, description="Run name in W&B and MLflow (default: output_dir's name).")
 
     @field_validator("datasets")
     @classmethod
@@ -592,7 +598,7 @@ def config_reference_markdown() -> str:
         "| field | default | description |",
         "| --- | --- | --- |",
     ]
-    for field_name in ("output_dir", "trackers"):
+    for field_name in ("output_dir", "trackers", "tracker_project", "tracker_run_name"):
         info = RunConfig.model_fields[field_name]
         lines.append(f"| `{field_name}` | `{_default(info)}` | {info.description} |")
     for prefix, model, intro in sections:

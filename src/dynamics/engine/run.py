@@ -16,7 +16,6 @@ all ranks hold identical weights and slopes. Only rank 0 writes files.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import logging
 import os
@@ -54,6 +53,7 @@ from dynamics.core.records import EvaluationRecord, UpdateRecord
 from dynamics.core.schedules import UpdateSchedule, build_schedule
 from dynamics.data.formatting import LMExample, pad_token_id
 from dynamics.data.splits import prepare_examples
+from dynamics.engine import tracking
 from dynamics.engine.batches import Batch, EvalBatches
 from dynamics.engine.config import RunConfig
 from dynamics.engine.learner import HFLearner, load_snapshot, save_snapshot
@@ -331,7 +331,15 @@ class RunFolderWriter:
 
     def on_update(self, update: UpdateRecord, history: RunHistory) -> None:
         self.write_updates(history)
+        self.built.accelerator.log(tracking.update_values(update, history.dataset_names), step=update.step)
         self.bar.set_postfix_str(self._postfix(update.weights, history), refresh=False)
+
+    def on_phase(self, phase: str, step: int) -> None:
+        """Show what the run is doing now: training, a main evaluation, or an update (the
+        probes and the solver; no probes under a fixed mixture)."""
+        policy = self.built.policy.name
+        doing = {"update": "probing + solving" if policy != "fixed" else "update"}.get(phase, phase)
+        self.bar.set_description_str(f"{policy} · {doing}")
 
     def write_updates(self, history: RunHistory) -> None:
         # The previous update's realized losses are known only now, so the whole (small)
@@ -343,9 +351,7 @@ class RunFolderWriter:
     def on_evaluation(self, record: EvaluationRecord, history: RunHistory) -> None:
         row = self.metrics_row(record, history)
         self.metrics_log.append(row)
-        self.built.accelerator.log(
-            {f"eval/{n}": float(v) for n, v in zip(history.domain_names, record.eval, strict=True)}, step=record.step
-        )
+        self.built.accelerator.log(tracking.evaluation_values(row), step=record.step)
         if self._is_new_best(record, row["feasible"], history):
             self.best = record
             self._save_checkpoint(record.step)
@@ -412,7 +418,11 @@ class RunFolderWriter:
 
     def on_train(self, steps: int, step_now: int) -> None:
         self.bar.update(steps)
-        self.loss = self.built.learner.last_train_loss
+        learner = self.built.learner
+        self.loss = learner.last_train_loss
+        self.built.accelerator.log(
+            tracking.training_values(self.loss, float(learner.lr_scheduler.get_last_lr()[0])), step=step_now
+        )
 
     def _postfix(self, weights: np.ndarray, history: RunHistory) -> str:
         parts = [f"loss={self.loss:.3f}", f"w=[{', '.join(f'{w:.2f}' for w in weights)}]"]
@@ -547,7 +557,7 @@ def run(
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
     # Checked before anything is written, so a bad request leaves no half-made run folder.
-    missing = trackers_missing(list(config.trackers))
+    missing = tracking.trackers_missing(config.trackers)
     if missing:
         raise RunSetupError(f"trackers {missing} are not installed: pip install {' '.join(missing)}, or remove them")
     preflight(config, data, model_given=model is not None)  # refusals raise; warnings are logged
@@ -573,7 +583,7 @@ def run(
         rundir.atomic_write_text(out / rundir.CONFIG_FILE, config.to_yaml())
     accelerator = built.accelerator
     if config.trackers:
-        accelerator.init_trackers("dynamics", config=config.model_dump(mode="json"))
+        tracking.start_trackers(accelerator, config)
     writer = RunFolderWriter(built, out, progress and accelerator.is_main_process)
     loop_state: LoopState | None = None
     if resume_point is not None:
@@ -586,7 +596,7 @@ def run(
         if accelerator.is_main_process:
             writer.resume(loop_state, point)
     callbacks = (
-        LoopCallbacks(writer.on_evaluation, writer.on_update, writer.on_train, writer.on_checkpoint)
+        LoopCallbacks(writer.on_evaluation, writer.on_update, writer.on_train, writer.on_checkpoint, writer.on_phase)
         if accelerator.is_main_process
         else LoopCallbacks()
     )
@@ -638,12 +648,3 @@ def check_same_config(config: RunConfig, out: Path, how: str | None = None) -> N
 def _is_main_process() -> bool:
     # Before the Accelerator exists: torchrun / accelerate set RANK for every process.
     return os.environ.get("RANK", "0") == "0"
-
-
-# Tracker name (config.trackers) -> the module accelerate needs for it.
-TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}
-
-
-def trackers_missing(names: list[str]) -> list[str]:
-    """The requested trackers whose packages are not installed."""
-    return [n for n in names if importlib.util.find_spec(TRACKER_MODULES[n]) is None]

@@ -69,6 +69,7 @@ from dynamics.core.controller import (
     mixture_training,
 )
 from dynamics.core.records import EvaluationRecord, UpdateRecord
+from dynamics.engine import tracking
 from dynamics.engine.config import RunConfig
 from dynamics.engine.learner import BatchSampler, HFLearner
 from dynamics.engine.preflight import RunSetupError, check_sources
@@ -348,17 +349,13 @@ class DynamicsCallback(TrainerCallback):
         if record.backtracked or record.step == 0:
             return
         row = self._writer.metrics_row(record, history)  # what metrics.jsonl holds for this step
-        self._log_values["dynamics/target_loss_sum"] = row["target_loss_sum"]
-        self._log_values["dynamics/feasible"] = float(row["feasible"])
-        if row["constraint_slack"]:
-            self._log_values["dynamics/worst_slack"] = min(row["constraint_slack"].values())
+        self._log_values.update({f"dynamics/{k}": v for k, v in tracking.evaluation_values(row).items()})
 
     def _on_update(self, update: UpdateRecord, history: RunHistory) -> None:
         if self._main:
             self._writer.on_update(update, history)
-        self._log_values.update(
-            {f"dynamics/weight/{name}": float(w) for name, w in zip(history.dataset_names, update.weights, strict=True)}
-        )
+        values = tracking.update_values(update, history.dataset_names)
+        self._log_values.update({f"dynamics/{k}": v for k, v in values.items()})
 
     @staticmethod
     def _trainer_dir(args: TrainingArguments) -> Path:
