@@ -41,6 +41,11 @@ refused with ``DataError``. A multiple-choice prompt that is too long keeps its 
 template's end-of-turn) are concatenated, labels alongside ids, and cut into blocks of
 ``sequence_length``; the last block may be shorter, and a block without any loss token (all
 prompt) is dropped. Packed documents attend to each other, as in the usual causal-LM packing.
+With ``packing="per-document"`` they do not: each example also carries ``position_ids``
+that restart at every document, and the label of each document's first token is -100, so
+a model given the positions without an attention mask (``collate_lm`` does so) computes
+every document's losses as it would unpacked (a document cut at a block's end continues
+from its position in the next block, seeing only that block's part).
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from string import ascii_uppercase
-from typing import Any
+from typing import Any, Literal
 
 import datasets
 import numpy as np
@@ -61,6 +66,12 @@ logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 """Label of a position without loss (the value Hugging Face models ignore)."""
+
+Packing = bool | Literal["per-document"]
+"""False: one example per document, truncated. True: documents concatenated and cut into
+blocks, attending to each other. ``"per-document"``: blocks in which each document attends
+only to itself."""
+PACKING_MODES: tuple[Packing, ...] = (False, True, "per-document")
 
 FALLBACK_TEMPLATE = "### {Role}:\n{content}\n\n"
 """Rendering of one message without a chat template; ``Role`` is ``System``, ``User`` or
@@ -78,12 +89,16 @@ class LMExample:
 
     input_ids: np.ndarray  # int32, shape (T,)
     labels: np.ndarray  # int32, shape (T,)
+    position_ids: np.ndarray | None = None
+    """Per-document positions of a ``packing="per-document"`` block (None otherwise)."""
 
     def __post_init__(self) -> None:
         if self.input_ids.shape != self.labels.shape or self.input_ids.ndim != 1:
             raise ValueError(
                 f"input_ids {self.input_ids.shape} and labels {self.labels.shape} must be equal 1-d"
             )
+        if self.position_ids is not None and self.position_ids.shape != self.input_ids.shape:
+            raise ValueError(f"position_ids {self.position_ids.shape} must match input_ids {self.input_ids.shape}")
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -334,15 +349,23 @@ def _truncate(
     return examples
 
 
-def _pack(documents: list[LMExample], sequence_length: int) -> list[LMExample]:
+def _pack(documents: list[LMExample], sequence_length: int, per_document: bool) -> list[LMExample]:
     if not documents:
         return []
     ids = np.concatenate([d.input_ids for d in documents])
     labels = np.concatenate([d.labels for d in documents])
+    positions = None
+    if per_document:
+        # Unpacked, a document's first token is never predicted; packed, it would be
+        # predicted from the previous document's last token.
+        starts = np.cumsum([0, *(len(d) for d in documents[:-1])])
+        labels[starts] = IGNORE_INDEX
+        positions = np.concatenate([np.arange(len(d), dtype=np.int32) for d in documents])
     return [
         LMExample(
             input_ids=ids[start : start + sequence_length],
             labels=labels[start : start + sequence_length],
+            position_ids=None if positions is None else positions[start : start + sequence_length],
         )
         for start in range(0, len(ids), sequence_length)
         if (labels[start : start + sequence_length] != IGNORE_INDEX).any()
@@ -437,14 +460,17 @@ def build_examples(
     source: DataSource,
     *,
     sequence_length: int,
-    packing: bool = False,
+    packing: Packing = False,
 ) -> list[LMExample] | list[ChoiceExample]:
     """Tokenize every row of ``rows`` once (see the module docstring for the formats).
 
-    ``sequence_length`` is the most tokens of one example. ``packing`` applies to ``text``
-    and ``instruction`` sources; a ``multiple_choice`` source is always one example per
-    question, so one packing flag can serve every source of a run.
+    ``sequence_length`` is the most tokens of one example. ``packing`` (False, True or
+    ``"per-document"``) applies to ``text`` and ``instruction`` sources; a
+    ``multiple_choice`` source is always one example per question, so one packing setting
+    can serve every source of a run.
     """
+    if packing not in PACKING_MODES:
+        raise DataError(f"packing={packing!r}: use false, true or 'per-document'")
     if sequence_length < 1:
         raise DataError(f"sequence_length={sequence_length}: must be >= 1")
     check_columns(rows, source)
@@ -455,7 +481,7 @@ def build_examples(
     else:
         documents = _instruction_documents(rows, tokenizer, source)
     examples = (
-        _pack(documents, sequence_length)
+        _pack(documents, sequence_length, per_document=packing == "per-document")
         if packing
         else _truncate(documents, sequence_length, source)
     )

@@ -37,7 +37,7 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from dynamics.data.formatting import ChoiceExample, LMExample, build_examples
+from dynamics.data.formatting import ChoiceExample, LMExample, Packing, build_examples
 from dynamics.data.loading import DataError, DataSource, load_rows
 
 T = TypeVar("T")
@@ -118,7 +118,7 @@ def prepare_examples(
     tokenizer: PreTrainedTokenizerBase,
     *,
     sequence_length: int,
-    packing: bool,
+    packing: Packing,
     seed: int,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Splits[list[LMExample] | list[ChoiceExample]]:

@@ -4,7 +4,9 @@ Public API:
 
 - ``collate_lm(examples, pad_id) -> dict``: ``input_ids`` (B, T) long, ``attention_mask``
   (B, T) long and ``labels`` (B, T) long, right-padded to the longest example, with ``-100``
-  on the positions without loss and on the padding.
+  on the positions without loss and on the padding; blocks packed per document get
+  ``position_ids`` (B, T) instead of the mask. ``model_inputs(batch)``: what the model's
+  forward takes of it.
 - ``collate_choice(examples, pad_id) -> dict``: ``input_ids``, ``attention_mask`` (B, T)
   right-padded, so the scoring position of row b is ``attention_mask[b].sum() - 1``;
   ``choice_token_ids`` (B, K) long and ``answer_index`` (B,) long. Questions with fewer than
@@ -18,7 +20,7 @@ Public API:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -45,10 +47,28 @@ def _right_pad(rows: Sequence[np.ndarray], value: int) -> tuple[torch.Tensor, to
 
 
 def collate_lm(examples: Sequence[LMExample], pad_id: int) -> Batch:
-    """Right-padded language-modelling batch; padding gets ``pad_id`` and label -100."""
+    """Right-padded language-modelling batch; padding gets ``pad_id`` and label -100.
+
+    Blocks packed per document carry ``position_ids`` instead of an ``attention_mask``:
+    given positions and no mask, transformers keeps attention within each run of
+    consecutive positions (each document; each padding token on its own)."""
     input_ids, attention_mask = _right_pad([e.input_ids for e in examples], pad_id)
     labels, _ = _right_pad([e.labels for e in examples], IGNORE_INDEX)
+    positions = [e.position_ids for e in examples]
+    if all(p is not None for p in positions):
+        position_ids, _ = _right_pad([p for p in positions if p is not None], 0)
+        return {"input_ids": input_ids, "position_ids": position_ids, "labels": labels}
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The inputs a causal LM's forward takes from a language-modelling batch, and
+    ``use_cache=False``: training never reads a key-value cache, and with one transformers
+    ignores the positions of a block packed per document (its documents would attend to
+    each other)."""
+    inputs: dict[str, Any] = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    inputs["use_cache"] = False
+    return inputs
 
 
 def collate_choice(examples: Sequence[ChoiceExample], pad_id: int) -> Batch:

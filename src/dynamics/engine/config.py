@@ -52,6 +52,13 @@ class ModelConfig(_Section):
         "transformers config dict (needs 'model_type'); used by tests and the demo.",
     )
     tokenizer: str | None = Field(None, description="Tokenizer hub id or folder (default: the model's).")
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"] | None = (
+        Field(
+            None,
+            description="Attention kernel (transformers' attn_implementation); null is transformers' default "
+            "(sdpa where the model supports it). flash_attention_2/3 need a CUDA GPU and the flash-attn package.",
+        )
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -103,7 +110,12 @@ class TrainingConfig(_Section):
     batch_size: int = Field(8, ge=1, description="Sequences per micro-batch (per process).")
     gradient_accumulation: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
     sequence_length: int = Field(512, ge=8, description="Tokens per sequence (truncate or pack).")
-    packing: bool = Field(False, description="Pack documents into full sequences instead of truncating.")
+    packing: bool | Literal["per-document"] = Field(
+        False,
+        description="Pack documents into full sequences instead of truncating them: true lets packed documents "
+        "attend to each other; 'per-document' restarts positions at each document and keeps attention within it "
+        "(no attention mask; every attn_implementation).",
+    )
     mixed_precision: Literal["no", "bf16", "fp16"] = Field(
         "no", description="Mixed precision through accelerate (GPU only; CPU runs in fp32)."
     )

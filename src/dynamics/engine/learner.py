@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from dynamics.core.learner import Diverged, Evaluation
 from dynamics.core.probes import ProbeRuns, probe_in_turn
 from dynamics.data.formatting import IGNORE_INDEX
+from dynamics.engine.batches import model_inputs
 from dynamics.engine.config import OptimizerConfig
 from dynamics.engine.model import build_lr_scheduler, build_optimizer, trainable_parameters
 
@@ -53,7 +54,8 @@ Batch = Mapping[str, Tensor]
 """A batch of right-padded sequences.
 
 Training and loss domains: ``input_ids``, ``attention_mask`` and ``labels`` (B, T), with
-label -100 on tokens that carry no loss. Accuracy domains: ``input_ids`` and
+label -100 on tokens that carry no loss (blocks packed per document: ``position_ids``
+instead of ``attention_mask``). Accuracy domains: ``input_ids`` and
 ``attention_mask`` (B, T) of the prompt ending right before the answer letter,
 ``choice_token_ids`` (B, K) and ``answer_index`` (B,).
 """
@@ -754,11 +756,7 @@ class HFLearner:
     def _language_model_loss(self, batch: Batch, model: nn.Module | None = None) -> Tensor:
         """Mean next-token cross-entropy over the unmasked label tokens (HF's own shift)."""
         batch = self._to_device(batch)
-        output = (self.model if model is None else model)(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            labels=batch["labels"],
-        )
+        output = (self.model if model is None else model)(**model_inputs(batch), labels=batch["labels"])
         loss: Tensor = output.loss
         return loss.float()
 
@@ -777,12 +775,7 @@ class HFLearner:
         batch = self._to_device(batch)
         local_tokens = (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
         global_tokens = self.accelerator.reduce(local_tokens, reduction="sum")
-        output = self.model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            labels=batch["labels"],
-            num_items_in_batch=global_tokens,
-        )
+        output = self.model(**model_inputs(batch), labels=batch["labels"], num_items_in_batch=global_tokens)
         loss: Tensor = output.loss.float() * world_size
         return loss
 
@@ -796,12 +789,7 @@ class HFLearner:
         tokens = torch.stack([(b["labels"][:, 1:] != IGNORE_INDEX).sum() for b in batches]).sum()
         total = torch.zeros((), device=self.accelerator.device)
         for batch in batches:
-            output = model(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                labels=batch["labels"],
-                num_items_in_batch=tokens,
-            )
+            output = model(**model_inputs(batch), labels=batch["labels"], num_items_in_batch=tokens)
             loss = output.loss.float() / self.gradient_accumulation
             self.accelerator.backward(loss)
             total = total + loss.detach()

@@ -33,7 +33,10 @@ def load_causal_lm(config: ModelConfig) -> PreTrainedModel:
         init = dict(config.init_config)
         model_config = AutoConfig.for_model(init.pop("model_type"), **init)
         model: PreTrainedModel = AutoModelForCausalLM.from_config(
-            model_config, dtype=dtype, trust_remote_code=config.trust_remote_code
+            model_config,
+            dtype=dtype,
+            trust_remote_code=config.trust_remote_code,
+            attn_implementation=config.attn_implementation,
         )
         return model
     assert config.name_or_path is not None  # the config validates that exactly one source is set
@@ -42,6 +45,7 @@ def load_causal_lm(config: ModelConfig) -> PreTrainedModel:
         revision=config.revision,
         dtype=dtype,
         trust_remote_code=config.trust_remote_code,
+        attn_implementation=config.attn_implementation,
     )
 
 

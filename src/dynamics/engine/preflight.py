@@ -25,6 +25,7 @@ What is checked, cheapest first (docs/errors.md lists every refusal with its mes
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import tempfile
@@ -70,6 +71,7 @@ def preflight(config: RunConfig, data: Mapping[str, Any] | None = None, model_gi
                 "the config names no model: set model.name_or_path (a hub id or folder) or model.init_config "
                 "(or, from Python, pass it: dynamics.run(config, model=model, tokenizer=tokenizer))"
             )
+        check_attention(config)
         check_model(config)
     warnings = precision_warnings(config)
     for warning in warnings:
@@ -271,6 +273,26 @@ def _check_lora_targets(built: PretrainedConfig, targets: list[str], config: Run
 
 def _loaded_dtype(config: RunConfig, loaded_dtype: torch.dtype | None) -> torch.dtype:
     return loaded_dtype if loaded_dtype is not None else _resolve_dtype(config.model.dtype)
+
+
+# attn_implementation -> the package its kernels come from.
+FLASH_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"), "flash_attention_3": ("flash_attn_interface", "flash-attn-3")}
+
+
+def check_attention(config: RunConfig) -> None:
+    """FlashAttention kernels need a CUDA GPU and their package."""
+    chosen = config.model.attn_implementation
+    if chosen not in FLASH_PACKAGES:
+        return
+    module, package = FLASH_PACKAGES[chosen]
+    if not torch.cuda.is_available():
+        raise RunSetupError(
+            f"model.attn_implementation {chosen} needs a CUDA GPU, and none is visible; use sdpa (or leave it unset)"
+        )
+    if importlib.util.find_spec(module) is None:
+        raise RunSetupError(
+            f"model.attn_implementation {chosen} needs the {package} package: pip install {package}, or use sdpa"
+        )
 
 
 def check_precision(config: RunConfig, loaded_dtype: torch.dtype | None = None) -> None:

@@ -103,9 +103,14 @@ class PendingBatch:
     def __init__(self, source: MixtureTrainSource) -> None:
         self._source = source
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> dict[str, torch.Tensor]:
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> dict[str, Any]:
         batch = self._source.draw()
-        return {key: value.to(device, non_blocking=non_blocking) for key, value in batch.items()}
+        moved: dict[str, Any] = {key: value.to(device, non_blocking=non_blocking) for key, value in batch.items()}
+        if "position_ids" in moved:
+            # Blocks packed per document: with a key-value cache transformers ignores their
+            # positions and lets the documents attend to each other.
+            moved["use_cache"] = False
+        return moved
 
 
 class MixtureTrainSource:
