@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dynamics.core.policies import PAPER_TARGET_MASSES, fixed_mixture_sweep
 from dynamics.data.scenarios import ScenarioError, load_scenario
+from dynamics.report.sweep import method_label
 from dynamics.runs import rundir
 
 SWEEP_FILE = "sweep.json"
@@ -199,13 +200,8 @@ def read_sweep_file(path: str | Path) -> SweepFile:
     except ValidationError as err:
         from dynamics.engine.config import format_validation_error
 
-        raise SweepError(format_validation_error(err).replace("invalid config", f"invalid sweep file {path}")) from None
-
-
-def _schedule_label(schedule: str | list[int]) -> str:
-    if isinstance(schedule, list):
-        return "steps" + "-".join(str(s) for s in schedule)
-    return schedule.replace(":", "")
+        message = format_validation_error(err).replace("invalid config", f"invalid sweep file {path}")
+        raise SweepError(message.replace("docs/config.md", "docs/sweeps.md")) from None
 
 
 def method_sections(methods: SweepMethods, base: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
@@ -220,11 +216,9 @@ def method_sections(methods: SweepMethods, base: dict[str, Any]) -> tuple[list[t
         for schedule in methods.dynamics.schedules:
             for variant in methods.dynamics.variants:
                 for predictor in methods.dynamics.predictors:
-                    label = "dynamics-" + _schedule_label(schedule)
-                    label += "" if variant == "paper" else f"-{variant}"
-                    label += "" if predictor == "linear" else f"-{predictor}"
                     section = {**keep, "name": "dynamics", "schedule": schedule, "variant": variant}
-                    out.append((label, {**section, "predictor": predictor}))
+                    section["predictor"] = predictor
+                    out.append((method_label(section), section))
     if methods.fixed is not None:
         training = [d for d in base["datasets"] if d.get("role") != "constraint"]
         roles = [d["role"] for d in training]
@@ -241,7 +235,7 @@ def method_sections(methods: SweepMethods, base: dict[str, Any]) -> tuple[list[t
     elif methods.gradient_alignment is not None:
         for schedule in methods.gradient_alignment.schedules:
             section = {**keep, "name": "gradient-alignment", "schedule": schedule}
-            out.append(("gradient-alignment-" + _schedule_label(schedule), section))
+            out.append((method_label(section), section))
     return out, notes
 
 

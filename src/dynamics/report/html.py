@@ -109,7 +109,7 @@ def write_run_report(path: Path, out: Path) -> dict[str, Any]:
     ]
     if "predictions" not in files:
         body.append("<p>No predictions: this run's policy does not predict (fixed weights).</p>")
-    rundir.atomic_write_text(out / "index.html", _page(f"dynamics run report: {path.name}", body))
+    rundir.atomic_write_text(out / "index.html", _page(f"dynamics run report: {'/'.join(path.resolve().parts[-3:])}", body))
     return numbers
 
 
@@ -135,7 +135,8 @@ def write_sweep_report(results: list[Any], unfinished: list[Path], out: Path) ->
         for m, s in methods.items()
     ]
     if fixed:
-        k = max(int(key) for key in fixed["best_at_k"])
+        # The oracle runs every fixed mixture once per seed: k = the number of mixtures.
+        k = fixed["mixtures"]
         rows.append([FIXED, str(fixed["scenarios"]), _pct(fixed["median_oracle_reduction"]),
                      f"{_pct(fixed['feasible_at_k'][str(k)])} (feasible@{k})", f"{k}x"])
     scenario_rows = []

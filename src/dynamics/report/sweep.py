@@ -67,7 +67,8 @@ def _schedule_label(schedule: Any) -> str:
 
 
 def method_label(method: dict[str, Any]) -> str:
-    """The method of a run config, as the sweep names it."""
+    """The method of a run config's ``method`` section, as the sweep names its folders and
+    the report its columns (fixed mixtures all belong to "fixed")."""
     if method["name"] == "fixed":
         return "fixed"
     if method["name"] == "gradient-alignment":
@@ -224,6 +225,7 @@ def _fixed_summary(scenarios: dict[str, Any]) -> dict[str, Any] | None:
     ks = list(range(1, max(largest, 1) + 1))
     return {
         "scenarios": len(pools),
+        "mixtures": max(len(p["mixtures"]) for p in pools),
         "median_oracle_reduction": float(np.median([p["oracle_reduction"] for p in pools])),
         "best_at_k": {str(k): float(np.median([metrics.best_at_k(p["pool_reductions"], k) for p in pools])) for k in ks},
         "feasible_at_k": {str(k): _mean(metrics.feasible_at_k(p["pool_feasible"], k) for p in pools) for k in ks},
@@ -332,16 +334,19 @@ def write_sweep_figures(numbers: dict[str, Any], results: Sequence[RunResult], f
     fig, ax = plt.subplots(figsize=(max(5, 2.4 * len(violation)), 3.8))
     ticks, labels = [], []
     for i, (method, rows) in enumerate(violation.items()):
-        for offset, key, label in ((-0.18, "method", method), (0.18, "fixed", FIXED)):
+        for offset, key, label in ((-0.2, "method", method), (0.2, "fixed", "best fixed")):
             vals = [max(0.0, r[key]) for r in rows.values()]
             ax.scatter(i + offset + rng.uniform(-0.05, 0.05, len(vals)), vals, s=16,
                        color=colors[method if key == "method" else FIXED], zorder=3)
             ticks.append(i + offset)
-            labels.append(f"{label}\n({len(vals)} scen.)")
-    ax.set_xticks(ticks, labels, fontsize=7)
+            labels.append(f"{label}\n({len(vals)} scenarios)")
+    ax.set_xticks(ticks, labels, fontsize=7, rotation=20, ha="right")
     if not any(violation.values()):
         ax.text(0.5, 0.5, "no jointly infeasible scenario:\nevery scenario had a feasible run",
                 transform=ax.transAxes, ha="center", va="center", color="grey")
+        ax.set_ylim(0, 1)
+    else:
+        ax.set_ylim(bottom=0)
     ax.set(ylabel="max violation at the closest checkpoint", title="Violation in jointly infeasible scenarios (lower is better)")
     files["violation"] = save(fig, folder, "violation_jointly_infeasible.png")
 
