@@ -244,3 +244,20 @@ def test_scenario_datasets_take_roles_budgets_and_metrics_from_the_papers_table(
         assert (entry.get("metric") == "accuracy") == (entry["name"] in accuracy)
     with pytest.raises(SweepError, match=r"scenarios.datasets: paper/s51 needs rows for \["):
         scenario_datasets("paper/s51", {})
+
+
+def test_a_failing_run_is_reported_and_the_others_go_on(tmp_path, capsys):
+    path = write_sweep(tmp_path, configs={"ok": [], "broken": []}, methods={"fixed": {"target_masses": [1.0]}})
+    # The broken config reads an empty file for its target: the run fails when it loads it.
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    sweep = yaml.safe_load(path.read_text())
+    sweep["configs"]["broken"] = [f"datasets.math.path={empty}"]
+    sweep["overrides"] += ["training.total_steps=2", "evaluation.interval=2"]
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    assert cli(["sweep", str(path), "--out", str(tmp_path / "out"), "--no-ray"]) == 1
+    out = capsys.readouterr().out
+    assert "broken/fixed-uniform-w1/seed0: FAILED: " in out and "1 finished now, 0 were already complete, 1 failed" in out
+    record = json.loads((tmp_path / "out" / SWEEP_FILE).read_text())
+    statuses = {row["name"]: row["status"] for row in record["runs"]}
+    assert statuses == {"ok/fixed-uniform-w1/seed0": "done", "broken/fixed-uniform-w1/seed0": "failed"}

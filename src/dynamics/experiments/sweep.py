@@ -357,9 +357,10 @@ def execute_run(config: dict[str, Any], resume: bool, threads: int) -> dict[str,
     """Train one planned run (a Ray task, or a call in this process); never raises: a
     failure is returned as ``{"error": ...}`` so one bad run does not stop the sweep."""
     started = time.perf_counter()
-    try:
-        import torch
+    import torch
 
+    threads_before = torch.get_num_threads()
+    try:
         from dynamics.engine.config import RunConfig
         from dynamics.engine.run import run
 
@@ -367,13 +368,19 @@ def execute_run(config: dict[str, Any], resume: bool, threads: int) -> dict[str,
             torch.set_num_threads(threads)
         summary = run(RunConfig.from_dict(config), progress=False, resume=resume)
     except Exception as err:  # reported per run; the sweep goes on with the others
-        return {"error": f"{type(err).__name__}: {' '.join(str(err).split())}", "seconds": time.perf_counter() - started}
+        return {"error": _one_line(err), "seconds": time.perf_counter() - started}
+    finally:
+        torch.set_num_threads(threads_before)  # in-process: leave the caller's threads as they were
     return {
         "feasible": bool(summary["feasible"]),
         "constrained_ppl_reduction": float(summary["constrained_ppl_reduction"]),
         "predicted_cost": float(summary["predicted_cost"]),
         "seconds": time.perf_counter() - started,
     }
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
 def ray_available() -> bool:
@@ -411,7 +418,11 @@ def _execute_on_ray(
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             planned = pending.pop(done[0])
-            yield planned, ray.get(done[0])
+            try:
+                result = ray.get(done[0])
+            except Exception as err:  # the worker died (killed, out of memory): that run failed
+                result = {"error": _one_line(err)}
+            yield planned, result
     finally:
         if started_here:
             ray.shutdown()
