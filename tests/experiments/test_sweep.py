@@ -22,7 +22,9 @@ from dynamics.core import metrics
 from dynamics.data.scenarios import DATASETS, load_scenario
 from dynamics.experiments.sweep import (
     SWEEP_FILE,
+    Resources,
     SweepError,
+    _check_fits,
     plan_sweep,
     read_sweep_file,
     run_sweep,
@@ -261,3 +263,13 @@ def test_a_failing_run_is_reported_and_the_others_go_on(tmp_path, capsys):
     record = json.loads((tmp_path / "out" / SWEEP_FILE).read_text())
     statuses = {row["name"]: row["status"] for row in record["runs"]}
     assert statuses == {"ok/fixed-uniform-w1/seed0": "done", "broken/fixed-uniform-w1/seed0": "failed"}
+
+
+def test_a_run_no_node_can_hold_is_refused_instead_of_waiting_forever(local_ray):
+    nodes = ray.nodes()  # the local instance: 2 CPUs, no GPU
+    _check_fits(nodes, Resources(cpus=2), None)
+    with pytest.raises(SweepError, match=r"resources: each run asks for 1 GPUs and 1 CPU cores, but no node of the "
+                                         r"local Ray instance has that much \(the largest: 0 GPUs, 2 cores\)"):
+        _check_fits(nodes, Resources(gpus=1), None)
+    with pytest.raises(SweepError, match="asks for 0 GPUs and 3 CPU cores"):
+        _check_fits(nodes, Resources(cpus=3), None)

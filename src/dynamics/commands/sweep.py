@@ -28,8 +28,10 @@ def main(args: argparse.Namespace) -> int:
     from dynamics.cli import UsageError
     from dynamics.experiments.sweep import SweepError, plan_sweep, read_sweep_file, run_sweep
 
-    if args.no_ray and args.address:
-        raise UsageError("--address needs Ray; remove --no-ray")
+    if args.no_ray and (args.address or args.num_cpus):
+        raise UsageError("--address and --num-cpus are Ray's; remove --no-ray")
+    if args.address and args.num_cpus:
+        raise UsageError("--num-cpus sizes a local Ray instance; a cluster (--address) has its own cores")
     out = Path(args.out)
     try:
         sweep = read_sweep_file(args.sweep)

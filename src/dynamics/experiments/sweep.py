@@ -383,6 +383,21 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
+def _check_fits(nodes: list[dict[str, Any]], resources: Resources, address: str | None) -> None:
+    """Refuse a sweep no node can run (Ray would keep such tasks pending forever)."""
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive", True)]
+    if any(n.get("CPU", 0) >= resources.cpus and n.get("GPU", 0) >= resources.gpus for n in alive):
+        return
+    where = f"the Ray cluster at {address}" if address else "the local Ray instance"
+    largest: dict[str, float] = max(alive, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
+    raise SweepError(
+        f"resources: each run asks for {resources.gpus:g} GPUs and {resources.cpus} CPU cores, but no node of "
+        f"{where} has that much (the largest: {largest.get('GPU', 0):g} GPUs, {largest.get('CPU', 0):g} cores); "
+        "lower resources.gpus / resources.cpus"
+        + (", or give --address of a cluster that has them" if address is None else "")
+    )
+
+
 def ray_available() -> bool:
     return importlib.util.find_spec("ray") is not None
 
@@ -400,13 +415,13 @@ def _execute_on_ray(
     started_here = not ray.is_initialized()
     if started_here:
         # A local instance by default; a running cluster with an address ("auto", "ray://...").
-        ray.init(
-            address=address,
-            num_cpus=num_cpus if address is None else None,
-            include_dashboard=False,
-            log_to_driver=False,
-        )
+        try:
+            ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        except ConnectionError as err:
+            raise SweepError(f"--address {address}: no Ray cluster answered ({_one_line(err)}); start one "
+                             "(ray start --head) or leave --address out for a local Ray") from None
     try:
+        _check_fits(ray.nodes(), resources, address)
         threads = str(resources.cpus)
         task = ray.remote(execute_run).options(
             num_cpus=resources.cpus,
