@@ -273,3 +273,31 @@ def test_a_run_no_node_can_hold_is_refused_instead_of_waiting_forever(local_ray)
         _check_fits(nodes, Resources(gpus=1), None)
     with pytest.raises(SweepError, match="asks for 0 GPUs and 3 CPU cores"):
         _check_fits(nodes, Resources(cpus=3), None)
+
+
+def test_a_scenario_sweep_plans_the_papers_grid_with_the_scenarios_budgets(tmp_path):
+    tiny_base(tmp_path)
+    sources = {abbrev: {"path": str(tmp_path / f"{abbrev}.jsonl"), "format": "instruction"} for abbrev in DATASETS}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({
+        "base": "base.yaml",
+        "scenarios": {"names": ["paper/s28"], "datasets": sources},
+        "methods": {"dynamics": {}, "fixed": {}},
+        "seeds": [0, 1],
+    }, sort_keys=False))
+    plan = plan_sweep(read_sweep_file(path), tmp_path / "out", tmp_path)
+    scenario = load_scenario("paper/s28")
+    assert [d.budget for d in scenario.targets] == [1000, 300]
+    assert {r.config_name for r in plan.runs} == {"paper-s28"}
+    # Two targets with unequal budgets: 5 uniform mixtures and 4 proportional ones (at w = 0
+    # both schemes give all the mass to the non-targets): the paper's 9 baselines, x 2 seeds.
+    fixed = sorted({r.method for r in plan.runs if r.method.startswith("fixed-")})
+    assert len(fixed) == 9 and "fixed-proportional-w0" not in fixed
+    assert len(plan.runs) == 2 * (1 + 9)
+    weights = next(r for r in plan.runs if r.method == "fixed-proportional-w0.5").config["method"]["weights"]
+    assert weights == pytest.approx({"NM": 0.5 * 1000 / 1300, "GF": 0.5 * 300 / 1300, "WP": 0.25, "FW": 0.25})
+    first = plan.runs[0].config
+    assert [d["name"] for d in first["datasets"]] == [d.abbrev for d in scenario.fine_tuning_datasets] + [
+        c.abbrev for c in scenario.constraints
+    ]
+    assert plan.runs[0].path == (tmp_path / "out" / "paper-s28" / "dynamics-dense-warmup" / "seed0").resolve()
