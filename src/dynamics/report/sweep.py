@@ -331,7 +331,7 @@ def write_sweep_figures(numbers: dict[str, Any], results: Sequence[RunResult], f
     files["by_constraints"] = save(fig, folder, "reduction_by_constraints.png")
 
     violation = numbers["violation_jointly_infeasible"]
-    fig, ax = plt.subplots(figsize=(max(5, 2.4 * len(violation)), 3.8))
+    fig, ax = plt.subplots(figsize=(max(6.5, 2.6 * len(violation)), 4))
     ticks, labels = [], []
     for i, (method, rows) in enumerate(violation.items()):
         for offset, key, label in ((-0.2, "method", method), (0.2, "fixed", "best fixed")):
@@ -341,13 +341,14 @@ def write_sweep_figures(numbers: dict[str, Any], results: Sequence[RunResult], f
             ticks.append(i + offset)
             labels.append(f"{label}\n({len(vals)} scenarios)")
     ax.set_xticks(ticks, labels, fontsize=7, rotation=20, ha="right")
+    ax.set_xlim(-0.6, max(1, len(violation)) - 0.4)
     if not any(violation.values()):
         ax.text(0.5, 0.5, "no jointly infeasible scenario:\nevery scenario had a feasible run",
                 transform=ax.transAxes, ha="center", va="center", color="grey")
         ax.set_ylim(0, 1)
     else:
         ax.set_ylim(bottom=0)
-    ax.set(ylabel="max violation at the closest checkpoint", title="Violation in jointly infeasible scenarios (lower is better)")
+    ax.set(ylabel="max violation (closest checkpoint)", title="Violation, jointly infeasible scenarios (lower is better)")
     files["violation"] = save(fig, folder, "violation_jointly_infeasible.png")
 
     for method in methods:
