@@ -218,9 +218,16 @@ def test_bad_sweep_files_name_the_field(tmp_path, change, message):
         read_sweep_file(path)
 
 
-def test_a_bad_run_config_names_the_run_and_the_field(tmp_path):
+def test_a_bad_config_names_the_config_and_the_field(tmp_path):
     path = write_sweep(tmp_path, overrides=["training.total_steps=0"])
-    with pytest.raises(SweepError, match=r"run lr3e-3/dynamics-steps0-4/seed0: invalid config: training.total_steps"):
+    with pytest.raises(SweepError, match=r"config lr3e-3: invalid config: training.total_steps: Input should be"):
+        plan_sweep(read_sweep_file(path), tmp_path / "out", tmp_path)
+
+
+def test_a_bad_run_config_names_the_run_and_the_field(tmp_path):
+    path = write_sweep(tmp_path, methods={"dynamics": {"schedules": [[0, 4], [0, 100]]}})
+    with pytest.raises(SweepError, match=r"run lr3e-3/dynamics-steps0-100/seed0: invalid config: method.schedule: "
+                                         r"schedule step 100 is not before the end of training \(8 steps\)"):
         plan_sweep(read_sweep_file(path), tmp_path / "out", tmp_path)
 
 

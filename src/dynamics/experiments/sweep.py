@@ -35,6 +35,8 @@ SWEEP_FILE = "sweep.json"
 """Written into the sweep's output folder: the plan and what became of every run."""
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+INHERITED_METHOD_FIELDS = ("probe_cap", "grid", "alignment_batches")
+"""The fields of a base config's ``method`` that every method of the sweep keeps."""
 
 
 class SweepError(ValueError):
@@ -210,8 +212,7 @@ def method_sections(methods: SweepMethods, base: dict[str, Any]) -> tuple[list[t
     notes on the methods left out for this config."""
     out: list[tuple[str, dict[str, Any]]] = []
     notes: list[str] = []
-    inherited = dict(base.get("method") or {})
-    keep = {k: v for k, v in inherited.items() if k in ("probe_cap", "grid", "alignment_batches")}
+    keep = {k: v for k, v in (base.get("method") or {}).items() if k in INHERITED_METHOD_FIELDS}
     if methods.dynamics is not None:
         for schedule in methods.dynamics.schedules:
             for variant in methods.dynamics.variants:
@@ -293,7 +294,10 @@ def plan_sweep(sweep: SweepFile, out: Path, sweep_dir: Path = Path()) -> SweepPl
         base_path = sweep_dir / sweep.base
         if not base_path.is_file():
             raise SweepError(f"base: {base_path} does not exist (the path is relative to the sweep file)")
-        loaded = yaml.safe_load(base_path.read_text(encoding="utf-8"))
+        try:
+            loaded = yaml.safe_load(base_path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as err:
+            raise SweepError(f"base: {base_path} is not valid YAML: {' '.join(str(err).split())}") from None
         if not isinstance(loaded, dict):
             raise SweepError(f"base: {base_path} must hold a run config mapping")
         base = loaded
@@ -319,7 +323,14 @@ def plan_sweep(sweep: SweepFile, out: Path, sweep_dir: Path = Path()) -> SweepPl
     for group, config in groups:
         if "datasets" not in config:
             raise SweepError(f"{group}: the run config has no datasets; give base: a run config, or scenarios")
-        sections, left_out = method_sections(sweep.methods, config)
+        # The config alone first (the sweep sets the method), so that its own mistakes are
+        # named as such and the fixed grid reads validated datasets.
+        method_settings = {k: v for k, v in (config.get("method") or {}).items() if k in INHERITED_METHOD_FIELDS}
+        try:
+            checked = RunConfig.from_dict({**config, "method": method_settings, "output_dir": str(out)})
+        except ConfigError as err:
+            raise SweepError(f"config {group}: {err}") from None
+        sections, left_out = method_sections(sweep.methods, checked.model_dump(mode="json"))
         notes += [f"{group}: {note}" for note in left_out]
         for method, section in sections:
             for seed in sweep.seeds:
