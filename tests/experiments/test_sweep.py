@@ -96,6 +96,8 @@ def test_sweep_writes_one_finished_run_folder_per_config_method_and_seed(swept):
         for method in ("dynamics-steps0-4", "fixed-uniform-w0.2", "fixed-uniform-w0.8")
     )
     assert [row["status"] for row in record["runs"]] == ["done"] * 6, record
+    # One core and one thread per Ray task: torch's and OpenMP's, set before torch started.
+    assert {(row["torch_threads"], row["environment_threads"]) for row in record["runs"]} == {(1, "1")}
     assert json.loads((folder / "out" / SWEEP_FILE).read_text()) == json.loads(json.dumps(record))
     for row in record["runs"]:
         run = rundir.read_run(row["path"])

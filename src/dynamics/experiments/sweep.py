@@ -16,6 +16,7 @@ process.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -377,6 +378,7 @@ def execute_run(config: dict[str, Any], resume: bool, threads: int) -> dict[str,
 
         if not torch.cuda.is_available():
             torch.set_num_threads(threads)
+        threads_used = torch.get_num_threads()
         summary = run(RunConfig.from_dict(config), progress=False, resume=resume)
     except Exception as err:  # reported per run; the sweep goes on with the others
         return {"error": _one_line(err), "seconds": time.perf_counter() - started}
@@ -387,6 +389,8 @@ def execute_run(config: dict[str, Any], resume: bool, threads: int) -> dict[str,
         "constrained_ppl_reduction": float(summary["constrained_ppl_reduction"]),
         "predicted_cost": float(summary["predicted_cost"]),
         "seconds": time.perf_counter() - started,
+        "torch_threads": threads_used,
+        "environment_threads": os.environ.get("OMP_NUM_THREADS"),
     }
 
 
