@@ -290,8 +290,10 @@ def test_a_scenario_sweep_plans_the_papers_grid_with_the_scenarios_budgets(tmp_p
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({
         "base": "base.yaml",
+        # The base config's alignment_batches carries over to the sweep's gradient alignment.
+        "overrides": ["method.alignment_batches=4"],
         "scenarios": {"names": ["paper/s28"], "datasets": sources},
-        "methods": {"dynamics": {}, "fixed": {}},
+        "methods": {"dynamics": {}, "fixed": {}, "gradient_alignment": {"schedules": ["no-warmup"]}},
         "seeds": [0, 1],
     }, sort_keys=False))
     plan = plan_sweep(read_sweep_file(path), tmp_path / "out", tmp_path)
@@ -302,7 +304,11 @@ def test_a_scenario_sweep_plans_the_papers_grid_with_the_scenarios_budgets(tmp_p
     # both schemes give all the mass to the non-targets): the paper's 9 baselines, x 2 seeds.
     fixed = sorted({r.method for r in plan.runs if r.method.startswith("fixed-")})
     assert len(fixed) == 9 and "fixed-proportional-w0" not in fixed
-    assert len(plan.runs) == 2 * (1 + 9)
+    assert len(plan.runs) == 2 * (1 + 9 + 1)  # s28 constrains losses only: gradient alignment runs too
+    alignment = next(r for r in plan.runs if r.method == "gradient-alignment-no-warmup").config["method"]
+    assert (alignment["name"], alignment["schedule"], alignment["alignment_batches"]) == (
+        "gradient-alignment", "no-warmup", 4
+    )
     weights = next(r for r in plan.runs if r.method == "fixed-proportional-w0.5").config["method"]["weights"]
     assert weights == pytest.approx({"NM": 0.5 * 1000 / 1300, "GF": 0.5 * 300 / 1300, "WP": 0.25, "FW": 0.25})
     first = plan.runs[0].config

@@ -149,8 +149,9 @@ def write_sweep_report(results: list[Any], unfinished: list[Path], out: Path) ->
         "reduction": "Test perplexity reduction per scenario (mean over seeds; 0 for an infeasible run), one dot per "
         "scenario. Fixed baselines as the oracle best: the best fixed mixture of the scenario per seed.",
         "cost": "Left: median reduction against cost. Stars: best@k, the expected best of k fixed runs (cost k), "
-        "median over scenarios; circles: one run of each method at its cost-model cost. Right: the share of "
-        "feasible runs; stars: feasible@k, the chance that one of k fixed runs is feasible.",
+        "median over scenarios; circles: one run of each method at its cost-model cost, with the std over seeds "
+        "of the per-seed median. Right: the share of feasible runs (std over seeds); stars: feasible@k, the "
+        "chance that one of k fixed runs is feasible.",
         "by_constraints": "Reduction grouped by the scenarios' number of constraints.",
         "violation": "Maximum constraint violation at the checkpoint closest to feasibility, in the scenarios "
         "where the method and every fixed run were infeasible on every seed (clipped at 0).",

@@ -152,7 +152,7 @@ def aggregate(results: Sequence[RunResult]) -> dict[str, Any]:
         for method in methods:
             mine = [r for r in runs if r.method == method]
             if mine:
-                entry["methods"][method] = _method_entry(mine, fixed)
+                entry["methods"][method] = _method_entry(mine)
         if fixed:
             seeds = sorted({r.seed for r in fixed})
             oracle = [max(r.reduction for r in fixed if r.seed == s) for s in seeds]
@@ -195,12 +195,13 @@ def aggregate(results: Sequence[RunResult]) -> dict[str, Any]:
     }
 
 
-def _method_entry(runs: list[RunResult], fixed: list[RunResult]) -> dict[str, Any]:
+def _method_entry(runs: list[RunResult]) -> dict[str, Any]:
     violations = [r.max_violation for r in runs if r.max_violation is not None]
     return {
         "reduction": _mean(r.reduction for r in runs),
         "reduction_per_seed": {str(r.seed): r.reduction for r in runs},
         "feasible_rate": _mean(r.feasible for r in runs),
+        "feasible_per_seed": {str(r.seed): r.feasible for r in runs},
         "predicted_cost": _mean(r.predicted_cost for r in runs),
         "violation": _mean(violations) if len(violations) == len(runs) else None,
         "seeds": len(runs),
@@ -209,10 +210,17 @@ def _method_entry(runs: list[RunResult], fixed: list[RunResult]) -> dict[str, An
 
 def _summary(method: str, scenarios: dict[str, Any]) -> dict[str, Any]:
     entries = [s["methods"][method] for s in scenarios.values() if method in s["methods"]]
+    # The paper's spread: the statistic over scenarios computed per seed, then its std over seeds.
+    seeds = sorted({seed for e in entries for seed in e["reduction_per_seed"]}, key=int)
+    medians = [float(np.median([e["reduction_per_seed"][s] for e in entries if s in e["reduction_per_seed"]]))
+               for s in seeds]
+    rates = [_mean(e["feasible_per_seed"][s] for e in entries if s in e["feasible_per_seed"]) for s in seeds]
     return {
         "scenarios": len(entries),
         "median_reduction": float(np.median([e["reduction"] for e in entries])),
+        "median_reduction_std_over_seeds": float(np.std(medians)),
         "feasibility_rate": _mean(e["feasible_rate"] for e in entries),
+        "feasibility_rate_std_over_seeds": float(np.std(rates)),
         "median_predicted_cost": float(np.median([e["predicted_cost"] for e in entries])),
     }
 
@@ -299,10 +307,11 @@ def write_sweep_figures(numbers: dict[str, Any], results: Sequence[RunResult], f
                    color=colors[FIXED], label="fixed: feasible@k (cost k)")
     for method in methods:
         summary = numbers["methods"][method]
-        left.scatter([summary["median_predicted_cost"]], [100 * summary["median_reduction"]], s=70,
-                     color=colors[method], edgecolor="black", zorder=3, label=method)
-        right.scatter([summary["median_predicted_cost"]], [100 * summary["feasibility_rate"]], s=70,
-                      color=colors[method], edgecolor="black", zorder=3, label=method)
+        cost = summary["median_predicted_cost"]
+        left.errorbar([cost], [100 * summary["median_reduction"]], yerr=[100 * summary["median_reduction_std_over_seeds"]],
+                      fmt="o", markersize=8, color=colors[method], mec="black", capsize=4, zorder=3, label=method)
+        right.errorbar([cost], [100 * summary["feasibility_rate"]], yerr=[100 * summary["feasibility_rate_std_over_seeds"]],
+                       fmt="o", markersize=8, color=colors[method], mec="black", capsize=4, zorder=3, label=method)
     left.set(xlabel="cost (multiples of one fixed run, cost model)", ylabel="median test PPL reduction (%)",
              title="Median reduction vs cost")
     right.set(xlabel="cost (multiples of one fixed run, cost model)", ylabel="feasible runs (%)",
