@@ -6,6 +6,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+DASHES = ("-", "--", ":", "-.")
+"""Line styles of the weight plots, one per dataset in turn."""
+
 
 def pyplot() -> ModuleType:
     import matplotlib

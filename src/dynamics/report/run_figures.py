@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dynamics.report.plotting import pyplot, save
+from dynamics.report.plotting import DASHES, pyplot, save
 from dynamics.runs.rundir import RunRecords
 
 
@@ -80,7 +80,8 @@ def write_run_figures(records: RunRecords, folder: Path) -> dict[str, str]:
     update_steps = [u["step"] for u in records.updates] + [total]
     weights = np.array([u["weights"] for u in records.updates], dtype=float)
     for j, name in enumerate(records.dataset_names):
-        ax.step(update_steps, [*weights[:, j], weights[-1, j]], where="post", label=name)
+        # Dashes tell apart datasets that share a weight (their lines would coincide).
+        ax.step(update_steps, [*weights[:, j], weights[-1, j]], where="post", label=name, linestyle=DASHES[j % 4])
     ax.set(xlabel="training step", ylabel="mixture weight", ylim=(-0.02, 1.02),
            title=f"Mixture weights ({numbers['policy']})")
     ax.legend(fontsize=8)

@@ -36,7 +36,7 @@ import numpy as np
 import yaml
 
 from dynamics.core import metrics
-from dynamics.report.plotting import pyplot, save
+from dynamics.report.plotting import DASHES, pyplot, save
 from dynamics.runs import rundir
 
 FIXED = "fixed (oracle best)"
@@ -373,7 +373,7 @@ def write_sweep_figures(numbers: dict[str, Any], results: Sequence[RunResult], f
             steps = [u["step"] for u in records.updates] + [int(records.summary["total_steps"])]
             weights = np.array([u["weights"] for u in records.updates], dtype=float)
             for j, dataset in enumerate(records.dataset_names):
-                ax.step(steps, [*weights[:, j], weights[-1, j]], where="post", label=dataset)
+                ax.step(steps, [*weights[:, j], weights[-1, j]], where="post", label=dataset, linestyle=DASHES[j % 4])
             ax.set(title=f"{name} (seed {result.seed})", xlabel="step", ylabel="weight", ylim=(-0.02, 1.02))
             ax.legend(fontsize=6)
         for ax in list(axes.flat)[len(mine):]:
