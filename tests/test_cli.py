@@ -20,7 +20,10 @@ def test_every_command_is_documented_in_the_readme():
 def test_every_command_builds_its_parser():
     parser = build_parser()
     for name in COMMANDS:
-        args = {"solve": ["x.json"], "run": ["c.yaml"], "report": ["r"], "scenarios": ["list"]}.get(name, [])
+        args = {
+            "solve": ["x.json"], "run": ["c.yaml"], "report": ["r"], "scenarios": ["list"],
+            "sweep": ["s.yaml", "--out", "o"],
+        }.get(name, [])
         assert parser.parse_known_args([name, *args])[0].command == name
 
 

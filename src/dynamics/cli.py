@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "cost": "dynamics.commands.cost",
     "scenarios": "dynamics.commands.scenarios",
     "run": "dynamics.commands.run",
+    "sweep": "dynamics.commands.sweep",
     "report": "dynamics.commands.report",
     "demo": "dynamics.commands.demo",
 }

@@ -1,0 +1,98 @@
+"""The sweep report's numbers on hand-made run results, checked by hand (no training)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dynamics.core import metrics
+from dynamics.report.sweep import FIXED, RunResult, aggregate, method_label, write_sweep_figures
+from dynamics.runs.rundir import RunRecords
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def result(scenario: str, method: str, mixture: str, seed: int, reduction: float, violation: float,
+           constraints: int) -> RunResult:
+    path = Path("/sweep") / scenario / (method if method != "fixed" else mixture) / f"seed{seed}"
+    records = RunRecords(
+        path=path,
+        summary={"total_steps": 8, "dataset_names": ["a", "b"]},
+        evaluations=[],
+        updates=[{"step": 0, "weights": [0.5, 0.5]}, {"step": 4, "weights": [0.9, 0.1]}],
+    )
+    return RunResult(
+        path=path, scenario_key=scenario, method=method, mixture=mixture, seed=seed, feasible=reduction > 0,
+        reduction=reduction, predicted_cost=1.5 if method != "fixed" else 1.0, train_seconds=10.0,
+        num_constraints=constraints, max_violation=violation, records=records,
+    )
+
+
+DYN = "dynamics-dense-warmup"
+RESULTS = [
+    # Scenario A (2 constraints): DynaMiCS feasible on both seeds; the fixed w1 fails on seed 1.
+    result("A", DYN, DYN, 0, 0.20, -0.01, 2),
+    result("A", DYN, DYN, 1, 0.10, -0.02, 2),
+    result("A", "fixed", "w1", 0, 0.05, -0.01, 2),
+    result("A", "fixed", "w1", 1, 0.00, 0.30, 2),
+    result("A", "fixed", "w2", 0, 0.15, -0.01, 2),
+    result("A", "fixed", "w2", 1, 0.12, -0.01, 2),
+    # Scenario B (3 constraints): nothing is feasible anywhere.
+    result("B", DYN, DYN, 0, 0.0, 0.1, 3),
+    result("B", DYN, DYN, 1, 0.0, 0.3, 3),
+    result("B", "fixed", "w1", 0, 0.0, 0.5, 3),
+    result("B", "fixed", "w1", 1, 0.0, 0.7, 3),
+    result("B", "fixed", "w2", 0, 0.0, 0.2, 3),
+    result("B", "fixed", "w2", 1, 0.0, 0.4, 3),
+]
+
+
+def test_oracle_best_at_k_feasible_at_k_and_violations_follow_the_paper():
+    numbers = aggregate(RESULTS)
+    a, b = numbers["scenarios"]["A"], numbers["scenarios"]["B"]
+    assert a["fixed"]["oracle_reduction"] == pytest.approx((0.15 + 0.12) / 2)  # best mixture per seed, then mean
+    assert b["fixed"]["oracle_reduction"] == 0.0
+    assert a["methods"][DYN]["reduction"] == pytest.approx(0.15)
+    assert numbers["methods"][DYN] == {
+        "scenarios": 2,
+        "median_reduction": pytest.approx(0.075),
+        # Per seed, the median over scenarios: seed 0 (0.2 + 0) / 2, seed 1 (0.1 + 0) / 2; their std.
+        "median_reduction_std_over_seeds": pytest.approx(np.std([0.1, 0.05])),
+        "feasibility_rate": 0.5,
+        "feasibility_rate_std_over_seeds": 0.0,
+        "median_predicted_cost": 1.5,
+    }
+    pools = [[0.05, 0.0, 0.15, 0.12], [0.0] * 4]
+    assert numbers["fixed"]["best_at_k"]["3"] == pytest.approx((metrics.best_at_k(pools[0], 3) + 0.0) / 2)
+    assert numbers["fixed"]["feasible_at_k"]["1"] == pytest.approx((0.75 + 0.0) / 2)
+    assert numbers["fixed"]["feasible_at_k"]["2"] == pytest.approx((1 - 0.25**2) / 2)
+    assert numbers["fixed"]["mixtures"] == 2
+    assert numbers["by_constraints"] == {
+        "2": {DYN: [pytest.approx(0.15)], FIXED: [pytest.approx(0.135)]},
+        "3": {DYN: [0.0], FIXED: [0.0]},
+    }
+    # Only B is jointly infeasible; the baselines' value is their least violating mixture (w2).
+    assert numbers["violation_jointly_infeasible"] == {DYN: {"B": {"method": pytest.approx(0.2), "fixed": pytest.approx(0.3)}}}
+
+
+def test_sweep_figures_are_written(tmp_path):
+    files = write_sweep_figures(aggregate(RESULTS), RESULTS, tmp_path)
+    assert set(files) == {"reduction", "cost", "by_constraints", "violation", f"weights:{DYN}"}
+    for name in files.values():
+        assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize(
+    ("method", "label"),
+    [
+        ({"name": "dynamics", "schedule": "dense-warmup", "variant": "paper", "predictor": "linear"}, "dynamics-dense-warmup"),
+        ({"name": "dynamics", "schedule": "fixed:8", "variant": "robust", "predictor": "curve"}, "dynamics-fixed8-robust-curve"),
+        ({"name": "dynamics", "schedule": [0, 4]}, "dynamics-steps0-4"),
+        ({"name": "gradient-alignment", "schedule": "no-warmup"}, "gradient-alignment-no-warmup"),
+        ({"name": "fixed", "weights": {"a": 1.0}, "schedule": [0]}, "fixed"),
+    ],
+)
+def test_method_labels(method, label):
+    assert method_label(method) == label
