@@ -290,6 +290,17 @@ def test_a_trainer_that_disagrees_with_the_config_is_refused_naming_both_fields(
     assert not (tmp_path / "trainer").exists()  # refused before anything was written
 
 
+def test_sharded_training_is_refused_by_the_callback(tokenizer_dir, tmp_path):
+    # The Trainer itself accepts fsdp only when launched on several processes, so its
+    # arguments are checked directly here.
+    from transformers import TrainerState
+
+    config = RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "trainer"))
+    callback = DynamicsCallback(config, load_tokenizer(config.model))
+    with pytest.raises(RunSetupError, match=r"sharded training .*TrainingArguments\.fsdp.*plain data parallelism"):
+        callback._check_trainer(trainer_args(tmp_path / "hf", config, fsdp=True), TrainerState())
+
+
 def test_backtracking_is_refused_by_the_callback(tokenizer_dir, tmp_path):
     data = tiny_config(tokenizer_dir, tmp_path / "trainer", backtrack=1)
     tokenizer = load_tokenizer(RunConfig.from_dict(data).model)

@@ -40,6 +40,8 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, gather_object
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from dynamics.core.learner import Diverged, Evaluation
 from dynamics.core.probes import ProbeRuns, probe_in_turn
@@ -289,6 +291,10 @@ class HFLearner:
         self.torch_optimizer = build_optimizer(self.trainable_parameters, optimizer)
         self.lr_scheduler = build_lr_scheduler(self.torch_optimizer, optimizer, total_steps)
         self.model, self.optimizer = self.accelerator.prepare(model, self.torch_optimizer)
+        # Sharding (FSDP) replaces the parameters, and prepare points the optimizer at the
+        # new ones: those are what is trained, snapshotted and restored.
+        self.trainable_parameters = [p for group in self.torch_optimizer.param_groups for p in group["params"]]
+        self._sharded = _is_sharded(self.trainable_parameters)
         self.model.train()
         self._average_gradients = False  # prepare wrapped the model for DDP where needed
 
@@ -322,8 +328,10 @@ class HFLearner:
         self.optimizer = optimizer if hasattr(optimizer, "step_was_skipped") else accelerator.prepare_optimizer(optimizer)
         self.lr_scheduler = lr_scheduler
         self.model = model
-        # An unwrapped model under several processes: probes average gradients themselves.
-        self._average_gradients = accelerator.num_processes > 1 and not hasattr(model, "no_sync")
+        self._sharded = _is_sharded(self.trainable_parameters)
+        # An unwrapped model under several processes: probes average gradients themselves
+        # (a sharded model reduces its gradients in its own backward).
+        self._average_gradients = accelerator.num_processes > 1 and not hasattr(model, "no_sync") and not self._sharded
         return self
 
     def _attach_data(
@@ -445,6 +453,7 @@ class HFLearner:
             and self.split_probes
             and len(self._dataset_names) % world == 0
             and not sharded
+            and not self._sharded
             and isinstance(self.sampler, SlicingSampler)
         )
 
@@ -496,6 +505,10 @@ class HFLearner:
                 self.lr_scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         return step_loss
+
+    def _reshard(self) -> None:
+        if self._sharded:
+            _reshard_modules(self.model)
 
     def _all_reduce_gradients(self) -> None:
         """Average the gradients over the processes, as DDP does for a wrapped model (the
@@ -554,7 +567,9 @@ class HFLearner:
         )
 
     def restore(self, snapshot: TrainingSnapshot) -> None:
-        """Return to ``snapshot`` by copying into the live tensors; ``snapshot`` stays valid."""
+        """Return to ``snapshot`` by copying into the live tensors; ``snapshot`` stays valid.
+        Under FSDP2 each rank copies its own shards."""
+        self._reshard()
         with torch.no_grad():
             for p, saved in zip(self.trainable_parameters, snapshot.parameters, strict=True):
                 p.copy_(saved)
@@ -629,6 +644,12 @@ class HFLearner:
         # A process probing on its own evaluates every batch itself.
         world = 1 if self._alone else self.accelerator.num_processes
         mine = range(self.accelerator.process_index if world > 1 else 0, count, world)
+        evaluated = list(mine)
+        if self._sharded and world > 1:
+            # A sharded forward gathers parameters from every rank, so all ranks run the
+            # same number of forwards: the ranks with one batch fewer evaluate batch 0
+            # again and drop it.
+            evaluated += [0] * (-(-count // world) - len(evaluated))
         # The module itself, not its DDP wrapper: ranks evaluate different numbers of
         # batches, and a wrapper's forward may synchronise buffers across ranks.
         model = self.accelerator.unwrap_model(self.model) if self.accelerator.num_processes > 1 else self.model
@@ -638,14 +659,16 @@ class HFLearner:
             with torch.no_grad():
                 values = torch.stack(
                     [
-                        torch.stack([self._batch_metric(domain, domain_batches[b], model) for b in mine]).double()
-                        if len(mine)
+                        torch.stack([self._batch_metric(domain, domain_batches[b], model) for b in evaluated])
+                        .double()[: len(mine)]
+                        if evaluated
                         else torch.zeros(0, dtype=torch.float64, device=self.accelerator.device)
                         for domain, domain_batches in zip(self.domains, batches, strict=True)
                     ]
                 )
         finally:
             self.model.train(was_training)
+            self._reshard()
         if world > 1:
             values = self._gather_batches(values, count)
         # One device-to-host copy for the whole evaluation instead of one sync per batch.
@@ -814,6 +837,20 @@ class HFLearner:
         if split == "test":
             return domain.test_batches
         raise ValueError(f"split must be 'eval' or 'test', got {split!r}")
+
+
+def _reshard_modules(model: nn.Module) -> None:
+    """Free FSDP2's gathered parameters. A forward without backward (an evaluation) leaves
+    the root module's gathered, and a later forward would use them even after the shards
+    changed (a restore); gathering afresh reads the shards."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def _is_sharded(parameters: Sequence[nn.Parameter]) -> bool:
+    """Whether the parameters are shards (FSDP2's DTensors): each rank holds a part."""
+    return any(isinstance(p, DTensor) for p in parameters)
 
 
 def choice_logits(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:

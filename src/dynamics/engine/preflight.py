@@ -105,10 +105,10 @@ def check_launch() -> None:
         value = os.environ.get(variable, "")
         if value.strip().lower() in _TRUE:
             raise RunSetupError(
-                f"launched under {name} ({variable}={value}): sharded snapshot/restore is not "
-                "supported yet (probes snapshot and restore whole weights and optimizer states); "
+                f"launched under {name} ({variable}={value}): dynamics run cannot yet save its "
+                "checkpoints (the best adapter or weights, the resume points) from sharded weights; "
                 "launch with plain data parallelism instead (torchrun, or accelerate launch "
-                f"without {name})"
+                f"without {name}; a LoRA adapter's base model fits on each GPU)"
             )
 
 

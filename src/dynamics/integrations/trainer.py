@@ -450,6 +450,11 @@ class DynamicsCallback(TrainerCallback):
             )
         if args.fp16:
             problems.append("fp16 loss scaling is not supported by DynamicsCallback: use bf16 or fp32")
+        if args.fsdp or args.deepspeed:
+            problems.append(
+                "sharded training (TrainingArguments.fsdp or deepspeed) is not supported by DynamicsCallback: "
+                "its run folder's checkpoints cannot yet be saved from shards; train with plain data parallelism"
+            )
         if args.dataloader_num_workers:
             problems.append(
                 "TrainingArguments.dataloader_num_workers must be 0: the mixture draws each batch in the "
