@@ -1,7 +1,7 @@
 """Wall time of a DynaMiCS run over a fixed-weight run of the same config, next to the
 cost model's prediction (appendix H) for it.
 
-    .venv/bin/python benchmarks/run_overhead.py [--steps 128] [--schedule dense-warmup]
+    .venv/bin/python benchmarks/run_overhead.py [--steps 128] [--schedule dense-warmup] [--processes 1,2]
     .venv/bin/python benchmarks/run_overhead.py --shape qwen2.5-0.5b --seq 512 --batch 8 --mixed-precision bf16
 
 Both runs use the same random-init model (a tiny Llama, or a named shape of
@@ -11,6 +11,13 @@ and evaluations included, model and data setup not); the whole runs' wall times 
 beside it. The prediction is printed twice: with the paper's assumed ratio (one training
 step = 3 forward passes) and with the ratio measured here on this model. On a GPU each
 run's peak memory is printed too. Prints one JSON object; ratios come from this one run.
+
+``--processes 1,2`` measures both ratios with 1 and with 2 processes (``torchrun``, gloo on
+a CPU, ``--threads`` threads each, the same global batch: ``--batch`` is split among the
+processes). The cost model counts forward-pass equivalents, all of which divide among the
+processes (evaluations by batch, probes by dataset or by batch), so it predicts the same
+ratio for any number of processes; what differs is what it leaves out (all-reduces,
+snapshot restores, the solver, Python overhead).
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +46,7 @@ from dynamics.engine.run import build_run, run  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 
 
-def config(tokenizer: Path, out: Path, args: argparse.Namespace, method: dict) -> RunConfig:
+def config(tokenizer: Path, out: Path, args: argparse.Namespace, method: dict, processes: int = 1) -> RunConfig:
     steps, schedule = args.steps, args.schedule
     return RunConfig.from_dict(
         {
@@ -46,12 +55,13 @@ def config(tokenizer: Path, out: Path, args: argparse.Namespace, method: dict) -
             "optimizer": {"lr": 1e-3},
             "training": {
                 "total_steps": steps,
-                "batch_size": args.batch,
+                "batch_size": args.batch // processes,
                 "sequence_length": args.seq,
                 "mixed_precision": args.mixed_precision,
             },
             # The paper's proportions: evaluate every T/32 steps on 4x the probe's batches.
-            "evaluation": {"interval": max(1, steps // 32), "batches": 8, "reduced_batches": 2},
+            "evaluation": {"interval": max(1, steps // 32), "batches": 8, "reduced_batches": 2,
+                           "batch_size": args.batch},
             "method": {"schedule": schedule, **method},
             "datasets": [
                 {"name": "math", "path": str(FIXTURES / "metamath.jsonl"), "role": "target",
@@ -85,34 +95,81 @@ def measured_train_fwd_ratio(cfg: RunConfig, repeats: int = 20) -> float:
     return steps[len(steps) // 2] / forwards[len(forwards) // 2]
 
 
+METHODS = (
+    ("fixed", {"name": "fixed", "weights": {"math": 0.5, "wiki": 0.5}}),
+    ("dynamics", {"name": "dynamics"}),
+)
+
+
+def run_in_process(cfg: RunConfig) -> tuple[dict, float, float | None]:
+    """(the run's summary, whole-run seconds, peak GPU memory in GiB or None) of one run."""
+    gpu = torch.cuda.is_available()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    summary = run(cfg, progress=False)
+    wall = time.perf_counter() - started
+    return summary, wall, torch.cuda.max_memory_allocated() / 2**30 if gpu else None
+
+
+def run_with_torchrun(cfg: RunConfig, processes: int, threads: int) -> tuple[dict, float, None]:
+    """The same under ``torchrun`` with ``processes`` processes of ``threads`` threads."""
+    path = Path(cfg.output_dir).with_suffix(".yaml")
+    path.write_text(cfg.to_yaml())
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+        "-m", "dynamics.cli", "run", str(path), "--no-progress",
+    ]
+    started = time.perf_counter()
+    subprocess.run(command, env=env, check=True, capture_output=True)
+    wall = time.perf_counter() - started
+    return json.loads((Path(cfg.output_dir) / "summary.json").read_text()), wall, None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--schedule", default="dense-warmup")
     parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     parser.add_argument("--seq", type=int, default=128, help="tokens per sequence")
-    parser.add_argument("--batch", type=int, default=4, help="sequences per step")
+    parser.add_argument("--batch", type=int, default=4, help="sequences per step (global)")
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16"])
+    parser.add_argument("--processes", default="1", help="comma-separated process counts, e.g. 1,2")
+    parser.add_argument("--threads", type=int, default=None, help="threads per process (default: torch's)")
     args = parser.parse_args()
+    counts = [int(p) for p in args.processes.split(",")]
+    if any(p < 1 or args.batch % p for p in counts):
+        parser.error(f"--batch {args.batch} must divide among --processes {args.processes}")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     gpu = torch.cuda.is_available()
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         tiny_tokenizer().save_pretrained(folder / "tok")
-        walls, train, peak = {}, {}, {}
-        for name, method in (
-            ("fixed", {"name": "fixed", "weights": {"math": 0.5, "wiki": 0.5}}),
-            ("dynamics", {"name": "dynamics"}),
-        ):
-            cfg = config(folder / "tok", folder / name, args, method)
-            if gpu:
-                torch.cuda.reset_peak_memory_stats()
-            started = time.perf_counter()
-            summary = run(cfg, progress=False)
-            walls[name] = time.perf_counter() - started
-            train[name] = summary["train_seconds"]
-            peak[name] = torch.cuda.max_memory_allocated() / 2**30 if gpu else None
+        for processes in counts:
+            summaries, walls, peak = {}, {}, {}
+            for name, method in METHODS:
+                cfg = config(folder / "tok", folder / f"{name}-{processes}", args, method, processes)
+                if processes == 1:
+                    summaries[name], walls[name], peak[name] = run_in_process(cfg)
+                else:
+                    summaries[name], walls[name], peak[name] = run_with_torchrun(cfg, processes, args.threads or 1)
+            train = {name: summary["train_seconds"] for name, summary in summaries.items()}
+            results[str(processes)] = {
+                "fixed_train_s": round(train["fixed"], 2),
+                "dynamics_train_s": round(train["dynamics"], 2),
+                "measured_cost_ratio": round(train["dynamics"] / train["fixed"], 3),
+                "fixed_wall_s": round(walls["fixed"], 2),
+                "dynamics_wall_s": round(walls["dynamics"], 2),
+                "wall_ratio_with_setup": round(walls["dynamics"] / walls["fixed"], 3),
+                # Probing and solving, the part DynaMiCS adds (its reduced evaluations included).
+                "dynamics_update_s": round(summaries["dynamics"]["probe_seconds"], 2),
+                "peak_memory_gib": {"fixed": peak["fixed"], "dynamics": peak["dynamics"]},
+            }
         cfg = config(folder / "tok", folder / "ratio", args, {"name": "dynamics"})
         ratio = measured_train_fwd_ratio(cfg)
     schedule = build_schedule(args.schedule, args.steps)
@@ -136,19 +193,15 @@ def main() -> None:
                 "batch": args.batch,
                 "mixed_precision": args.mixed_precision,
                 "device": "cuda" if gpu else "cpu",
+                "threads_per_process": args.threads or torch.get_num_threads(),
                 "steps": args.steps,
                 "schedule": args.schedule,
-                "fixed_train_s": round(train["fixed"], 2),
-                "dynamics_train_s": round(train["dynamics"], 2),
-                "measured_cost_ratio": round(train["dynamics"] / train["fixed"], 3),
-                "fixed_wall_s": round(walls["fixed"], 2),
-                "dynamics_wall_s": round(walls["dynamics"], 2),
-                "wall_ratio_with_setup": round(walls["dynamics"] / walls["fixed"], 3),
+                "processes": results,
                 "predicted_cost_ratio_assumed_3": round(predicted(3.0), 3),
                 "measured_train_fwd_ratio": round(ratio, 2),
                 "predicted_cost_ratio_measured_ratio": round(predicted(ratio), 3),
-                "peak_memory_gib": {"fixed": peak["fixed"], "dynamics": peak["dynamics"]},
-                "note": "measured_cost_ratio compares training wall time (probes and evaluations in, setup out)",
+                "note": "measured_cost_ratio compares training wall time (probes and evaluations in, setup out); "
+                "the prediction is the same for any number of processes",
             },
             indent=2,
         )

@@ -1,6 +1,6 @@
 """Model shapes the benchmarks build from random weights (no downloads).
 
-``tiny`` runs on a CPU in seconds; ``qwen2.5-0.5b`` has the shape of Qwen/Qwen2.5-0.5B
+``tiny`` runs on a CPU in seconds, ``small`` in minutes; ``qwen2.5-0.5b`` has the shape of Qwen/Qwen2.5-0.5B
 (its config.json: 24 layers, hidden 896, 14 heads, 2 KV heads, tied embeddings, a vocabulary
 of 151,936), for the GPU check (``benchmarks/gpu.sh``).
 """
@@ -17,6 +17,17 @@ SHAPES: dict[str, dict[str, Any]] = {
         "intermediate_size": 256,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
+        "max_position_embeddings": 512,
+    },
+    # Big enough on a CPU that a step's arithmetic outweighs its Python and collective
+    # overheads (the 1-vs-2-process measurement of docs/scale.md).
+    "small": {
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 384,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 6,
         "max_position_embeddings": 512,
     },
     "qwen2.5-0.5b": {
