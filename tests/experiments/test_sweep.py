@@ -2,7 +2,8 @@
 
 The sweep is small: two configs (two learning rates) x DynaMiCS and two fixed mixtures,
 one seed, 8 steps of the tiny model of examples/tiny-run.yaml with one evaluation batch.
-Ray starts once for the module (2 CPUs, one core and one torch thread per task).
+Ray starts once for the module (2 CPUs, one core and one torch thread per task); without
+the optional extra ``ray`` those tests are skipped and the others still run.
 """
 
 from __future__ import annotations
@@ -14,21 +15,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 import yaml
 
 from dynamics.cli import main as cli
 from dynamics.core import metrics
 from dynamics.data.scenarios import DATASETS, load_scenario
 from dynamics.experiments.sweep import (
+    ERROR_FILE,
     SWEEP_FILE,
     Resources,
     SweepError,
     _check_fits,
+    execute_run,
     plan_sweep,
     read_sweep_file,
     run_sweep,
     scenario_datasets,
+    task_options,
 )
 from dynamics.report.text import run_report
 from dynamics.runs import rundir
@@ -72,6 +75,7 @@ def write_sweep(folder: Path, **changes) -> Path:
 
 @pytest.fixture(scope="module")
 def local_ray():
+    ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024**2, log_to_driver=False)
     yield
     ray.shutdown()
@@ -272,9 +276,15 @@ def test_a_failing_run_is_reported_and_the_others_go_on(tmp_path, capsys):
     record = json.loads((tmp_path / "out" / SWEEP_FILE).read_text())
     statuses = {row["name"]: row["status"] for row in record["runs"]}
     assert statuses == {"ok/fixed-uniform-w1/seed0": "done", "broken/fixed-uniform-w1/seed0": "failed"}
+    failed = next(row for row in record["runs"] if row["status"] == "failed")
+    error_file = Path(failed["path"]) / ERROR_FILE
+    assert failed["error_file"] == str(error_file) and failed["error"].endswith(f"(traceback in {error_file})")
+    assert error_file.read_text().startswith("Traceback (most recent call last)")
 
 
 def test_a_run_no_node_can_hold_is_refused_instead_of_waiting_forever(local_ray):
+    import ray
+
     nodes = ray.nodes()  # the local instance: 2 CPUs, no GPU
     _check_fits(nodes, Resources(cpus=2), None)
     with pytest.raises(SweepError, match=r"resources: each run asks for 1 GPUs and 1 CPU cores, but no node of the "
@@ -316,3 +326,94 @@ def test_a_scenario_sweep_plans_the_papers_grid_with_the_scenarios_budgets(tmp_p
         c.abbrev for c in scenario.constraints
     ]
     assert plan.runs[0].path == (tmp_path / "out" / "paper-s28" / "dynamics-dense-warmup" / "seed0").resolve()
+
+
+def test_proportional_alone_plans_its_runs_even_where_they_equal_uniform_ones(tmp_path):
+    # One target: every proportional mixture equals the uniform one of the same mass.
+    path = write_sweep(tmp_path, overrides=[*SWEEP["overrides"], "datasets.math.budget=100"],
+                       methods={"fixed": {"schemes": ["proportional"], "target_masses": [0.2, 0.8]}})
+    plan = plan_sweep(read_sweep_file(path), tmp_path / "out", tmp_path)
+    assert plan.notes == []
+    assert sorted({r.method for r in plan.runs}) == ["fixed-proportional-w0.2", "fixed-proportional-w0.8"]
+    weights = next(r for r in plan.runs if r.method == "fixed-proportional-w0.2").config["method"]["weights"]
+    assert weights == pytest.approx({"math": 0.2, "wiki": 0.4, "chat": 0.4})
+    # Both schemes: the proportional duplicates of the uniform mixtures are skipped.
+    path = write_sweep(tmp_path, overrides=[*SWEEP["overrides"], "datasets.math.budget=100"],
+                       methods={"fixed": {"target_masses": [0.2, 0.8]}})
+    plan = plan_sweep(read_sweep_file(path), tmp_path / "out", tmp_path)
+    assert sorted({r.method for r in plan.runs}) == ["fixed-uniform-w0.2", "fixed-uniform-w0.8"]
+
+
+def test_proportional_without_budgets_is_left_out_with_a_note(tmp_path):
+    path = write_sweep(tmp_path, methods={"fixed": {"schemes": ["uniform", "proportional"], "target_masses": [0.2]}})
+    plan = plan_sweep(read_sweep_file(path), tmp_path / "out", tmp_path)
+    assert [r.method for r in plan.runs] == ["fixed-uniform-w0.2"] * 2
+    assert plan.notes == [
+        f"{config}: fixed proportional runs left out: the targets ['math'] have no budget (give each target "
+        "dataset a budget, or use schemes: [uniform])"
+        for config in ("lr3e-3", "lr1e-3")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("dynamics", "message"),
+    [
+        ({"schedules": [[0, 4], [0, 4]]}, "methods.dynamics.schedules: the sweep plans run lr3e-3/dynamics-steps0-4 "
+                                          "twice (both would write {out}/lr3e-3/dynamics-steps0-4/seed0): remove "
+                                          "the repeated entries [[0, 4]]"),
+        ({"schedules": [[0, 4]], "variants": ["paper", "robust", "paper"]}, "methods.dynamics.variants: "),
+        ({"schedules": [[0, 4]], "predictors": ["curve", "curve"]}, "methods.dynamics.predictors: "),
+    ],
+)
+def test_repeated_methods_are_refused_instead_of_sharing_a_folder(tmp_path, dynamics, message):
+    path = write_sweep(tmp_path, methods={"dynamics": dynamics})
+    out = (tmp_path / "out").resolve()
+    with pytest.raises(SweepError, match=re.escape(message.format(out=out))):
+        plan_sweep(read_sweep_file(path), tmp_path / "out", tmp_path)
+
+
+def test_a_repeated_scenario_is_refused_instead_of_sharing_a_folder(tmp_path):
+    tiny_base(tmp_path)
+    sources = {abbrev: {"path": str(tmp_path / f"{abbrev}.jsonl"), "format": "instruction"} for abbrev in DATASETS}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({
+        "base": "base.yaml",
+        "scenarios": {"names": ["paper/s28", "paper/s28"], "datasets": sources},
+        "methods": {"dynamics": {}},
+    }, sort_keys=False))
+    with pytest.raises(SweepError, match=r"^scenarios.names: the sweep plans run paper-s28/dynamics-dense-warmup "
+                                         r"twice \(.*\): remove the repeated scenarios \['paper/s28'\]$"):
+        plan_sweep(read_sweep_file(path), tmp_path / "out", tmp_path)
+
+
+def test_ray_tasks_are_not_retried_and_cpu_runs_see_no_gpu():
+    cpu = task_options(Resources(cpus=2))
+    assert cpu["num_cpus"] == 2 and cpu["num_gpus"] == 0 and cpu["max_retries"] == 0
+    assert cpu["runtime_env"]["env_vars"] == {
+        "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": "",
+    }
+    # A GPU task: Ray itself points CUDA_VISIBLE_DEVICES at the GPU it assigns.
+    gpu = task_options(Resources(gpus=1, cpus=1))
+    assert gpu["num_gpus"] == 1 and gpu["max_retries"] == 0
+    assert "CUDA_VISIBLE_DEVICES" not in gpu["runtime_env"]["env_vars"]
+
+
+def test_a_failed_run_leaves_its_traceback_and_a_rerun_is_not_blocked_by_it(tmp_path, monkeypatch):
+    planned = plan_sweep(read_sweep_file(write_sweep(tmp_path)), tmp_path / "out", tmp_path).runs[0]
+
+    def failing_run(config, progress, resume):
+        rundir.check_run_dir(config.output_dir)  # as the engine does before a new run
+        raise ValueError("the data\nis bad")
+
+    monkeypatch.setattr("dynamics.engine.run.run", failing_run)
+    error_file = planned.path / ERROR_FILE
+    first = execute_run(planned.config, False, 1)
+    assert first["error"] == f"ValueError: the data is bad (traceback in {error_file})"
+    assert first["error_file"] == str(error_file)
+    traceback_text = error_file.read_text()
+    assert traceback_text.startswith("Traceback (most recent call last)") and "in failing_run" in traceback_text
+    # The next attempt starts in a folder holding only the old error.txt: it fails for its own
+    # reason again, not with "output folder is not empty".
+    second = execute_run(planned.config, False, 1)
+    assert second["error"] == first["error"]
+    assert sorted(p.name for p in planned.path.iterdir()) == [ERROR_FILE]

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dynamics.core import metrics
-from dynamics.report.sweep import FIXED, RunResult, aggregate, method_label, write_sweep_figures
+from dynamics.report.plotting import plot_weights, pyplot, save
+from dynamics.report.sweep import (
+    FIXED,
+    RunResult,
+    aggregate,
+    find_run_folders,
+    method_label,
+    write_sweep_figures,
+)
+from dynamics.runs import rundir
 from dynamics.runs.rundir import RunRecords
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -96,3 +107,54 @@ def test_sweep_figures_are_written(tmp_path):
 )
 def test_method_labels(method, label):
     assert method_label(method) == label
+
+
+@pytest.mark.parametrize("index", [0, 2])  # a DynaMiCS run, a fixed mixture
+def test_the_same_run_twice_is_refused_instead_of_overwriting_a_seed(index):
+    # What two sweep folders of one sweep file give: same scenario, method and seed, other paths.
+    again = dataclasses.replace(RESULTS[index], path=Path("/other-sweep") / RESULTS[index].path.relative_to("/sweep"))
+    what = f"method {DYN}" if index == 0 else "fixed mixture w1"
+    message = (f"{RESULTS[index].path} and {again.path} are the same run (the same config, {what}, seed 0): "
+               "report them separately (one dynamics report each), or leave one of them out")
+    with pytest.raises(rundir.RunDirError, match=re.escape(message)):
+        aggregate([*RESULTS, again])
+
+
+def test_a_run_folder_given_twice_is_read_once(tmp_path):
+    run = tmp_path / "sweep" / "c" / "m" / "seed0"
+    run.mkdir(parents=True)
+    (run / rundir.CONFIG_FILE).write_text("{}")
+    (run / rundir.SUMMARY_FILE).write_text("{}")
+    assert find_run_folders([tmp_path / "sweep", run]) == ([tmp_path / "sweep" / "c" / "m" / "seed0"], [])
+
+
+def test_a_failed_save_leaves_no_file_and_closes_the_figure(tmp_path):
+    plt = pyplot()
+    fig = plt.figure()
+
+    def failing_savefig(path, **kwargs):
+        Path(path).write_bytes(b"half a PNG")
+        raise OSError("disk full")
+
+    fig.savefig = failing_savefig
+    with pytest.raises(OSError, match="disk full"):
+        save(fig, tmp_path, "figure.png")
+    assert list(tmp_path.iterdir()) == []
+    assert not plt.fignum_exists(fig.number)
+
+
+def test_weight_lines_cycle_through_the_dashes_past_four_datasets():
+    names = ["a", "b", "c", "d", "e"]
+    records = RunRecords(
+        path=Path("/run"),
+        summary={"total_steps": 8, "dataset_names": names},
+        evaluations=[],
+        updates=[{"step": 0, "weights": [0.2] * 5}, {"step": 4, "weights": [0.6, 0.1, 0.1, 0.1, 0.1]}],
+    )
+    fig, ax = pyplot().subplots()
+    plot_weights(ax, records)
+    lines = ax.get_lines()
+    assert [line.get_label() for line in lines] == names
+    assert [line.get_linestyle() for line in lines] == ["-", "--", ":", "-.", "-"]
+    assert list(lines[0].get_xdata()) == [0, 4, 8] and list(lines[0].get_ydata()) == [0.2, 0.6, 0.6]
+    pyplot().close(fig)

@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-cpus", type=int, help="CPU cores of the local Ray instance (default: all)")
     parser.add_argument(
-        "--no-ray", action="store_true", help="run one after another in this process even when Ray is installed"
+        "--no-ray",
+        action="store_true",
+        help="run one after another in this process even when Ray is installed, on whatever devices it sees",
     )
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their status, train nothing")
 

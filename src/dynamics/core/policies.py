@@ -340,14 +340,18 @@ def fixed_mixture_sweep(
     roles: Sequence[str],
     budgets: Sequence[int | None],
     target_masses: Sequence[float] = PAPER_TARGET_MASSES,
+    schemes: Sequence[str] = ("uniform", "proportional"),
 ) -> list[FixedMixture]:
     """The paper's fixed-weight baselines (section 4.4).
 
     roles[j] is "target" or "non-target" for fine-tuning dataset j; budgets[j] its sample
     count (None = unlimited). Uniform: mass w split equally over targets, 1 - w equally
     over non-targets. Proportional: w split over targets by sample count, 1 - w still
-    uniform. A configuration identical to one already listed is skipped (e.g. w = 0, a
-    single target, equal budgets). With no non-target dataset, only w = 1 is meaningful.
+    uniform; left out when a target has no finite positive budget. Only the ``schemes``
+    asked for are generated, and among them a configuration identical to one already
+    listed is skipped (e.g. w = 0, a single target, equal budgets), so asking for
+    proportional alone still gives its runs. With no non-target dataset, only w = 1 is
+    meaningful.
     """
     if len(roles) != len(budgets):
         raise ValueError("roles and budgets must have one entry per fine-tuning dataset")
@@ -361,10 +365,13 @@ def fixed_mixture_sweep(
     for w in target_masses:
         if not 0.0 <= w <= 1.0:
             raise ValueError(f"target mass {w} is outside [0, 1]")
+    unknown = sorted({s for s in schemes if s not in ("uniform", "proportional")})
+    if unknown:
+        raise ValueError(f"unknown fixed-weight schemes {unknown}: use 'uniform' or 'proportional'")
     target_budgets = [budgets[j] for j in targets]
 
     out: list[FixedMixture] = []
-    for scheme in ("uniform", "proportional"):
+    for scheme in [s for s in ("uniform", "proportional") if s in schemes]:
         if scheme == "proportional" and any(b is None or b <= 0 for b in target_budgets):
             continue  # proportional split is undefined without finite positive budgets
         for w in target_masses:

@@ -7,10 +7,11 @@ sweep file fails in a second with the field named. A run whose folder holds
 was interrupted and is resumed through the engine's own ``run(..., resume=True)``.
 
 Runs execute as Ray tasks, each reserving ``resources.gpus`` GPUs (then the run trains on
-the GPU Ray assigns it) or ``resources.cpus`` CPU cores with as many torch threads: on a
-local Ray instance by default, on a running cluster with ``address``. Without Ray
-installed (it is the optional extra ``ray``) the runs execute one after another in this
-process.
+the GPU Ray assigns it) or ``resources.cpus`` CPU cores with as many torch threads (with
+``gpus: 0`` the task sees no GPU): on a local Ray instance by default, on a running
+cluster with ``address``. A task is not retried; a failed run's traceback goes to
+``error.txt`` in its folder. Without Ray installed (it is the optional extra ``ray``) the
+runs execute one after another in this process, on whatever devices it sees.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import importlib.util
 import os
 import re
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,7 +130,12 @@ class ScenarioSweep(_Section):
 
 
 class Resources(_Section):
-    gpus: float = Field(0, ge=0, description="GPUs per run (Ray task); 0 trains on CPU.")
+    gpus: float = Field(
+        0,
+        ge=0,
+        description="GPUs per run (Ray task); 0 trains on CPU (the task sees no GPU). Without Ray (--no-ray) "
+        "runs use whatever devices the process sees.",
+    )
     cpus: int = Field(1, ge=1, description="CPU cores per run; it trains with this many torch threads.")
 
 
@@ -225,10 +232,18 @@ def method_sections(methods: SweepMethods, base: dict[str, Any]) -> tuple[list[t
         training = [d for d in base["datasets"] if d.get("role") != "constraint"]
         roles = [d["role"] for d in training]
         budgets = [d.get("budget") for d in training]
-        for mixture in fixed_mixture_sweep(roles, budgets, methods.fixed.target_masses):
-            if mixture.scheme in methods.fixed.schemes:
-                weights = {d["name"]: w for d, w in zip(training, mixture.weights, strict=True)}
-                out.append((f"fixed-{mixture.label}", {"name": "fixed", "weights": weights, "schedule": [0]}))
+        unbudgeted = [d["name"] for d in training if d["role"] == "target" and not (d.get("budget") or 0) > 0]
+        if "proportional" in methods.fixed.schemes and unbudgeted:
+            notes.append(
+                f"fixed proportional runs left out: the targets {unbudgeted} have no budget (give each target "
+                "dataset a budget, or use schemes: [uniform])"
+            )
+        # Only the schemes asked for: a proportional mixture equal to a uniform one is
+        # skipped as a duplicate only when the uniform one is planned too.
+        mixtures = fixed_mixture_sweep(roles, budgets, methods.fixed.target_masses, schemes=methods.fixed.schemes)
+        for mixture in mixtures:
+            weights = {d["name"]: w for d, w in zip(training, mixture.weights, strict=True)}
+            out.append((f"fixed-{mixture.label}", {"name": "fixed", "weights": weights, "schedule": [0]}))
     accuracy = [d["name"] for d in base["datasets"] if d.get("metric") == "accuracy"]
     if methods.gradient_alignment is not None and accuracy:
         # Its slopes are gradient dot products, which say nothing about an accuracy (paper
@@ -321,6 +336,7 @@ def plan_sweep(sweep: SweepFile, out: Path, sweep_dir: Path = Path()) -> SweepPl
         raise SweepError(f"overrides: {err}") from None
     runs: list[PlannedRun] = []
     notes: list[str] = []
+    planned_paths: set[Path] = set()
     for group, config in groups:
         if "datasets" not in config:
             raise SweepError(f"{group}: the run config has no datasets; give base: a run config, or scenarios")
@@ -344,8 +360,46 @@ def plan_sweep(sweep: SweepFile, out: Path, sweep_dir: Path = Path()) -> SweepPl
                     validated = RunConfig.from_dict(data)
                 except ConfigError as err:
                     raise SweepError(f"run {group}/{method}/seed{seed}: {err}") from None
+                if path in planned_paths:
+                    # Two runs in one folder would overwrite each other (on Ray, train into
+                    # it at the same time): refused before anything trains.
+                    raise SweepError(_duplicate_message(sweep, group, method, path))
+                planned_paths.add(path)
                 runs.append(PlannedRun(group, method, seed, path, validated.model_dump(mode="json")))
     return SweepPlan(runs, notes)
+
+
+def _repeated(values: list[Any]) -> list[Any]:
+    seen: list[Any] = []
+    repeated: list[Any] = []
+    for value in values:
+        if value in seen and value not in repeated:
+            repeated.append(value)
+        seen.append(value)
+    return repeated
+
+
+def _duplicate_message(sweep: SweepFile, group: str, method: str, path: Path) -> str:
+    """Why two planned runs share ``path``, naming the sweep file's field to fix."""
+    where = f"the sweep plans run {group}/{method} twice (both would write {path})"
+    if sweep.scenarios is not None and _repeated(sweep.scenarios.names):
+        return f"scenarios.names: {where}: remove the repeated scenarios {_repeated(sweep.scenarios.names)}"
+    fields: list[tuple[str, list[Any]]] = []
+    if method.startswith("dynamics-") and sweep.methods.dynamics is not None:
+        dynamics = sweep.methods.dynamics
+        fields = [("schedules", dynamics.schedules), ("variants", dynamics.variants), ("predictors", dynamics.predictors)]
+        section = "methods.dynamics"
+    elif method.startswith("gradient-alignment-") and sweep.methods.gradient_alignment is not None:
+        fields = [("schedules", sweep.methods.gradient_alignment.schedules)]
+        section = "methods.gradient_alignment"
+    else:
+        return f"{where}: give the configs, scenarios and methods distinct names"
+    for name, values in fields:
+        if _repeated(values):
+            return f"{section}.{name}: {where}: remove the repeated entries {_repeated(values)}"
+    return (
+        f"{section}.schedules: {where}: two of its schedules get the folder label '{method}'; keep one of them"
+    )
 
 
 def _config_conflicts(runs: list[PlannedRun]) -> dict[str, str]:
@@ -365,14 +419,23 @@ def _config_conflicts(runs: list[PlannedRun]) -> dict[str, str]:
     return conflicts
 
 
+ERROR_FILE = "error.txt"
+"""Written into a failed run's folder: the traceback (sweep.json holds the error in one line)."""
+
+
 def execute_run(config: dict[str, Any], resume: bool, threads: int) -> dict[str, Any]:
     """Train one planned run (a Ray task, or a call in this process); never raises: a
-    failure is returned as ``{"error": ...}`` so one bad run does not stop the sweep."""
+    failure is returned as ``{"error": ..., "error_file": ...}``, with the traceback in the
+    run folder's error.txt, so one bad run does not stop the sweep. The run trains on the
+    devices this process sees (a Ray task with ``resources.gpus: 0`` sees none)."""
     started = time.perf_counter()
     import torch
 
     threads_before = torch.get_num_threads()
+    folder = Path(config["output_dir"])
     try:
+        # A failed attempt's error.txt would make the new attempt's folder look taken.
+        (folder / ERROR_FILE).unlink(missing_ok=True)
         from dynamics.engine.config import RunConfig
         from dynamics.engine.run import run
 
@@ -381,7 +444,7 @@ def execute_run(config: dict[str, Any], resume: bool, threads: int) -> dict[str,
         threads_used = torch.get_num_threads()
         summary = run(RunConfig.from_dict(config), progress=False, resume=resume)
     except Exception as err:  # reported per run; the sweep goes on with the others
-        return {"error": _one_line(err), "seconds": time.perf_counter() - started}
+        return {**record_failure(folder, err, traceback.format_exc()), "seconds": time.perf_counter() - started}
     finally:
         torch.set_num_threads(threads_before)  # in-process: leave the caller's threads as they were
     return {
@@ -396,6 +459,17 @@ def execute_run(config: dict[str, Any], resume: bool, threads: int) -> dict[str,
 
 def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
+
+
+def record_failure(folder: Path, err: BaseException, details: str) -> dict[str, Any]:
+    """Write ``details`` (a traceback) to ``folder/error.txt``; the entry sweep.json gets:
+    the error in one line, naming that file (or saying why it could not be written)."""
+    error_file = folder / ERROR_FILE
+    try:
+        rundir.atomic_write_text(error_file, details)
+    except OSError as write_err:
+        return {"error": f"{_one_line(err)} (no traceback: {error_file} could not be written: {_one_line(write_err)})"}
+    return {"error": f"{_one_line(err)} (traceback in {error_file})", "error_file": str(error_file)}
 
 
 def _check_fits(nodes: list[dict[str, Any]], resources: Resources, address: str | None) -> None:
@@ -422,6 +496,26 @@ def _execute_sequentially(jobs: list[tuple[PlannedRun, bool]], threads: int) -> 
         yield planned, execute_run(planned.config, resume, threads)
 
 
+def task_options(resources: Resources) -> dict[str, Any]:
+    """The options every run's Ray task is submitted with."""
+    threads = str(resources.cpus)
+    # Set before torch starts in the worker: one run's threads stay within its cores.
+    env_vars = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+    if resources.gpus == 0:
+        # Ray sets CUDA_VISIBLE_DEVICES only for tasks given GPUs: a CPU run on a GPU node
+        # would otherwise see every GPU and train on the first one, beside the GPU runs.
+        env_vars["CUDA_VISIBLE_DEVICES"] = ""
+    return {
+        "num_cpus": resources.cpus,
+        "num_gpus": resources.gpus,
+        # No retry: a retried task would find its own half-written folder and fail with
+        # "output folder not empty", hiding why the worker died; the failure is recorded
+        # and the next `dynamics sweep` resumes the run.
+        "max_retries": 0,
+        "runtime_env": {"env_vars": env_vars},
+    }
+
+
 def _execute_on_ray(
     jobs: list[tuple[PlannedRun, bool]], resources: Resources, address: str | None, num_cpus: int | None
 ) -> Iterator[tuple[PlannedRun, dict[str, Any]]]:
@@ -437,13 +531,7 @@ def _execute_on_ray(
                              "(ray start --head) or leave --address out for a local Ray") from None
     try:
         _check_fits(ray.nodes(), resources, address)
-        threads = str(resources.cpus)
-        task = ray.remote(execute_run).options(
-            num_cpus=resources.cpus,
-            num_gpus=resources.gpus,
-            # Before torch starts in the worker: one run's threads stay within its cores.
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}},
-        )
+        task = ray.remote(execute_run).options(**task_options(resources))
         pending = {task.remote(planned.config, resume, resources.cpus): planned for planned, resume in jobs}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
@@ -451,7 +539,7 @@ def _execute_on_ray(
             try:
                 result = ray.get(done[0])
             except Exception as err:  # the worker died (killed, out of memory): that run failed
-                result = {"error": _one_line(err)}
+                result = record_failure(planned.path, err, "".join(traceback.format_exception(err)))
             yield planned, result
     finally:
         if started_here:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from dynamics.core import metrics
+from dynamics.report.plotting import plot_weights, pyplot, save
 from dynamics.runs.rundir import RunRecords
 
 
@@ -105,29 +106,17 @@ def write_plots(
     fixed_rows: Sequence[MethodRow],
 ) -> dict[str, str]:
     """Write the four figures as PNG into ``folder``; returns {name: file name}."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     files: dict[str, str] = {}
     names = dynamics.domain_names
     kinds = dynamics.summary["domain_metrics"]
 
     # 1. Weights over steps: piecewise constant between updates.
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    total = int(dynamics.summary["total_steps"])
-    steps = [u["step"] for u in dynamics.updates] + [total]
-    weights = np.array([u["weights"] for u in dynamics.updates])
-    for j, name in enumerate(dynamics.dataset_names):
-        ax.step(steps, [*weights[:, j], weights[-1, j]], where="post", label=name)
-    ax.set(xlabel="training step", ylabel="mixture weight", title="DynaMiCS weights", ylim=(-0.02, 1.02))
+    plot_weights(ax, dynamics)
+    ax.set(xlabel="training step", ylabel="mixture weight", title="DynaMiCS weights")
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    files["weights"] = "weights.png"
-    fig.savefig(folder / files["weights"], dpi=110)
-    plt.close(fig)
+    files["weights"] = save(fig, folder, "weights.png")
 
     # 2. Constraints against their reference.
     constraints = dynamics.constraints
@@ -146,10 +135,7 @@ def write_plots(
         better = "higher" if kinds[i] == "accuracy" else "lower"
         ax.set(xlabel="step", ylabel=f"{kinds[i]} ({better} is better)", title=names[i])
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    files["constraints"] = "constraints.png"
-    fig.savefig(folder / files["constraints"], dpi=110)
-    plt.close(fig)
+    files["constraints"] = save(fig, folder, "constraints.png")
 
     # 3. Target loss (mean over targets) over steps.
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -160,10 +146,7 @@ def write_plots(
         ax.plot([p.step for p in points], values, label=label, **style)
     ax.set(xlabel="step", ylabel="mean target loss (nats, eval)", title="Target loss")
     ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    files["targets"] = "targets.png"
-    fig.savefig(folder / files["targets"], dpi=110)
-    plt.close(fig)
+    files["targets"] = save(fig, folder, "targets.png")
 
     # 4. PPL reduction against cost.
     fig, ax = plt.subplots(figsize=(6, 3.8))
@@ -174,8 +157,5 @@ def write_plots(
     ax.set(xlabel="cost (multiples of one fixed run)", ylabel="constrained PPL reduction (%)",
            title="Reduction against cost")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    files["cost"] = "cost.png"
-    fig.savefig(folder / files["cost"], dpi=110)
-    plt.close(fig)
+    files["cost"] = save(fig, folder, "cost.png")
     return files

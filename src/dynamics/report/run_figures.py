@@ -13,9 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from dynamics.report.plotting import DASHES, pyplot, save
+from dynamics.report.plotting import plot_weights, pyplot, save
 from dynamics.runs.rundir import RunRecords
 
 
@@ -76,14 +74,8 @@ def write_run_figures(records: RunRecords, folder: Path) -> dict[str, str]:
     files: dict[str, str] = {}
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    total = int(records.summary["total_steps"])
-    update_steps = [u["step"] for u in records.updates] + [total]
-    weights = np.array([u["weights"] for u in records.updates], dtype=float)
-    for j, name in enumerate(records.dataset_names):
-        # Dashes tell apart datasets that share a weight (their lines would coincide).
-        ax.step(update_steps, [*weights[:, j], weights[-1, j]], where="post", label=name, linestyle=DASHES[j % 4])
-    ax.set(xlabel="training step", ylabel="mixture weight", ylim=(-0.02, 1.02),
-           title=f"Mixture weights ({numbers['policy']})")
+    plot_weights(ax, records)
+    ax.set(xlabel="training step", ylabel="mixture weight", title=f"Mixture weights ({numbers['policy']})")
     ax.legend(fontsize=8)
     files["weights"] = save(fig, folder, "weights.png")
 

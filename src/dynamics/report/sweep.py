@@ -36,7 +36,7 @@ import numpy as np
 import yaml
 
 from dynamics.core import metrics
-from dynamics.report.plotting import DASHES, pyplot, save
+from dynamics.report.plotting import plot_weights, pyplot, save
 from dynamics.runs import rundir
 
 FIXED = "fixed (oracle best)"
@@ -83,6 +83,7 @@ def find_run_folders(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path
     is a run; it is finished when it holds summary.json."""
     finished: list[Path] = []
     unfinished: list[Path] = []
+    seen: set[Path] = set()
     for root in map(Path, paths):
         if not root.is_dir():
             raise rundir.RunDirError(f"{root} is not a folder: give run folders or sweep folders")
@@ -90,8 +91,27 @@ def find_run_folders(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path
         for folder in candidates:
             if any(part.startswith(".") for part in folder.relative_to(root).parts):
                 continue  # a resume point's or a checkpoint's own files
+            if folder.resolve() in seen:
+                continue  # given twice (a sweep folder and a folder inside it)
+            seen.add(folder.resolve())
             (finished if (folder / rundir.SUMMARY_FILE).is_file() else unfinished).append(folder)
     return finished, unfinished
+
+
+def check_distinct(results: Sequence[RunResult]) -> None:
+    """Refuse two runs of one scenario with the same method (or fixed mixture) and seed,
+    e.g. two sweep folders of the same sweep file: their numbers would overwrite each
+    other's in the per-seed statistics."""
+    seen: dict[tuple[str, str, str, int], RunResult] = {}
+    for result in results:
+        key = (result.scenario_key, result.method, result.mixture, result.seed)
+        if key in seen:
+            what = f"fixed mixture {result.mixture}" if result.method == "fixed" else f"method {result.method}"
+            raise rundir.RunDirError(
+                f"{seen[key].path} and {result.path} are the same run (the same config, {what}, seed "
+                f"{result.seed}): report them separately (one dynamics report each), or leave one of them out"
+            )
+        seen[key] = result
 
 
 def read_result(folder: Path) -> RunResult:
@@ -139,7 +159,9 @@ def _mean(values: Iterable[float]) -> float:
 
 
 def aggregate(results: Sequence[RunResult]) -> dict[str, Any]:
-    """Every number the sweep report shows (report.json), from the runs' results."""
+    """Every number the sweep report shows (report.json), from the runs' results; raises
+    :class:`~dynamics.runs.rundir.RunDirError` when two of them are the same run."""
+    check_distinct(results)
     names = scenario_names(results)
     by_scenario: dict[str, list[RunResult]] = defaultdict(list)
     for result in results:
@@ -369,12 +391,8 @@ def write_sweep_figures(numbers: dict[str, Any], results: Sequence[RunResult], f
         rows_n = -(-len(mine) // cols)
         fig, axes = plt.subplots(rows_n, cols, figsize=(3.6 * cols, 2.7 * rows_n), squeeze=False)
         for ax, (name, result) in zip(axes.flat, sorted(mine.items()), strict=False):
-            records = result.records
-            steps = [u["step"] for u in records.updates] + [int(records.summary["total_steps"])]
-            weights = np.array([u["weights"] for u in records.updates], dtype=float)
-            for j, dataset in enumerate(records.dataset_names):
-                ax.step(steps, [*weights[:, j], weights[-1, j]], where="post", label=dataset, linestyle=DASHES[j % 4])
-            ax.set(title=f"{name} (seed {result.seed})", xlabel="step", ylabel="weight", ylim=(-0.02, 1.02))
+            plot_weights(ax, result.records)
+            ax.set(title=f"{name} (seed {result.seed})", xlabel="step", ylabel="weight")
             ax.legend(fontsize=6)
         for ax in list(axes.flat)[len(mine):]:
             ax.axis("off")
