@@ -8,7 +8,8 @@ Public API:
   question for letter-restricted argmax accuracy (paper appendix M).
 - ``build_examples(rows, tokenizer, source, *, sequence_length, packing=False)``: tokenize
   every row once into a list of examples (``LMExample`` for ``text``/``instruction``
-  sources, ``ChoiceExample`` for ``multiple_choice``).
+  sources and ``multiple_choice`` scored by loss, ``ChoiceExample`` for ``multiple_choice``
+  scored by accuracy).
 - ``letter_token_ids(tokenizer, num_letters)``: the token id of " A", " B", ...
 - ``pad_token_id(tokenizer)``: the pad id, or the EOS id when the tokenizer has no pad.
 - ``FALLBACK_TEMPLATE``: how instruction rows are rendered without a chat template.
@@ -29,12 +30,27 @@ Formats (``DataSource.format``):
   exact by construction. Otherwise the template rewrites earlier turns and ``DataError`` is
   raised. Without a chat template, ``FALLBACK_TEMPLATE`` renders the prompt and the
   response's tokens are followed by EOS.
-- ``multiple_choice``: the prompt ``"{question}\\nA. {choice}\\nB. {choice}\\n...Answer:"``
-  (with the tokenizer's special tokens); a prompt longer than ``sequence_length`` keeps its
-  *last* tokens, so the scoring position still follows ``"Answer:"``.
+- ``multiple_choice`` scored by accuracy (``source.metric == "accuracy"``): the prompt
+  ``"{question}\\nA. {choice}\\nB. {choice}\\n...Answer:"`` (with the tokenizer's special
+  tokens); a prompt longer than ``sequence_length`` keeps its *last* tokens, so the scoring
+  position still follows ``"Answer:"``.
+- ``multiple_choice`` scored by loss (``source.metric == "loss"``): an ``LMExample`` whose
+  prompt is ``"{question}\\nAnswer:"`` and whose response, the only tokens with a loss, is
+  ``" {correct choice}"``: the loss of the correct answer, as the paper constrains its tiny
+  benchmarks in scenarios 1-50. The choices are not listed (the loss is of the answer's text,
+  not of a letter). It is truncated like an instruction example.
+
+Answers (``answer_column``): a 0-based index, a letter (``"B"``), one of the choices' own
+labels (ARC's ``"A"``/``"1"``), a decimal string (HellaSwag's ``"2"``), or a list of 0/1
+flags with a single 1 (TruthfulQA's ``mc1_targets.labels``).
+
+Chat lists may use ``{"role", "content"}`` or the ShareGPT keys ``{"from", "value"}`` (roles
+``human``/``gpt`` become ``user``/``assistant``); with ``system_column`` set, a non-empty
+system prompt of the row is put first.
 
 Fixed length: with ``packing=False`` every example is cut to its first ``sequence_length``
-tokens, and an instruction example left with no response token (a prompt as long as the
+tokens (with ``source.truncation_side == "left"``, to the window that ends with its last
+token, or starts at its response when the response alone is longer), and an instruction example left with no response token (a prompt as long as the
 sequence) is dropped (a warning says how many); when every example is dropped the source is
 refused with ``DataError``. A multiple-choice prompt that is too long keeps its last tokens
 (a warning says how many). With ``packing=True`` the documents (each ending in EOS or the
@@ -173,21 +189,22 @@ def _conversation(
             )
         conversation = []
         for message in messages:
-            if (
-                not isinstance(message, Mapping)
-                or "role" not in message
-                or "content" not in message
-            ):
+            keys = _message_keys(message)
+            if keys is None:
                 raise DataError(
                     f"{source.description}, row {index}: every message needs 'role' and "
-                    f"'content' keys, got {message!r}"
+                    f"'content' keys (or ShareGPT's 'from' and 'value'), got {message!r}"
                 )
+            role = _string(message[keys[0]], keys[0], index, source)
             conversation.append(
                 {
-                    "role": _string(message["role"], "role", index, source),
-                    "content": _string(message["content"], source.messages_column, index, source),
+                    "role": SHAREGPT_ROLES.get(role, role),
+                    "content": _string(message[keys[1]], source.messages_column, index, source),
                 }
             )
+        if source.system_column is not None and row[source.system_column] and conversation[0]["role"] != "system":
+            system = _string(row[source.system_column], source.system_column, index, source)
+            conversation.insert(0, {"role": "system", "content": system})
         if conversation[-1]["role"] != "assistant":
             raise DataError(
                 f"{source.description}, row {index}: the last message is the response and must "
@@ -211,6 +228,20 @@ def _conversation(
         }
     )
     return conversation
+
+
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
+"""ShareGPT speaker names (``from``) -> chat roles; ``system`` stays ``system``."""
+
+
+def _message_keys(message: Any) -> tuple[str, str] | None:
+    """The (role, content) keys of one chat message, or None when it has neither pair."""
+    if not isinstance(message, Mapping):
+        return None
+    for keys in (("role", "content"), ("from", "value")):
+        if keys[0] in message and keys[1] in message:
+            return keys
+    return None
 
 
 def _render_fallback(messages: Iterable[Mapping[str, str]]) -> str:
@@ -313,15 +344,17 @@ def _truncate(
 ) -> list[LMExample]:
     examples = []
     for doc in documents:
-        if not (doc.labels[:sequence_length] != IGNORE_INDEX).any():
+        # Left truncation cuts the prompt's start; a response longer than the whole sequence
+        # keeps its first tokens.
+        start = 0
+        if source.truncation_side == "left" and len(doc) > sequence_length:
+            response_start = int(np.argmax(doc.labels != IGNORE_INDEX))
+            start = max(0, min(response_start, len(doc) - sequence_length))
+        window = slice(start, start + sequence_length)
+        if not (doc.labels[window] != IGNORE_INDEX).any():
             continue
         # Copies, so that the long documents' arrays are freed.
-        examples.append(
-            LMExample(
-                input_ids=doc.input_ids[:sequence_length].copy(),
-                labels=doc.labels[:sequence_length].copy(),
-            )
-        )
+        examples.append(LMExample(input_ids=doc.input_ids[window].copy(), labels=doc.labels[window].copy()))
     dropped = len(documents) - len(examples)
     if dropped and examples:  # with none left, build_examples refuses the source instead
         logger.warning(
@@ -347,6 +380,23 @@ def _pack(documents: list[LMExample], sequence_length: int) -> list[LMExample]:
         for start in range(0, len(ids), sequence_length)
         if (labels[start : start + sequence_length] != IGNORE_INDEX).any()
     ]
+
+
+def _choice_loss_documents(
+    rows: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, source: DataSource
+) -> list[LMExample]:
+    """Each question as prompt ``"{question}\\nAnswer:"`` and response ``" {correct choice}"``."""
+    prompts: list[str] = []
+    answers: list[str] = []
+    for index, row in enumerate(rows):
+        question = _string(row[source.question_column], source.question_column, index, source)
+        choices, labels = _choices(row[source.choices_column], index, source)
+        correct = _answer_index(row[source.answer_column], labels, len(choices), index, source)
+        prompts.append(f"{question}\nAnswer:")
+        answers.append(" " + choices[correct])
+    prompt_ids = _encode(tokenizer, prompts, special=True)
+    answer_ids = _encode(tokenizer, answers, special=False)
+    return [_masked(p, a) for p, a in zip(prompt_ids, answer_ids, strict=True)]
 
 
 def _choice_examples(
@@ -416,12 +466,22 @@ def _answer_index(
         return labels.index(value)
     if isinstance(value, str) and len(value) == 1 and value.upper() in ascii_uppercase:
         answer = ascii_uppercase.index(value.upper())
+    elif isinstance(value, str) and value.strip().isdecimal():
+        answer = int(value)
     elif isinstance(value, int | np.integer) and not isinstance(value, bool):
         answer = int(value)
+    elif isinstance(value, list) and sorted(value) == [0] * (len(value) - 1) + [1]:
+        if len(value) != num_choices:
+            raise DataError(
+                f"{source.description}, row {index}: {len(value)} answer flags in "
+                f"{source.answer_column!r} for {num_choices} choices; give one flag per choice"
+            )
+        answer = value.index(1)
     else:
         raise DataError(
             f"{source.description}, row {index}: answer {value!r} in {source.answer_column!r} "
-            "is neither a 0-based index, a letter, nor one of the choice labels"
+            "is neither a 0-based index, a letter, one of the choice labels, nor a list of 0/1 "
+            "flags with a single 1"
         )
     if not 0 <= answer < num_choices:
         raise DataError(
@@ -448,17 +508,17 @@ def build_examples(
     if sequence_length < 1:
         raise DataError(f"sequence_length={sequence_length}: must be >= 1")
     check_columns(rows, source)
-    if source.format == "multiple_choice":
+    if source.format == "multiple_choice" and source.metric == "accuracy":
         return _choice_examples(rows, tokenizer, source, sequence_length)
-    if source.format == "text":
+    if source.format == "multiple_choice":
+        documents = _choice_loss_documents(rows, tokenizer, source)
+    elif source.format == "text":
         documents = _text_documents(rows, tokenizer, source)
     else:
         documents = _instruction_documents(rows, tokenizer, source)
-    examples = (
-        _pack(documents, sequence_length)
-        if packing
-        else _truncate(documents, sequence_length, source)
-    )
+    # A question scored by loss stays one example, as one scored by accuracy does.
+    pack = packing and source.format != "multiple_choice"
+    examples = _pack(documents, sequence_length) if pack else _truncate(documents, sequence_length, source)
     if documents and not examples:
         raise DataError(
             f"{source.description}: no example keeps a response token within "
