@@ -6,8 +6,10 @@ Public API:
   length; ``labels`` is ``-100`` where no loss is taken).
 - ``ChoiceExample(input_ids, choice_token_ids, answer_index)``: one multiple-choice
   question for letter-restricted argmax accuracy (paper appendix M).
+- ``tokenize_rows(rows, tokenizer, source) -> datasets.Dataset``: every row's token ids
+  and loss labels through ``Dataset.map``, cached on disk for rows read from files.
 - ``build_examples(rows, tokenizer, source, *, sequence_length, packing=False)``: tokenize
-  every row once into a list of examples (``LMExample`` for ``text``/``instruction``
+  every row once (``tokenize_rows``) into a list of examples (``LMExample`` for ``text``/``instruction``
   sources and ``multiple_choice`` scored by loss, ``ChoiceExample`` for ``multiple_choice``
   scored by accuracy).
 - ``letter_token_ids(tokenizer, num_letters)``: the token id of " A", " B", ...
@@ -61,6 +63,7 @@ prompt) is dropped. Packed documents attend to each other, as in the usual causa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -259,10 +262,10 @@ def _encode(tokenizer: PreTrainedTokenizerBase, texts: list[str], special: bool)
 
 
 def _instruction_documents(
-    rows: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, source: DataSource
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource, start: int
 ) -> list[LMExample]:
-    use_messages = source.messages_column in rows.column_names
-    conversations = [_conversation(row, i, source, use_messages) for i, row in enumerate(rows)]
+    use_messages = bool(rows) and source.messages_column in rows[0]
+    conversations = [_conversation(row, start + i, source, use_messages) for i, row in enumerate(rows)]
     if tokenizer.chat_template is None:
         prompts = [_render_fallback(c[:-1]) for c in conversations]
         prompt_ids = _encode(tokenizer, prompts, special=True)
@@ -286,7 +289,7 @@ def _instruction_documents(
             documents.append(_masked(p_ids, rest))
         else:
             raise DataError(
-                f"{source.description}, row {index}: the chat template's rendering of the "
+                f"{source.description}, row {start + index}: the chat template's rendering of the "
                 "prompt with add_generation_prompt=True is not a prefix of its rendering of the "
                 "whole conversation, so the response tokens cannot be located; use a template "
                 "that renders earlier turns the same way, or set tokenizer.chat_template = None "
@@ -314,11 +317,9 @@ def _masked(prompt_ids: Sequence[int], response_ids: Sequence[int]) -> LMExample
 
 
 def _text_documents(
-    rows: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, source: DataSource
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource, start: int
 ) -> list[LMExample]:
-    texts = [
-        _string(t, source.text_column, i, source) for i, t in enumerate(rows[source.text_column])
-    ]
+    texts = [_string(row[source.text_column], source.text_column, start + i, source) for i, row in enumerate(rows)]
     nonempty = [t for t in texts if t.strip()]
     if len(nonempty) < len(texts):
         logger.warning(
@@ -383,12 +384,12 @@ def _pack(documents: list[LMExample], sequence_length: int) -> list[LMExample]:
 
 
 def _choice_loss_documents(
-    rows: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, source: DataSource
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource, start: int
 ) -> list[LMExample]:
     """Each question as prompt ``"{question}\\nAnswer:"`` and response ``" {correct choice}"``."""
     prompts: list[str] = []
     answers: list[str] = []
-    for index, row in enumerate(rows):
+    for index, row in enumerate(rows, start):
         question = _string(row[source.question_column], source.question_column, index, source)
         choices, labels = _choices(row[source.choices_column], index, source)
         correct = _answer_index(row[source.answer_column], labels, len(choices), index, source)
@@ -399,16 +400,14 @@ def _choice_loss_documents(
     return [_masked(p, a) for p, a in zip(prompt_ids, answer_ids, strict=True)]
 
 
-def _choice_examples(
-    rows: datasets.Dataset,
-    tokenizer: PreTrainedTokenizerBase,
-    source: DataSource,
-    sequence_length: int,
-) -> list[ChoiceExample]:
+def _choice_questions(
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource, start: int
+) -> dict[str, list[Any]]:
+    """The whole prompt's ids, the letters' token ids and the answer of each question."""
     prompts: list[str] = []
     choice_counts: list[int] = []
     answers: list[int] = []
-    for index, row in enumerate(rows):
+    for index, row in enumerate(rows, start):
         question = _string(row[source.question_column], source.question_column, index, source)
         choices, labels = _choices(row[source.choices_column], index, source)
         answers.append(
@@ -422,8 +421,17 @@ def _choice_examples(
         prompts.append("\n".join(lines))
         choice_counts.append(len(choices))
     letters = letter_token_ids(tokenizer, max(choice_counts)) if choice_counts else []
-    encoded = _encode(tokenizer, prompts, special=True)
-    cut = sum(len(ids) > sequence_length for ids in encoded)
+    return {
+        "input_ids": _encode(tokenizer, prompts, special=True),
+        "choice_token_ids": [letters[:count] for count in choice_counts],
+        "answer_index": answers,
+    }
+
+
+def _choice_examples(encoded: datasets.Dataset, source: DataSource, sequence_length: int) -> list[ChoiceExample]:
+    """Tokenized questions as examples; a prompt longer than ``sequence_length`` keeps its end."""
+    prompts = encoded["input_ids"]
+    cut = sum(len(ids) > sequence_length for ids in prompts)
     if cut:
         logger.warning(
             "%s: kept the last %d tokens of %d questions longer than that",
@@ -434,10 +442,10 @@ def _choice_examples(
     return [
         ChoiceExample(
             input_ids=np.asarray(ids[-sequence_length:], dtype=np.int32),
-            choice_token_ids=np.asarray(letters[:count], dtype=np.int32),
-            answer_index=answer,
+            choice_token_ids=np.asarray(letters, dtype=np.int32),
+            answer_index=int(answer),
         )
-        for ids, count, answer in zip(encoded, choice_counts, answers, strict=True)
+        for ids, letters, answer in zip(prompts, encoded["choice_token_ids"], encoded["answer_index"], strict=True)
     ]
 
 
@@ -491,6 +499,60 @@ def _answer_index(
     return answer
 
 
+_LM_FEATURES = datasets.Features(
+    {"input_ids": datasets.Sequence(datasets.Value("int32")), "labels": datasets.Sequence(datasets.Value("int32"))}
+)
+_CHOICE_FEATURES = datasets.Features(
+    {
+        "input_ids": datasets.Sequence(datasets.Value("int32")),
+        "choice_token_ids": datasets.Sequence(datasets.Value("int32")),
+        "answer_index": datasets.Value("int32"),
+    }
+)
+
+
+def _encode_batch(
+    batch: dict[str, list[Any]], indices: list[int], tokenizer: PreTrainedTokenizerBase, source: DataSource
+) -> dict[str, list[Any]]:
+    """``Dataset.map`` function: one batch of rows to token ids (see ``tokenize_rows``)."""
+    rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+    start = indices[0] if indices else 0
+    if source.format == "multiple_choice" and source.metric == "accuracy":
+        return _choice_questions(rows, tokenizer, source, start)
+    if source.format == "multiple_choice":
+        documents = _choice_loss_documents(rows, tokenizer, source, start)
+    elif source.format == "text":
+        documents = _text_documents(rows, tokenizer, source, start)
+    else:
+        documents = _instruction_documents(rows, tokenizer, source, start)
+    return {"input_ids": [d.input_ids for d in documents], "labels": [d.labels for d in documents]}
+
+
+def tokenize_rows(
+    rows: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, source: DataSource
+) -> datasets.Dataset:
+    """Every row's token ids, through ``Dataset.map`` (batched): ``input_ids`` and ``labels``
+    (whole documents, before truncation or packing), or for a question scored by accuracy
+    ``input_ids`` (the whole prompt), ``choice_token_ids`` and ``answer_index``.
+
+    Rows read from files are mapped into ``datasets``' cache next to their Arrow files, keyed
+    by the rows, the tokenizer and the source's settings: a second run on the same machine, or
+    a second process once the first has finished (``Accelerator.local_main_process_first``),
+    reads the tokens instead of tokenizing again. Rows in memory are tokenized in memory.
+    """
+    choice = source.format == "multiple_choice" and source.metric == "accuracy"
+    return rows.map(
+        _encode_batch,
+        batched=True,
+        with_indices=True,
+        # The in-memory rows of a source are not part of what is tokenized (the rows are).
+        fn_kwargs={"tokenizer": tokenizer, "source": dataclasses.replace(source, rows=None)},
+        remove_columns=rows.column_names,
+        features=_CHOICE_FEATURES if choice else _LM_FEATURES,
+        desc=f"tokenizing {source.name or 'rows'}",
+    )
+
+
 def build_examples(
     rows: datasets.Dataset,
     tokenizer: PreTrainedTokenizerBase,
@@ -508,14 +570,13 @@ def build_examples(
     if sequence_length < 1:
         raise DataError(f"sequence_length={sequence_length}: must be >= 1")
     check_columns(rows, source)
+    encoded = tokenize_rows(rows, tokenizer, source)
     if source.format == "multiple_choice" and source.metric == "accuracy":
-        return _choice_examples(rows, tokenizer, source, sequence_length)
-    if source.format == "multiple_choice":
-        documents = _choice_loss_documents(rows, tokenizer, source)
-    elif source.format == "text":
-        documents = _text_documents(rows, tokenizer, source)
-    else:
-        documents = _instruction_documents(rows, tokenizer, source)
+        return _choice_examples(encoded, source, sequence_length)
+    documents = [
+        LMExample(input_ids=np.asarray(ids, dtype=np.int32), labels=np.asarray(labels, dtype=np.int32))
+        for ids, labels in zip(encoded["input_ids"], encoded["labels"], strict=True)
+    ]
     # A question scored by loss stays one example, as one scored by accuracy does.
     pack = packing and source.format != "multiple_choice"
     examples = _pack(documents, sequence_length) if pack else _truncate(documents, sequence_length, source)
