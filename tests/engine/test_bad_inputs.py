@@ -222,6 +222,7 @@ CASES = [
     Case("column-of-the-wrong-type", dataset_file("wiki", '{"text": 3}\n' * 12), ("dataset 'wiki'", "row 0", "'text'", "string")),
     Case("accuracy-on-non-multiple-choice-rows", dataset_setting("mmlu", path=str(FIXTURES / "wikipedia.txt")), ("dataset 'mmlu'", "'question'", "columns")),
     Case("multiple-choice-answer-not-a-choice", dataset_setting("mmlu", columns={"answer": "subject"}), ("dataset 'mmlu'", "in 'subject'", "neither a 0-based index")),
+    Case("fields-template-unknown-column", dataset_setting("math", fields={"prompt": "{problem}"}), ("dataset 'math'", "fields.prompt", "row 0 does not have")),
     Case("too-few-rows-for-eval-and-test", dataset_setting("math", eval_size=10, test_size=10), ("dataset 'math'", "eval_size=10", "16", "lower them")),
     Case("no-training-rows-left", dataset_setting("wiki", eval_size=6, test_size=6), ("dataset 'wiki'", "no training rows", "eval_size")),
     Case("budget-over-the-rows", dataset_setting("math", budget=100), ("dataset 'math'", "budget=100", "lower budget")),
@@ -306,8 +307,18 @@ def test_override_without_a_value_is_one_line(tokenizer_dir, tmp_path, capsys):
         (["scenarios", "show", "paper/s99"], "unknown scenario 'paper/s99'"),
         (["scenarios", "show", "s28"], "paper/s28"),
         (["cost", "--scenario", "no-such-scenario"], "dynamics scenarios list"),
+        (["run", "--scenario", "paper/s99"], "unknown scenario 'paper/s99'"),
+        (["scenarios", "config", "paper/s1", "--data-root", "/nonexistent"], "add /nonexistent/MM.jsonl"),
+        (["scenarios", "config", "paper/s51", "method.name=gradient-alignment"], "cannot keep accuracy constraints"),
     ],
-    ids=["scenario-number-out-of-range", "scenario-without-prefix", "cost-unknown-scenario"],
+    ids=[
+        "scenario-number-out-of-range",
+        "scenario-without-prefix",
+        "cost-unknown-scenario",
+        "run-unknown-scenario",
+        "data-root-without-the-file",
+        "scenario-override-invalid",
+    ],
 )
 def test_unknown_scenario_is_one_line(argv, expect, capsys):
     # The run config has no scenario field: scenarios are named on these commands only.
