@@ -53,9 +53,14 @@ def tiny_overrides(tokenizer_dir: Path, out: Path, method: str = "dynamics") -> 
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_scenario_builds_from_the_hub_and_from_local_files(name: str) -> None:
+def test_every_scenario_builds_from_the_hub_and_from_local_files(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     scenario = load_scenario(name)
-    hub = scenario_config(name)
+    # What `dynamics scenarios config` prints is the validated config itself.
+    assert cli_main(["scenarios", "config", name]) == 0
+    hub = RunConfig.model_validate(yaml.safe_load(capsys.readouterr().out))
+    assert hub == scenario_config(name)
     local = scenario_config(name, data_root=PAPER_FIXTURES)
     expected = [
         *((t.abbrev, "target") for t in scenario.targets),
