@@ -329,7 +329,7 @@ def derive_fields(rows: datasets.Dataset, source: DataSource) -> datasets.Datase
     for name, spec in specs.items():
         try:
             _field_value(first, spec)
-        except (KeyError, IndexError) as err:
+        except (KeyError, IndexError, AttributeError, TypeError) as err:
             raise DataError(
                 f"{source.description}: fields.{name} = {spec!r} reads {err}, which row 0 does not have; its "
                 f"columns are {list(rows.column_names)}: fix the template or path"
