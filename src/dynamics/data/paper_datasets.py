@@ -121,8 +121,10 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
         ),
         PaperDataset(
             "OO", "Open-Orca/OpenOrca", "train", "instruction",
-            "not found with the search tool; assumed from the OpenOrca card (id, system_prompt, question, "
-            "response), the shape of tests/fixtures/openorca.jsonl",
+            "the card's Data Fields (id, system_prompt, question, response) as copied in "
+            "https://huggingface.co/datasets/yys/OpenOrca-Chinese/blob/main/README.md, and the same features with "
+            "4,233,915 train rows in https://huggingface.co/datasets/lchakkei/OpenOrca-Traditional-Chinese/blob/"
+            "main/README.md",
             columns={"prompt": "question", "system": "system_prompt"}, stream_rows=40_000, rows=40_000,
             note="4.2M rows: streamed, the first 40,000 kept (the largest budget, 30k, plus the held-out rows)",
         ),
@@ -168,22 +170,27 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
             "RQ", "ServiceNow/repliqa", "repliqa_0", "instruction",
             "https://huggingface.co/datasets/ServiceNow/repliqa/commit/94c467733e0b1e94a28451556800298111240387 "
             "(card's Data Fields: document_id, document_topic, document_path, document_extracted, question_id, "
-            "question, answer, long_answer; 5 questions per document)",
+            "question, answer, long_answer; 5 questions per document; the excerpt shows the first two fields, "
+            "the others, the split name repliqa_0 and its 17,955 rows are assumed, not seen)",
             fields={"prompt": "{document_extracted}\n\nQuestion: {question}"}, columns={"response": "answer"},
             truncation_side="left", rows=17_955,
             note="the document is longer than 512 tokens: its start is cut so the question and answer are kept",
         ),
         PaperDataset(
             "WP", "wikimedia/wikipedia", "train", "text",
-            "not found with the search tool; assumed from the wikimedia/wikipedia card (config 20231101.en: "
-            "id, url, title, text), the shape of tests/fixtures/wikipedia.jsonl",
+            "https://huggingface.co/datasets/wikimedia/wikipedia/commit/b8bc12bbc5758d81a5fb8981bd04148236527e38 "
+            "(configs named <date>.<language>); features id, url, title, text from dumps of the same format, e.g. "
+            "https://huggingface.co/datasets/teddy-f-47/wikipedia_id_20231201/blame/main/README.md; the config "
+            "20231101.en itself assumed",
             config_name="20231101.en", stream_rows=STREAM_ROWS, rows=STREAM_ROWS, held_out=0,
             note="unlimited: streamed, the first 20,000 articles kept",
         ),
         PaperDataset(
             "FW", "HuggingFaceFW/fineweb", "train", "text",
-            "not found with the search tool; assumed from the FineWeb card (config sample-10BT: text, id, "
-            "dump, url, date, file_path, language, language_score, token_count)",
+            "features text, id, dump, url, date, file_path, language, language_score, token_count from FineWeb "
+            "samples, e.g. https://huggingface.co/datasets/ServiceNow/fineweb-sample/blob/main/README.md and the "
+            "sample-10BT shards of https://huggingface.co/datasets/dododo1234/fineweb/blob/"
+            "5a55bce7fc8617b5753f25d110af14ca6172341d/README.md; the config name sample-10BT assumed from the card",
             config_name="sample-10BT", stream_rows=STREAM_ROWS, rows=STREAM_ROWS, held_out=0,
             note="unlimited: streamed, the first 20,000 documents kept",
         ),
@@ -232,11 +239,17 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
             note="the paper cites 'SafetyQA' without a hub id; this is the benchmark of that name on the hub",
         ),
         PaperDataset(
-            "BQ", "walledai/BBQ", "age+genderIdentity+nationality+raceEthnicity", "multiple_choice",
-            "not found as a card; columns context, question, choices, answer and one split per category (age, "
-            "genderIdentity, nationality, raceEthnicity, ...) as public loaders of walledai/BBQ read it",
-            fields={"question": "{context}\n{question}"}, held_out=0.5,
-            note="four of its category splits; the original BBQ repos load through a script, which stays off",
+            "BQ", "walledai/BBQ",
+            "age+disabilityStatus+genderIdentity+nationality+physicalAppearance+raceEthnicity+raceXGender+raceXSes"
+            "+religion+ses+sexualOrientation",
+            "multiple_choice",
+            "no card found; columns context, question, choices (3 texts), answer (index), category and one split "
+            "per category as public loaders read walledai/BBQ (found with the code search), e.g. the docstring "
+            "'one split per social dimension with a simple multiple-choice schema: context, question, choices, "
+            "answer, category' and the split list age, disabilityStatus, genderIdentity, nationality, "
+            "physicalAppearance, raceEthnicity, religion, ses, sexualOrientation (+ raceXGender, raceXSes)",
+            fields={"question": "{context}\n{question}"},
+            note="every category split, joined; the original BBQ repos load through a script, which stays off",
         ),
     )
 }
