@@ -114,9 +114,10 @@ def test_unknown_hub_dataset_offline_names_it(tmp_path: Path) -> None:
         _load(tmp_path, hub_id="no-such-org/nothing")
 
 
-def test_unknown_split_names_the_field(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stream_rows", [None, 5], ids=["read", "streamed"])
+def test_unknown_split_names_the_field(tmp_path: Path, stream_rows: int | None) -> None:
     with pytest.raises(DataError, match=r"split 'validation' cannot be read.*set split"):
-        _load(tmp_path, path=str(FIXTURES / "wikipedia.jsonl"), split="validation")
+        _load(tmp_path, path=str(FIXTURES / "wikipedia.jsonl"), split="validation", stream_rows=stream_rows)
 
 
 def test_a_named_source_gives_the_run_config_fix_for_a_missing_column(tmp_path: Path) -> None:
@@ -225,7 +226,7 @@ def test_drop_empty_removes_rows_without_a_response(tmp_path: Path) -> None:
         _load(tmp_path, path=str(path), format="instruction", drop_empty=("answer",))
 
 
-def test_stream_rows_reads_the_first_rows_of_a_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stream_rows_reads_the_first_rows_of_a_stream_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
     real = loading_module.load_dataset
 
@@ -234,9 +235,18 @@ def test_stream_rows_reads_the_first_rows_of_a_stream(tmp_path: Path, monkeypatc
         return real(*args, **kwargs)
 
     monkeypatch.setattr(loading_module, "load_dataset", spy)
-    rows = _load(tmp_path, path=str(FIXTURES / "wikipedia.jsonl"), stream_rows=4)
-    assert calls[0]["streaming"] is True and "cache_dir" not in calls[0]
-    first_four = [json.loads(line)["text"] for line in (FIXTURES / "wikipedia.jsonl").read_text().splitlines()[:4]]
+    path = tmp_path / "corpus.jsonl"
+    path.write_text((FIXTURES / "wikipedia.jsonl").read_text())
+    rows = _load(tmp_path, path=str(path), stream_rows=4)
+    assert [call["streaming"] for call in calls] == [True]
+    first_four = [json.loads(line)["text"] for line in path.read_text().splitlines()[:4]]
     assert rows["text"] == first_four
+    # A second read (another run, or another process) takes the rows from the disk cache...
+    assert _load(tmp_path, path=str(path), stream_rows=4)["text"] == first_four
+    assert len(calls) == 1
+    # ...until the file changes.
+    path.write_text("".join(json.dumps({"text": f"new {i}"}) + "\n" for i in range(5)))
+    assert _load(tmp_path, path=str(path), stream_rows=4)["text"] == [f"new {i}" for i in range(4)]
+    assert len(calls) == 2
     with pytest.raises(DataError, match="stream_rows=0: use a positive row count"):
         DataSource(path="x.jsonl", stream_rows=0)

@@ -27,7 +27,9 @@ its ``"json"`` builder, ``.parquet`` through ``"parquet"`` and ``.txt`` through 
 Huge corpora used as unlimited datasets are read as a stream: ``stream_rows=N`` opens the
 split with ``load_dataset(..., streaming=True)`` and keeps its first N rows, so the corpus is
 never downloaded whole (a sliced split such as ``"train[:20000]"`` would download every file
-of the split first). Every row loaded is tokenized once, up front.
+of the split first). Those rows are written once to ``datasets``' cache
+(``Dataset.from_generator``), keyed by the source and, for a local file, its size and time:
+later runs read them from disk. Every row loaded is tokenized once, up front.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from __future__ import annotations
 import os
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -150,7 +152,8 @@ class DataSource:
     """Columns whose empty or null rows are dropped (after ``fields``), e.g. a response
     column that some rows leave out."""
     stream_rows: int | None = None
-    """Read the split as a stream and keep its first ``stream_rows`` rows (huge corpora)."""
+    """Read the split as a stream and keep its first ``stream_rows`` rows (huge corpora), cached
+    on disk after the first read."""
     truncation_side: Literal["right", "left"] = "right"
     """Which end of a too-long ``text``/``instruction`` example is cut (as in ``transformers``
     tokenizers): ``left`` keeps the response and the end of a long prompt (a document before
@@ -273,8 +276,6 @@ def load_rows(
             loaded = _load(source, builder, data_files=str(path), cache_dir=cache)
     else:
         loaded = _load(source, source.hub_id, name=source.config_name, cache_dir=cache)
-    if isinstance(loaded, datasets.IterableDataset):
-        loaded = _take(source, loaded)
     if not isinstance(loaded, datasets.Dataset):
         raise DataError(
             f"{source.description}: load_dataset returned a {type(loaded).__name__}, not one "
@@ -355,16 +356,12 @@ def _drop_empty(rows: datasets.Dataset, source: DataSource) -> datasets.Dataset:
     return kept
 
 
-def _take(source: DataSource, stream: datasets.IterableDataset) -> datasets.Dataset:
-    """The first ``stream_rows`` rows of a streamed split, in memory."""
-    assert source.stream_rows is not None  # only streamed when set
-    try:
-        taken = list(stream.take(source.stream_rows))
-    except (OSError, ValueError, datasets.exceptions.DatasetsError) as err:
-        raise DataError(f"{source.description} could not be streamed: {one_line(err)}") from None
-    if not taken:
-        raise _empty(source)
-    return datasets.Dataset.from_list(taken, features=stream.features)
+def _first_rows(
+    path: str | None, split: str, rows: int, options: dict[str, Any], stamp: tuple[int, int] | None
+) -> Iterator[dict[str, Any]]:
+    """The first ``rows`` rows of a split read with ``load_dataset(..., streaming=True)``, for
+    ``Dataset.from_generator`` (``stamp`` only keys its cache)."""
+    yield from load_dataset(path, split=split, streaming=True, **options).take(rows)
 
 
 def check_path(source: DataSource) -> None:
@@ -403,11 +400,23 @@ def _blank(path: Path, limit: int = 1 << 20) -> bool:
 def _load(source: DataSource, path: str | None, **kwargs: object) -> object:
     """``load_dataset(path, split=source.split, **kwargs)`` with its errors as one-line
     ``DataError``s that name the dataset and the fix."""
-    if source.stream_rows is not None:
-        kwargs = {**kwargs, "streaming": True}
-        kwargs.pop("cache_dir", None)  # a stream keeps nothing on disk
     try:
-        return load_dataset(path, split=source.split, **kwargs)
+        if source.stream_rows is None:
+            return load_dataset(path, split=source.split, **kwargs)
+        # The first rows of the stream are written once to datasets' cache, keyed by where
+        # they come from (and a local file's size and time), so a later run, or another
+        # process of this machine, reads them from disk instead of streaming them again.
+        options = {key: value for key, value in kwargs.items() if key != "cache_dir"}
+        data_files = options.get("data_files")
+        stamp = None
+        if isinstance(data_files, str) and Path(data_files).is_file():
+            stat = Path(data_files).stat()
+            stamp = (stat.st_size, stat.st_mtime_ns)
+        return datasets.Dataset.from_generator(
+            _first_rows,
+            gen_kwargs={"path": path, "split": source.split, "rows": source.stream_rows, "options": options, "stamp": stamp},
+            cache_dir=kwargs.get("cache_dir"),
+        )
     except StopIteration:  # what the json builder raises on a file without rows
         raise _empty(source) from None
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as err:
@@ -417,7 +426,8 @@ def _load(source: DataSource, path: str | None, **kwargs: object) -> object:
             detail = one_line(cause)  # the builder's own error, e.g. the JSON parse error
         if "corresponds to no data" in detail:
             raise _empty(source) from None
-        if isinstance(err, ValueError) and ("split" in detail or "instruction format" in detail):
+        value_error = isinstance(err, ValueError) or isinstance(cause, ValueError)  # a stream's is its cause
+        if value_error and ("split" in detail or "instruction format" in detail):
             raise DataError(
                 f"{source.description}: split {source.split!r} cannot be read ({detail}); set split "
                 "to one of the dataset's splits (a single local file is 'train'), e.g. 'train[:1000]'"

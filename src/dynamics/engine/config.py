@@ -283,8 +283,8 @@ class DatasetConfig(_Section):
     stream_rows: int | None = Field(
         None,
         ge=1,
-        description="Read the split as a stream (datasets streaming) and keep its first rows: for huge "
-        "corpora, never downloaded whole.",
+        description="Read the split as a stream (datasets streaming) and keep its first rows, cached on "
+        "disk after the first read: for huge corpora, never downloaded whole.",
     )
 
     @field_validator("eval_size", "test_size", mode="before")
