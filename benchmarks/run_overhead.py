@@ -58,6 +58,7 @@ def config(tokenizer: Path, out: Path, args: argparse.Namespace, method: dict, p
                 "batch_size": args.batch // processes,
                 "sequence_length": args.seq,
                 "mixed_precision": args.mixed_precision,
+                "split_probes": not args.together,
             },
             # The paper's proportions: evaluate every T/32 steps on 4x the probe's batches.
             "evaluation": {"interval": max(1, steps // 32), "batches": 8, "reduced_batches": 2,
@@ -138,6 +139,9 @@ def main() -> None:
     parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16"])
     parser.add_argument("--processes", default="1", help="comma-separated process counts, e.g. 1,2")
     parser.add_argument("--threads", type=int, default=None, help="threads per process (default: torch's)")
+    parser.add_argument(
+        "--together", action="store_true", help="every process takes part in every probe (training.split_probes: false)"
+    )
     args = parser.parse_args()
     counts = [int(p) for p in args.processes.split(",")]
     if any(p < 1 or args.batch % p for p in counts):
@@ -194,6 +198,7 @@ def main() -> None:
                 "mixed_precision": args.mixed_precision,
                 "device": "cuda" if gpu else "cpu",
                 "threads_per_process": args.threads or torch.get_num_threads(),
+                "split_probes": not args.together,
                 "steps": args.steps,
                 "schedule": args.schedule,
                 "processes": results,

@@ -321,3 +321,65 @@ def test_letter_that_is_not_one_token_is_a_clear_error() -> None:
 def test_pad_id_falls_back_to_eos(tokenizer: PreTrainedTokenizerFast) -> None:
     assert tokenizer.pad_token_id is None
     assert pad_token_id(tokenizer) == tokenizer.eos_token_id
+
+
+def test_multiple_choice_scored_by_loss_is_the_loss_of_the_correct_answer(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    source = DataSource(path="tinymmlu.jsonl", format="multiple_choice", metric="loss")
+    examples = lm_examples(fixture_rows("tinymmlu.jsonl"), tokenizer, source, packing=True)
+    first = examples[0]
+    assert tokenizer.decode(first.input_ids.tolist()) == "Which planet is known as the Red Planet?\nAnswer: Mars"
+    assert response_text(tokenizer, first) == " Mars"
+    # One example per question even with packing on, like accuracy-scored questions.
+    assert len(examples) == len(fixture_rows("tinymmlu.jsonl"))
+
+
+@pytest.mark.parametrize(
+    ("choices", "answer", "expected"),
+    [
+        (["yes", "no", "maybe"], "2", " maybe"),  # HellaSwag's label is a decimal string
+        (["true", "false", "odd"], [0, 1, 0], " false"),  # TruthfulQA's mc1 labels: one flag set
+        ({"text": ["x", "y"], "label": ["1", "2"]}, "1", " x"),  # ARC labels win over indices
+    ],
+)
+def test_answer_forms_of_the_paper_benchmarks(
+    tokenizer: PreTrainedTokenizerFast, choices: Any, answer: Any, expected: str
+) -> None:
+    rows = datasets.Dataset.from_list([{"question": "q", "choices": choices, "answer": answer}])
+    source = DataSource(path="x.jsonl", format="multiple_choice", metric="loss")
+    assert response_text(tokenizer, lm_examples(rows, tokenizer, source)[0]) == expected
+
+
+def test_answer_flags_must_match_the_choices(tokenizer: PreTrainedTokenizerFast) -> None:
+    rows = datasets.Dataset.from_list([{"question": "q", "choices": ["a", "b", "c"], "answer": [0, 1]}])
+    with pytest.raises(DataError, match="2 answer flags in 'answer' for 3 choices"):
+        build_examples(rows, tokenizer, MMLU, sequence_length=64)
+
+
+def test_sharegpt_turns_and_a_system_column(tokenizer: PreTrainedTokenizerFast) -> None:
+    rows = datasets.Dataset.from_list(
+        [
+            {
+                "system": "Think first.",
+                "conversations": [{"from": "human", "value": "Is 7 prime?"}, {"from": "gpt", "value": "Yes."}],
+            }
+        ]
+    )
+    source = DataSource(
+        path="x.jsonl", format="instruction", messages_column="conversations", system_column="system"
+    )
+    example = lm_examples(rows, tokenizer, source)[0]
+    assert tokenizer.decode(example.input_ids.tolist()).startswith("<|im_start|>system\nThink first.<|im_end|>")
+    assert response_text(tokenizer, example) == "Yes.<|im_end|>\n"
+
+
+def test_left_truncation_keeps_the_response_of_a_long_prompt(tokenizer: PreTrainedTokenizerFast) -> None:
+    rows = datasets.Dataset.from_list([{"prompt": "word " * 200, "response": "The answer."}])
+    right = DataSource(path="x.jsonl", format="instruction")
+    left = DataSource(path="x.jsonl", format="instruction", truncation_side="left")
+    with pytest.raises(DataError, match="no example keeps a response token"):
+        build_examples(rows, tokenizer, right, sequence_length=32)
+    example = lm_examples(rows, tokenizer, left, sequence_length=32)[0]
+    assert len(example) == 32
+    assert response_text(tokenizer, example) == "The answer.<|im_end|>\n"

@@ -114,9 +114,10 @@ def test_unknown_hub_dataset_offline_names_it(tmp_path: Path) -> None:
         _load(tmp_path, hub_id="no-such-org/nothing")
 
 
-def test_unknown_split_names_the_field(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stream_rows", [None, 5], ids=["read", "streamed"])
+def test_unknown_split_names_the_field(tmp_path: Path, stream_rows: int | None) -> None:
     with pytest.raises(DataError, match=r"split 'validation' cannot be read.*set split"):
-        _load(tmp_path, path=str(FIXTURES / "wikipedia.jsonl"), split="validation")
+        _load(tmp_path, path=str(FIXTURES / "wikipedia.jsonl"), split="validation", stream_rows=stream_rows)
 
 
 def test_a_named_source_gives_the_run_config_fix_for_a_missing_column(tmp_path: Path) -> None:
@@ -175,3 +176,77 @@ def test_invalid_source_fields(fields: dict[str, Any], message: str) -> None:
 def test_a_source_without_rows_is_refused_when_loaded() -> None:
     with pytest.raises(DataError, match="no rows to read; give path="):
         load_rows(DataSource(name="math"))
+
+
+def test_fields_build_columns_from_templates_paths_and_lists(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    row = {"doc": "D.", "q": "Q?", "targets": {"choices": ["a", "b"]}, "ans0": "x", "ans1": "y"}
+    path.write_text(json.dumps(row) + "\n")
+    fields = {
+        "prompt": "{doc}\n\nQuestion: {q}",
+        "nested": "targets.choices",
+        "spread": ["ans0", "ans1"],
+        "first": "{targets[choices][0]}",
+    }
+    rows = _load(tmp_path, path=str(path), fields=fields, text_column="prompt")
+    assert rows[0]["prompt"] == "D.\n\nQuestion: Q?"
+    assert rows[0]["nested"] == ["a", "b"]
+    assert rows[0]["spread"] == ["x", "y"]
+    assert rows[0]["first"] == "a"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"prompt": "{missing}"}, r"fields.prompt = '\{missing\}' reads 'missing', which row 0 does not have"),
+        ({"prompt": "a.b"}, r"fields.prompt = 'a.b' reads 'a.b'"),
+    ],
+)
+def test_fields_naming_a_missing_column_are_clear(tmp_path: Path, fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        _load(tmp_path, path=str(FIXTURES / "wikipedia.jsonl"), fields=fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"prompt": 3}, "fields.prompt: give a template string"), ({"prompt": "{oops"}, "not a valid format string")],
+)
+def test_malformed_fields_are_refused_up_front(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        DataSource(path="x.jsonl", fields=fields)
+
+
+def test_drop_empty_removes_rows_without_a_response(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    lines = [{"prompt": "a", "response": "b"}, {"prompt": "c", "response": None}, {"prompt": "d", "response": ""}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = _load(tmp_path, path=str(path), format="instruction", drop_empty=("response",))
+    assert rows["prompt"] == ["a"]
+    with pytest.raises(DataError, match=r"drop_empty names columns \['answer'\]"):
+        _load(tmp_path, path=str(path), format="instruction", drop_empty=("answer",))
+
+
+def test_stream_rows_reads_the_first_rows_of_a_stream_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, Any]] = []
+    real = loading_module.load_dataset
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loading_module, "load_dataset", spy)
+    path = tmp_path / "corpus.jsonl"
+    path.write_text((FIXTURES / "wikipedia.jsonl").read_text())
+    rows = _load(tmp_path, path=str(path), stream_rows=4)
+    assert [call["streaming"] for call in calls] == [True]
+    first_four = [json.loads(line)["text"] for line in path.read_text().splitlines()[:4]]
+    assert rows["text"] == first_four
+    # A second read (another run, or another process) takes the rows from the disk cache...
+    assert _load(tmp_path, path=str(path), stream_rows=4)["text"] == first_four
+    assert len(calls) == 1
+    # ...until the file changes.
+    path.write_text("".join(json.dumps({"text": f"new {i}"}) + "\n" for i in range(5)))
+    assert _load(tmp_path, path=str(path), stream_rows=4)["text"] == [f"new {i}" for i in range(4)]
+    assert len(calls) == 2
+    with pytest.raises(DataError, match="stream_rows=0: use a positive row count"):
+        DataSource(path="x.jsonl", stream_rows=0)

@@ -134,3 +134,28 @@ def test_prepare_examples_end_to_end(tmp_path: Path) -> None:
     )
     assert (len(parts.train), len(parts.eval), len(parts.test)) == (0, 3, 3)
     assert all(isinstance(e, ChoiceExample) for e in [*parts.eval, *parts.test])
+
+
+def test_tokenization_is_cached_on_disk_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second preparation of the same file with the same tokenizer settings (a new run, or
+    another process on the machine) reads the tokens from datasets' cache instead of tokenizing."""
+    from dynamics.data import formatting
+
+    calls: list[int] = []
+    tokenize = formatting._instruction_documents
+
+    def counting(rows: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(rows))
+        return tokenize(rows, *args, **kwargs)
+
+    monkeypatch.setattr(formatting, "_instruction_documents", counting)
+    source = DataSource(path=str(FIXTURES / "metamath.jsonl"), format="instruction", prompt_column="query")
+    first = prepare_examples(source, tiny_tokenizer(), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path)
+    assert sum(calls) == 16  # every row tokenized once, train, eval and test parts together
+    assert len(list(tmp_path.rglob("cache-*.arrow"))) == 3  # one tokenized file per part
+    again = prepare_examples(source, tiny_tokenizer(), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path)
+    assert sum(calls) == 16
+    assert [e.input_ids.tolist() for e in again.train] == [e.input_ids.tolist() for e in first.train]
+    # Other settings are other tokens: a new tokenizer vocabulary tokenizes again.
+    prepare_examples(source, tiny_tokenizer(vocab_size=300), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path)
+    assert sum(calls) == 32

@@ -209,7 +209,7 @@ CASES = [
     Case("lora-target-module-missing", setting("lora.target_modules", ["q_projj"]), ("lora.target_modules", "'q_projj'", "q_proj")),
     Case("full-fine-tuning-fp16-weights-fp16", lambda data, tmp: data.update(lora=None, model={**data["model"], "dtype": "float16"}, training={**data["training"], "mixed_precision": "fp16"}), ("training.mixed_precision", "fp16", "model.dtype", "float32")),
     Case("launched-under-fsdp", lambda data, tmp: None, ("FSDP", "cannot yet save its checkpoints", "plain data parallelism"), env={"ACCELERATE_USE_FSDP": "true"}),
-    Case("launched-under-deepspeed", lambda data, tmp: None, ("DeepSpeed", "not supported"), env={"ACCELERATE_USE_DEEPSPEED": "true"}),
+    Case("launched-under-deepspeed", lambda data, tmp: None, ("DeepSpeed", "cannot yet save its checkpoints"), env={"ACCELERATE_USE_DEEPSPEED": "true"}),
     Case("unknown-dataset-path", dataset_setting("wiki", path="/no/such/wiki.jsonl"), ("dataset 'wiki'", "/no/such/wiki.jsonl", "does not exist")),
     Case("output-folder-not-empty", output_not_empty, ("output folder", "not empty", "--out")),
     Case("output-folder-under-a-file", output_under_a_file, ("output_dir", "a-file", "not a folder")),
@@ -225,6 +225,7 @@ CASES = [
     Case("column-of-the-wrong-type", dataset_file("wiki", '{"text": 3}\n' * 12), ("dataset 'wiki'", "row 0", "'text'", "string")),
     Case("accuracy-on-non-multiple-choice-rows", dataset_setting("mmlu", path=str(FIXTURES / "wikipedia.txt")), ("dataset 'mmlu'", "'question'", "columns")),
     Case("multiple-choice-answer-not-a-choice", dataset_setting("mmlu", columns={"answer": "subject"}), ("dataset 'mmlu'", "in 'subject'", "neither a 0-based index")),
+    Case("fields-template-unknown-column", dataset_setting("math", fields={"prompt": "{problem}"}), ("dataset 'math'", "fields.prompt", "row 0 does not have")),
     Case("too-few-rows-for-eval-and-test", dataset_setting("math", eval_size=10, test_size=10), ("dataset 'math'", "eval_size=10", "16", "lower them")),
     Case("no-training-rows-left", dataset_setting("wiki", eval_size=6, test_size=6), ("dataset 'wiki'", "no training rows", "eval_size")),
     Case("budget-over-the-rows", dataset_setting("math", budget=100), ("dataset 'math'", "budget=100", "lower budget")),
@@ -309,8 +310,18 @@ def test_override_without_a_value_is_one_line(tokenizer_dir, tmp_path, capsys):
         (["scenarios", "show", "paper/s99"], "unknown scenario 'paper/s99'"),
         (["scenarios", "show", "s28"], "paper/s28"),
         (["cost", "--scenario", "no-such-scenario"], "dynamics scenarios list"),
+        (["run", "--scenario", "paper/s99"], "unknown scenario 'paper/s99'"),
+        (["scenarios", "config", "paper/s1", "--data-root", "/nonexistent"], "add /nonexistent/MM.jsonl"),
+        (["scenarios", "config", "paper/s51", "method.name=gradient-alignment"], "cannot keep accuracy constraints"),
     ],
-    ids=["scenario-number-out-of-range", "scenario-without-prefix", "cost-unknown-scenario"],
+    ids=[
+        "scenario-number-out-of-range",
+        "scenario-without-prefix",
+        "cost-unknown-scenario",
+        "run-unknown-scenario",
+        "data-root-without-the-file",
+        "scenario-override-invalid",
+    ],
 )
 def test_unknown_scenario_is_one_line(argv, expect, capsys):
     # The run config has no scenario field: scenarios are named on these commands only.

@@ -114,3 +114,12 @@ def test_config_docs_are_in_sync():
         "python -c 'from dynamics.engine.config import config_reference_markdown as m; "
         "open(\"docs/config.md\", \"w\").write(m())'"
     )
+
+
+def test_multiple_choice_constraint_on_loss_reaches_the_data_source():
+    config = minimal()
+    config["datasets"].append({"name": "mmlu", "path": "m.jsonl", "role": "constraint", "format": "multiple_choice"})
+    source = RunConfig.from_dict(config).datasets[-1].data_source()
+    assert (source.format, source.metric) == ("multiple_choice", "loss")
+    # Other formats never read the metric: a loss constraint on text stays a text source.
+    assert RunConfig.from_dict(config).datasets[0].data_source().metric == "accuracy"

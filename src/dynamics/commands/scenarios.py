@@ -1,4 +1,6 @@
-"""``dynamics scenarios``: list and show the paper's 54 scenarios (tables tab:scenarios and tab:accuracy_scenarios)."""
+"""``dynamics scenarios``: list and show the paper's 54 scenarios (tables tab:scenarios and
+tab:accuracy_scenarios), and print the run config of one (``config``), which ``dynamics run
+--scenario`` trains."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 from dynamics.cli import UsageError
 from dynamics.data.scenarios import DATASETS, Scenario, ScenarioError, list_scenarios, load_scenario
 
-HELP = "List the paper's 54 scenarios or show one of them (targets, non-targets, constraints)."
+HELP = "List the paper's 54 scenarios, show one of them, or print its run config."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,9 +21,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show_parser = actions.add_parser("show", help="one scenario in full")
     show_parser.add_argument("name", help="scenario name, e.g. paper/s28")
     show_parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    config_parser = actions.add_parser(
+        "config", help="the scenario's run config (YAML) with the paper's settings; dynamics run --scenario trains it"
+    )
+    config_parser.add_argument("name", help="scenario name, e.g. paper/s28")
+    add_data_root_argument(config_parser)
+    config_parser.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.name_or_path=Qwen/Qwen3-8B"
+    )
+
+
+def add_data_root_argument(parser: argparse.ArgumentParser) -> None:
+    """``--data-root DIR`` (shared with ``dynamics run --scenario``)."""
+    parser.add_argument(
+        "--data-root",
+        metavar="DIR",
+        help="read every dataset from DIR/<ABBREV>.jsonl (or .json/.parquet), rows shaped like the hub's, "
+        "instead of the hub (see docs/datasets.md)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.action == "config":
+        print(build_scenario_config(args.name, list(args.overrides), args.data_root).to_yaml(), end="")
+        return 0
     if args.action == "list":
         scenarios = list_scenarios()
         if args.json:
@@ -40,6 +63,19 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(_describe(scenario))
     return 0
+
+
+def build_scenario_config(name: str, overrides: list[str], data_root: str | None) -> Any:
+    """The validated ``RunConfig`` of scenario ``name``; bad input is a ``UsageError``."""
+    # Imported here so that `dynamics scenarios list` never pays for torch and transformers.
+    from dynamics.data.loading import DataError
+    from dynamics.engine.config import ConfigError
+    from dynamics.experiments.paper_scenarios import scenario_config
+
+    try:
+        return scenario_config(name, overrides, data_root)
+    except (ScenarioError, ConfigError, DataError) as err:
+        raise UsageError(str(err)) from None
 
 
 def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:

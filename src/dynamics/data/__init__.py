@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         build_examples,
         letter_token_ids,
         pad_token_id,
+        tokenize_rows,
     )
     from dynamics.data.loading import DataError, DataSource, check_columns, load_rows
     from dynamics.data.splits import Splits, prepare_examples, split_examples, split_sizes
@@ -41,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "build_examples": "formatting",
     "letter_token_ids": "formatting",
     "pad_token_id": "formatting",
+    "tokenize_rows": "formatting",
     "DataError": "loading",
     "DataSource": "loading",
     "check_columns": "loading",
@@ -67,6 +69,7 @@ __all__ = [
     "prepare_examples",
     "split_examples",
     "split_sizes",
+    "tokenize_rows",
 ]
 
 

@@ -6,9 +6,12 @@ Public API:
   length; ``labels`` is ``-100`` where no loss is taken).
 - ``ChoiceExample(input_ids, choice_token_ids, answer_index)``: one multiple-choice
   question for letter-restricted argmax accuracy (paper appendix M).
+- ``tokenize_rows(rows, tokenizer, source) -> datasets.Dataset``: every row's token ids
+  and loss labels through ``Dataset.map``, cached on disk for rows read from files.
 - ``build_examples(rows, tokenizer, source, *, sequence_length, packing=False)``: tokenize
-  every row once into a list of examples (``LMExample`` for ``text``/``instruction``
-  sources, ``ChoiceExample`` for ``multiple_choice``).
+  every row once (``tokenize_rows``) into a list of examples (``LMExample`` for ``text``/``instruction``
+  sources and ``multiple_choice`` scored by loss, ``ChoiceExample`` for ``multiple_choice``
+  scored by accuracy).
 - ``letter_token_ids(tokenizer, num_letters)``: the token id of " A", " B", ...
 - ``pad_token_id(tokenizer)``: the pad id, or the EOS id when the tokenizer has no pad.
 - ``FALLBACK_TEMPLATE``: how instruction rows are rendered without a chat template.
@@ -29,12 +32,27 @@ Formats (``DataSource.format``):
   exact by construction. Otherwise the template rewrites earlier turns and ``DataError`` is
   raised. Without a chat template, ``FALLBACK_TEMPLATE`` renders the prompt and the
   response's tokens are followed by EOS.
-- ``multiple_choice``: the prompt ``"{question}\\nA. {choice}\\nB. {choice}\\n...Answer:"``
-  (with the tokenizer's special tokens); a prompt longer than ``sequence_length`` keeps its
-  *last* tokens, so the scoring position still follows ``"Answer:"``.
+- ``multiple_choice`` scored by accuracy (``source.metric == "accuracy"``): the prompt
+  ``"{question}\\nA. {choice}\\nB. {choice}\\n...Answer:"`` (with the tokenizer's special
+  tokens); a prompt longer than ``sequence_length`` keeps its *last* tokens, so the scoring
+  position still follows ``"Answer:"``.
+- ``multiple_choice`` scored by loss (``source.metric == "loss"``): an ``LMExample`` whose
+  prompt is ``"{question}\\nAnswer:"`` and whose response, the only tokens with a loss, is
+  ``" {correct choice}"``: the loss of the correct answer, as the paper constrains its tiny
+  benchmarks in scenarios 1-50. The choices are not listed (the loss is of the answer's text,
+  not of a letter). It is truncated like an instruction example.
+
+Answers (``answer_column``): a 0-based index, a letter (``"B"``), one of the choices' own
+labels (ARC's ``"A"``/``"1"``), a decimal string (HellaSwag's ``"2"``), or a list of 0/1
+flags with a single 1 (TruthfulQA's ``mc1_targets.labels``).
+
+Chat lists may use ``{"role", "content"}`` or the ShareGPT keys ``{"from", "value"}`` (roles
+``human``/``gpt`` become ``user``/``assistant``); with ``system_column`` set, a non-empty
+system prompt of the row is put first.
 
 Fixed length: with ``packing=False`` every example is cut to its first ``sequence_length``
-tokens, and an instruction example left with no response token (a prompt as long as the
+tokens (with ``source.truncation_side == "left"``, to the window that ends with its last
+token, or starts at its response when the response alone is longer), and an instruction example left with no response token (a prompt as long as the
 sequence) is dropped (a warning says how many); when every example is dropped the source is
 refused with ``DataError``. A multiple-choice prompt that is too long keeps its last tokens
 (a warning says how many). With ``packing=True`` the documents (each ending in EOS or the
@@ -50,6 +68,7 @@ from its position in the next block, seeing only that block's part).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -188,21 +207,22 @@ def _conversation(
             )
         conversation = []
         for message in messages:
-            if (
-                not isinstance(message, Mapping)
-                or "role" not in message
-                or "content" not in message
-            ):
+            keys = _message_keys(message)
+            if keys is None:
                 raise DataError(
                     f"{source.description}, row {index}: every message needs 'role' and "
-                    f"'content' keys, got {message!r}"
+                    f"'content' keys (or ShareGPT's 'from' and 'value'), got {message!r}"
                 )
+            role = _string(message[keys[0]], keys[0], index, source)
             conversation.append(
                 {
-                    "role": _string(message["role"], "role", index, source),
-                    "content": _string(message["content"], source.messages_column, index, source),
+                    "role": SHAREGPT_ROLES.get(role, role),
+                    "content": _string(message[keys[1]], source.messages_column, index, source),
                 }
             )
+        if source.system_column is not None and row[source.system_column] and conversation[0]["role"] != "system":
+            system = _string(row[source.system_column], source.system_column, index, source)
+            conversation.insert(0, {"role": "system", "content": system})
         if conversation[-1]["role"] != "assistant":
             raise DataError(
                 f"{source.description}, row {index}: the last message is the response and must "
@@ -228,6 +248,20 @@ def _conversation(
     return conversation
 
 
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
+"""ShareGPT speaker names (``from``) -> chat roles; ``system`` stays ``system``."""
+
+
+def _message_keys(message: Any) -> tuple[str, str] | None:
+    """The (role, content) keys of one chat message, or None when it has neither pair."""
+    if not isinstance(message, Mapping):
+        return None
+    for keys in (("role", "content"), ("from", "value")):
+        if keys[0] in message and keys[1] in message:
+            return keys
+    return None
+
+
 def _render_fallback(messages: Iterable[Mapping[str, str]]) -> str:
     text = "".join(
         FALLBACK_TEMPLATE.format(Role=m["role"].capitalize(), content=m["content"])
@@ -243,10 +277,10 @@ def _encode(tokenizer: PreTrainedTokenizerBase, texts: list[str], special: bool)
 
 
 def _instruction_documents(
-    rows: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, source: DataSource
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource, start: int
 ) -> list[LMExample]:
-    use_messages = source.messages_column in rows.column_names
-    conversations = [_conversation(row, i, source, use_messages) for i, row in enumerate(rows)]
+    use_messages = bool(rows) and source.messages_column in rows[0]
+    conversations = [_conversation(row, start + i, source, use_messages) for i, row in enumerate(rows)]
     if tokenizer.chat_template is None:
         prompts = [_render_fallback(c[:-1]) for c in conversations]
         prompt_ids = _encode(tokenizer, prompts, special=True)
@@ -270,7 +304,7 @@ def _instruction_documents(
             documents.append(_masked(p_ids, rest))
         else:
             raise DataError(
-                f"{source.description}, row {index}: the chat template's rendering of the "
+                f"{source.description}, row {start + index}: the chat template's rendering of the "
                 "prompt with add_generation_prompt=True is not a prefix of its rendering of the "
                 "whole conversation, so the response tokens cannot be located; use a template "
                 "that renders earlier turns the same way, or set tokenizer.chat_template = None "
@@ -298,11 +332,9 @@ def _masked(prompt_ids: Sequence[int], response_ids: Sequence[int]) -> LMExample
 
 
 def _text_documents(
-    rows: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, source: DataSource
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource, start: int
 ) -> list[LMExample]:
-    texts = [
-        _string(t, source.text_column, i, source) for i, t in enumerate(rows[source.text_column])
-    ]
+    texts = [_string(row[source.text_column], source.text_column, start + i, source) for i, row in enumerate(rows)]
     nonempty = [t for t in texts if t.strip()]
     if len(nonempty) < len(texts):
         logger.warning(
@@ -328,15 +360,17 @@ def _truncate(
 ) -> list[LMExample]:
     examples = []
     for doc in documents:
-        if not (doc.labels[:sequence_length] != IGNORE_INDEX).any():
+        # Left truncation cuts the prompt's start; a response longer than the whole sequence
+        # keeps its first tokens.
+        start = 0
+        if source.truncation_side == "left" and len(doc) > sequence_length:
+            response_start = int(np.argmax(doc.labels != IGNORE_INDEX))
+            start = max(0, min(response_start, len(doc) - sequence_length))
+        window = slice(start, start + sequence_length)
+        if not (doc.labels[window] != IGNORE_INDEX).any():
             continue
         # Copies, so that the long documents' arrays are freed.
-        examples.append(
-            LMExample(
-                input_ids=doc.input_ids[:sequence_length].copy(),
-                labels=doc.labels[:sequence_length].copy(),
-            )
-        )
+        examples.append(LMExample(input_ids=doc.input_ids[window].copy(), labels=doc.labels[window].copy()))
     dropped = len(documents) - len(examples)
     if dropped and examples:  # with none left, build_examples refuses the source instead
         logger.warning(
@@ -372,16 +406,31 @@ def _pack(documents: list[LMExample], sequence_length: int, per_document: bool) 
     ]
 
 
-def _choice_examples(
-    rows: datasets.Dataset,
-    tokenizer: PreTrainedTokenizerBase,
-    source: DataSource,
-    sequence_length: int,
-) -> list[ChoiceExample]:
+def _choice_loss_documents(
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource, start: int
+) -> list[LMExample]:
+    """Each question as prompt ``"{question}\\nAnswer:"`` and response ``" {correct choice}"``."""
+    prompts: list[str] = []
+    answers: list[str] = []
+    for index, row in enumerate(rows, start):
+        question = _string(row[source.question_column], source.question_column, index, source)
+        choices, labels = _choices(row[source.choices_column], index, source)
+        correct = _answer_index(row[source.answer_column], labels, len(choices), index, source)
+        prompts.append(f"{question}\nAnswer:")
+        answers.append(" " + choices[correct])
+    prompt_ids = _encode(tokenizer, prompts, special=True)
+    answer_ids = _encode(tokenizer, answers, special=False)
+    return [_masked(p, a) for p, a in zip(prompt_ids, answer_ids, strict=True)]
+
+
+def _choice_questions(
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource, start: int
+) -> dict[str, list[Any]]:
+    """The whole prompt's ids, the letters' token ids and the answer of each question."""
     prompts: list[str] = []
     choice_counts: list[int] = []
     answers: list[int] = []
-    for index, row in enumerate(rows):
+    for index, row in enumerate(rows, start):
         question = _string(row[source.question_column], source.question_column, index, source)
         choices, labels = _choices(row[source.choices_column], index, source)
         answers.append(
@@ -395,8 +444,17 @@ def _choice_examples(
         prompts.append("\n".join(lines))
         choice_counts.append(len(choices))
     letters = letter_token_ids(tokenizer, max(choice_counts)) if choice_counts else []
-    encoded = _encode(tokenizer, prompts, special=True)
-    cut = sum(len(ids) > sequence_length for ids in encoded)
+    return {
+        "input_ids": _encode(tokenizer, prompts, special=True),
+        "choice_token_ids": [letters[:count] for count in choice_counts],
+        "answer_index": answers,
+    }
+
+
+def _choice_examples(encoded: datasets.Dataset, source: DataSource, sequence_length: int) -> list[ChoiceExample]:
+    """Tokenized questions as examples; a prompt longer than ``sequence_length`` keeps its end."""
+    prompts = encoded["input_ids"]
+    cut = sum(len(ids) > sequence_length for ids in prompts)
     if cut:
         logger.warning(
             "%s: kept the last %d tokens of %d questions longer than that",
@@ -407,10 +465,10 @@ def _choice_examples(
     return [
         ChoiceExample(
             input_ids=np.asarray(ids[-sequence_length:], dtype=np.int32),
-            choice_token_ids=np.asarray(letters[:count], dtype=np.int32),
-            answer_index=answer,
+            choice_token_ids=np.asarray(letters, dtype=np.int32),
+            answer_index=int(answer),
         )
-        for ids, count, answer in zip(encoded, choice_counts, answers, strict=True)
+        for ids, letters, answer in zip(prompts, encoded["choice_token_ids"], encoded["answer_index"], strict=True)
     ]
 
 
@@ -439,12 +497,22 @@ def _answer_index(
         return labels.index(value)
     if isinstance(value, str) and len(value) == 1 and value.upper() in ascii_uppercase:
         answer = ascii_uppercase.index(value.upper())
+    elif isinstance(value, str) and value.strip().isdecimal():
+        answer = int(value)
     elif isinstance(value, int | np.integer) and not isinstance(value, bool):
         answer = int(value)
+    elif isinstance(value, list) and sorted(value) == [0] * (len(value) - 1) + [1]:
+        if len(value) != num_choices:
+            raise DataError(
+                f"{source.description}, row {index}: {len(value)} answer flags in "
+                f"{source.answer_column!r} for {num_choices} choices; give one flag per choice"
+            )
+        answer = value.index(1)
     else:
         raise DataError(
             f"{source.description}, row {index}: answer {value!r} in {source.answer_column!r} "
-            "is neither a 0-based index, a letter, nor one of the choice labels"
+            "is neither a 0-based index, a letter, one of the choice labels, nor a list of 0/1 "
+            "flags with a single 1"
         )
     if not 0 <= answer < num_choices:
         raise DataError(
@@ -452,6 +520,60 @@ def _answer_index(
             f"is outside the {num_choices} choices"
         )
     return answer
+
+
+_LM_FEATURES = datasets.Features(
+    {"input_ids": datasets.Sequence(datasets.Value("int32")), "labels": datasets.Sequence(datasets.Value("int32"))}
+)
+_CHOICE_FEATURES = datasets.Features(
+    {
+        "input_ids": datasets.Sequence(datasets.Value("int32")),
+        "choice_token_ids": datasets.Sequence(datasets.Value("int32")),
+        "answer_index": datasets.Value("int32"),
+    }
+)
+
+
+def _encode_batch(
+    batch: dict[str, list[Any]], indices: list[int], tokenizer: PreTrainedTokenizerBase, source: DataSource
+) -> dict[str, list[Any]]:
+    """``Dataset.map`` function: one batch of rows to token ids (see ``tokenize_rows``)."""
+    rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+    start = indices[0] if indices else 0
+    if source.format == "multiple_choice" and source.metric == "accuracy":
+        return _choice_questions(rows, tokenizer, source, start)
+    if source.format == "multiple_choice":
+        documents = _choice_loss_documents(rows, tokenizer, source, start)
+    elif source.format == "text":
+        documents = _text_documents(rows, tokenizer, source, start)
+    else:
+        documents = _instruction_documents(rows, tokenizer, source, start)
+    return {"input_ids": [d.input_ids for d in documents], "labels": [d.labels for d in documents]}
+
+
+def tokenize_rows(
+    rows: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, source: DataSource
+) -> datasets.Dataset:
+    """Every row's token ids, through ``Dataset.map`` (batched): ``input_ids`` and ``labels``
+    (whole documents, before truncation or packing), or for a question scored by accuracy
+    ``input_ids`` (the whole prompt), ``choice_token_ids`` and ``answer_index``.
+
+    Rows read from files are mapped into ``datasets``' cache next to their Arrow files, keyed
+    by the rows, the tokenizer and the source's settings: a second run on the same machine, or
+    a second process once the first has finished (``Accelerator.local_main_process_first``),
+    reads the tokens instead of tokenizing again. Rows in memory are tokenized in memory.
+    """
+    choice = source.format == "multiple_choice" and source.metric == "accuracy"
+    return rows.map(
+        _encode_batch,
+        batched=True,
+        with_indices=True,
+        # The in-memory rows of a source are not part of what is tokenized (the rows are).
+        fn_kwargs={"tokenizer": tokenizer, "source": dataclasses.replace(source, rows=None)},
+        remove_columns=rows.column_names,
+        features=_CHOICE_FEATURES if choice else _LM_FEATURES,
+        desc=f"tokenizing {source.name or 'rows'}",
+    )
 
 
 def build_examples(
@@ -474,15 +596,18 @@ def build_examples(
     if sequence_length < 1:
         raise DataError(f"sequence_length={sequence_length}: must be >= 1")
     check_columns(rows, source)
-    if source.format == "multiple_choice":
-        return _choice_examples(rows, tokenizer, source, sequence_length)
-    if source.format == "text":
-        documents = _text_documents(rows, tokenizer, source)
-    else:
-        documents = _instruction_documents(rows, tokenizer, source)
+    encoded = tokenize_rows(rows, tokenizer, source)
+    if source.format == "multiple_choice" and source.metric == "accuracy":
+        return _choice_examples(encoded, source, sequence_length)
+    documents = [
+        LMExample(input_ids=np.asarray(ids, dtype=np.int32), labels=np.asarray(labels, dtype=np.int32))
+        for ids, labels in zip(encoded["input_ids"], encoded["labels"], strict=True)
+    ]
+    # A question scored by loss stays one example, as one scored by accuracy does.
+    pack = packing and source.format != "multiple_choice"
     examples = (
         _pack(documents, sequence_length, per_document=packing == "per-document")
-        if packing
+        if pack
         else _truncate(documents, sequence_length, source)
     )
     if documents and not examples:

@@ -9,6 +9,9 @@ Public API:
 - ``load_rows(source, cache_dir=None) -> datasets.Dataset``: read the rows with
   ``datasets.load_dataset`` and check that the columns the format needs are there.
 - ``check_columns(rows, source)``: that check alone (also run by ``build_examples``).
+- ``derive_fields(rows, source)``: the columns ``source.fields`` builds from each row (a
+  prompt template over several columns, a nested value, a list of columns), added with
+  ``Dataset.map``; ``load_rows`` applies it, and drops the rows ``source.drop_empty`` names.
 - ``check_path(source)``: that a local source exists, has a known extension and is not an
   empty file, without reading it (a run checks every dataset this way before loading the model).
 - ``offline()``: whether the Hugging Face libraries are told not to use the network.
@@ -21,17 +24,23 @@ All parsing is done by the ``datasets`` library: local ``.jsonl``/``.json`` file
 its ``"json"`` builder, ``.parquet`` through ``"parquet"`` and ``.txt`` through ``"text"``
 (one row per line, in a ``text`` column). A local folder or a hub id goes to
 ``load_dataset`` as its ``path`` argument, so anything ``load_dataset`` reads works there.
-Huge corpora used as unlimited datasets should be bounded with a sliced split such as
-``split="train[:20000]"``: every row loaded is tokenized once, up front.
+Huge corpora used as unlimited datasets are read as a stream: ``stream_rows=N`` opens the
+split with ``load_dataset(..., streaming=True)`` and keeps its first N rows, so the corpus is
+never downloaded whole (a sliced split such as ``"train[:20000]"`` would download every file
+of the split first). Those rows are written once to ``datasets``' cache
+(``Dataset.from_generator``), keyed by the source and, for a local file, its size and time:
+later runs read them from disk. Every row loaded is tokenized once, up front.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import string
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import datasets
 from datasets import load_dataset
@@ -39,6 +48,11 @@ from huggingface_hub import constants as hub_constants
 
 RowFormat = Literal["text", "instruction", "multiple_choice"]
 ROW_FORMATS: tuple[str, ...] = ("text", "instruction", "multiple_choice")
+ChoiceMetric = Literal["accuracy", "loss"]
+FieldSpec = str | list[str]
+"""How ``DataSource.fields`` builds one column: a template with ``{column}`` placeholders
+(``str.format`` syntax, so ``{choices[text]}`` reads a nested key), a column path
+(``mc1_targets.choices``; dots go into nested dicts), or a list of paths (a list column)."""
 
 # File extension -> the ``datasets`` builder that reads it.
 LOCAL_BUILDERS: dict[str, str] = {
@@ -128,6 +142,22 @@ class DataSource:
     rows (rounded up). An evaluation-only domain uses e.g. ``eval_size=0.5, test_size=0.5``."""
     test_size: int | float = 0.1
     """Rows held out for the test split, as ``eval_size``."""
+    metric: ChoiceMetric = "accuracy"
+    """``multiple_choice`` only: ``accuracy`` scores the letter-restricted argmax; ``loss``
+    is the loss of the correct choice's text after the question (see ``formatting``)."""
+    fields: Mapping[str, FieldSpec] = field(default_factory=dict)
+    """Columns built from each row before formatting, by name: see ``FieldSpec``. E.g.
+    ``{"prompt": "{document}\n\nQuestion: {question}"}`` for a prompt over two columns."""
+    drop_empty: tuple[str, ...] = ()
+    """Columns whose empty or null rows are dropped (after ``fields``), e.g. a response
+    column that some rows leave out."""
+    stream_rows: int | None = None
+    """Read the split as a stream and keep its first ``stream_rows`` rows (huge corpora), cached
+    on disk after the first read."""
+    truncation_side: Literal["right", "left"] = "right"
+    """Which end of a too-long ``text``/``instruction`` example is cut (as in ``transformers``
+    tokenizers): ``left`` keeps the response and the end of a long prompt (a document before
+    a short question and answer), ``right`` keeps the start."""
 
     def __post_init__(self) -> None:
         given = [name for name in ("path", "hub_id", "rows") if getattr(self, name) is not None]
@@ -146,6 +176,18 @@ class DataSource:
             raise DataError(
                 f"budget={self.budget!r}: use a positive row count, or None for all rows"
             )
+        if self.metric not in ("accuracy", "loss"):
+            raise DataError(f"metric={self.metric!r}: a multiple-choice source uses 'accuracy' or 'loss'")
+        if self.stream_rows is not None and (
+            isinstance(self.stream_rows, bool) or not isinstance(self.stream_rows, int) or self.stream_rows < 1
+        ):
+            raise DataError(f"stream_rows={self.stream_rows!r}: use a positive row count, or None to read every row")
+        if self.stream_rows is not None and self.rows is not None:
+            raise DataError("stream_rows reads a file or hub split as a stream; rows= are already in memory")
+        for name, spec in self.fields.items():
+            _check_field_spec(name, spec)
+        if self.truncation_side not in ("right", "left"):
+            raise DataError(f"truncation_side={self.truncation_side!r}: use 'right' or 'left'")
         _check_split_size("eval_size", self.eval_size)
         _check_split_size("test_size", self.test_size)
         if (
@@ -241,8 +283,85 @@ def load_rows(
         )
     if len(loaded) == 0:
         raise _empty(source)
+    loaded = derive_fields(loaded, source)
+    if source.drop_empty:
+        loaded = _drop_empty(loaded, source)
     check_columns(loaded, source)
     return loaded
+
+
+def _check_field_spec(name: str, spec: object) -> None:
+    if not isinstance(spec, str | list) or (isinstance(spec, list) and not all(isinstance(p, str) for p in spec)):
+        raise DataError(
+            f"fields.{name}: give a template string ('{{question}}\n{{context}}'), a column path "
+            f"('mc1_targets.choices') or a list of column paths, not {spec!r}"
+        )
+    if isinstance(spec, str) and "{" in spec:
+        try:
+            list(string.Formatter().parse(spec))
+        except ValueError as err:
+            raise DataError(f"fields.{name}: template {spec!r} is not a valid format string ({err})") from None
+
+
+def _path_value(row: Mapping[str, Any], path: str) -> Any:
+    value: Any = row
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            raise KeyError(path)
+        value = value[part]
+    return value
+
+
+def _field_value(row: Mapping[str, Any], spec: FieldSpec) -> Any:
+    if isinstance(spec, list):
+        return [_path_value(row, path) for path in spec]
+    if "{" in spec:
+        return spec.format_map(row)
+    return _path_value(row, spec)
+
+
+def derive_fields(rows: datasets.Dataset, source: DataSource) -> datasets.Dataset:
+    """``rows`` with the columns of ``source.fields`` added (``Dataset.map``); a template or
+    path naming a column the rows lack raises ``DataError`` with the columns there are."""
+    if not source.fields:
+        return rows
+    specs = dict(source.fields)
+    first = rows[0]
+    for name, spec in specs.items():
+        try:
+            _field_value(first, spec)
+        except (KeyError, IndexError, AttributeError, TypeError) as err:
+            raise DataError(
+                f"{source.description}: fields.{name} = {spec!r} reads {err}, which row 0 does not have; its "
+                f"columns are {list(rows.column_names)}: fix the template or path"
+            ) from None
+
+    def build(row: dict[str, Any]) -> dict[str, Any]:
+        return {name: _field_value(row, spec) for name, spec in specs.items()}
+
+    return rows.map(build, desc="fields")
+
+
+def _drop_empty(rows: datasets.Dataset, source: DataSource) -> datasets.Dataset:
+    missing = [c for c in source.drop_empty if c not in rows.column_names]
+    if missing:
+        raise DataError(
+            f"{source.description}: drop_empty names columns {missing} that the rows lack; its columns "
+            f"are {list(rows.column_names)}"
+        )
+    columns = list(source.drop_empty)
+    kept = rows.filter(lambda row: all(row[c] not in (None, "", []) for c in columns), desc="drop_empty")
+    if len(kept) == 0:
+        raise DataError(f"{source.description}: every row has an empty {' or '.join(columns)}; check drop_empty")
+    return kept
+
+
+def _first_rows(
+    path: str | None, split: str, rows: int, options: dict[str, Any], stamp: tuple[int, int] | None
+) -> Iterator[dict[str, Any]]:
+    """The first ``rows`` rows of a split read with ``load_dataset(..., streaming=True)``, for
+    ``Dataset.from_generator`` (``stamp`` only keys its cache)."""
+    yield from load_dataset(path, split=split, streaming=True, **options).take(rows)
 
 
 def check_path(source: DataSource) -> None:
@@ -282,7 +401,22 @@ def _load(source: DataSource, path: str | None, **kwargs: object) -> object:
     """``load_dataset(path, split=source.split, **kwargs)`` with its errors as one-line
     ``DataError``s that name the dataset and the fix."""
     try:
-        return load_dataset(path, split=source.split, **kwargs)
+        if source.stream_rows is None:
+            return load_dataset(path, split=source.split, **kwargs)
+        # The first rows of the stream are written once to datasets' cache, keyed by where
+        # they come from (and a local file's size and time), so a later run, or another
+        # process of this machine, reads them from disk instead of streaming them again.
+        options = {key: value for key, value in kwargs.items() if key != "cache_dir"}
+        data_files = options.get("data_files")
+        stamp = None
+        if isinstance(data_files, str) and Path(data_files).is_file():
+            stat = Path(data_files).stat()
+            stamp = (stat.st_size, stat.st_mtime_ns)
+        return datasets.Dataset.from_generator(
+            _first_rows,
+            gen_kwargs={"path": path, "split": source.split, "rows": source.stream_rows, "options": options, "stamp": stamp},
+            cache_dir=kwargs.get("cache_dir"),
+        )
     except StopIteration:  # what the json builder raises on a file without rows
         raise _empty(source) from None
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as err:
@@ -292,7 +426,8 @@ def _load(source: DataSource, path: str | None, **kwargs: object) -> object:
             detail = one_line(cause)  # the builder's own error, e.g. the JSON parse error
         if "corresponds to no data" in detail:
             raise _empty(source) from None
-        if isinstance(err, ValueError) and ("split" in detail or "instruction format" in detail):
+        value_error = isinstance(err, ValueError) or isinstance(cause, ValueError)  # a stream's is its cause
+        if value_error and ("split" in detail or "instruction format" in detail):
             raise DataError(
                 f"{source.description}: split {source.split!r} cannot be read ({detail}); set split "
                 "to one of the dataset's splits (a single local file is 'train'), e.g. 'train[:1000]'"

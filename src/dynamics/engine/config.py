@@ -262,7 +262,9 @@ class DatasetConfig(_Section):
         "text", description="Row format: plain text, prompt/response pairs (or messages), or multiple choice."
     )
     metric: Literal["loss", "accuracy"] = Field(
-        "loss", description="Constraint metric; accuracy needs format multiple_choice."
+        "loss",
+        description="Constraint metric; accuracy needs format multiple_choice. A multiple_choice "
+        "constraint on loss is the loss of the correct answer's text after the question.",
     )
     budget: int | None = Field(None, ge=1, description="Training rows to use (null: all, e.g. an unlimited corpus).")
     columns: dict[str, str] = Field(
@@ -280,6 +282,26 @@ class DatasetConfig(_Section):
         ge=1,
         description="Evaluation batch size of this domain (default: evaluation.batch_size). Larger for "
         "short rows, e.g. an accuracy constraint, where each question of a small sample moves it a lot.",
+    )
+    fields: dict[str, str | list[str]] = Field(
+        default_factory=dict,
+        description="Columns built from each row before formatting, by name: a template over columns "
+        "('{document}\\n\\nQuestion: {question}'), a nested column path ('mc1_targets.choices') or a "
+        "list of column paths (choices spread over several columns).",
+    )
+    drop_empty: list[str] = Field(
+        default_factory=list, description="Columns whose rows are dropped where they are empty or null."
+    )
+    truncation_side: Literal["right", "left"] = Field(
+        "right",
+        description="Which end of a too-long example is cut: left keeps the response and the end of "
+        "a long prompt (a document before a question), right keeps the start.",
+    )
+    stream_rows: int | None = Field(
+        None,
+        ge=1,
+        description="Read the split as a stream (datasets streaming) and keep its first rows, cached on "
+        "disk after the first read: for huge corpora, never downloaded whole.",
     )
 
     @field_validator("eval_size", "test_size", mode="before")
@@ -300,10 +322,10 @@ class DatasetConfig(_Section):
             raise ValueError(f"dataset {self.name!r}: unknown columns keys {unknown}; use {list(COLUMN_KEYS)}")
         if self.metric == "accuracy" and self.format != "multiple_choice":
             raise ValueError(f"dataset {self.name!r}: metric 'accuracy' needs format 'multiple_choice'")
-        if self.format == "multiple_choice" and (self.role != "constraint" or self.metric != "accuracy"):
+        if self.format == "multiple_choice" and self.role != "constraint":
             raise ValueError(
-                f"dataset {self.name!r}: multiple-choice data is scored by accuracy and can only be a "
-                "constraint: set role: constraint and metric: accuracy"
+                f"dataset {self.name!r}: multiple-choice data is evaluated only (by accuracy or by the loss "
+                "of the correct answer) and can only be a constraint: set role: constraint"
             )
         if self.role == "constraint" and self.budget is not None:
             raise ValueError(f"dataset {self.name!r}: a constraint is evaluated only; remove its budget")
@@ -343,6 +365,12 @@ class DatasetConfig(_Section):
             budget=self.budget,
             eval_size=default_held_out if self.eval_size is None else self.eval_size,
             test_size=default_held_out if self.test_size is None else self.test_size,
+            fields=self.fields,
+            drop_empty=tuple(self.drop_empty),
+            stream_rows=self.stream_rows,
+            truncation_side=self.truncation_side,
+            # Only a multiple-choice source reads its metric (accuracy or the answer's loss).
+            metric=self.metric if self.format == "multiple_choice" else "accuracy",
             **columns,
         )
 
@@ -605,7 +633,9 @@ def config_reference_markdown() -> str:
         "",
         "Generated from `dynamics.engine.config` (`config_reference_markdown()`); a test keeps",
         "this file in sync. Override any field on the command line with `key.path=value`",
-        "(datasets by name: `datasets.math.budget=500`).",
+        "(datasets by name: `datasets.math.budget=500`). The config of one of the paper's",
+        "scenarios, with the paper's settings: `dynamics scenarios config paper/s28`; train it with",
+        "`dynamics run --scenario paper/s28` (docs/datasets.md says how its datasets are read).",
         "",
         "| field | default | description |",
         "| --- | --- | --- |",

@@ -6,7 +6,8 @@ write the run folder (docs/method.md, "The run folder"). The recipe reads top to
     finish -> summary.json with the paper's metrics and the cost model's prediction
 
 Under several processes (``torchrun`` / ``accelerate launch``) every rank builds the same
-data; each optimizer step draws one global batch from one dataset and every rank trains
+data (the first process of each machine tokenizes into datasets' cache, the others read
+it); each optimizer step draws one global batch from one dataset and every rank trains
 on its own slice of it; the fixed evaluation batches are shared out among the ranks
 (batch b to rank b mod P) and the per-batch values gathered; the policy decides
 on every rank (probes are collective training) and rank 0's decision is broadcast, so
@@ -278,7 +279,10 @@ def build_run(
             "use the model's own tokenizer (model.tokenizer) or a larger vocab_size in model.init_config"
         )
     trained = prepare_model(base_model, config.lora, training.gradient_checkpointing)
-    run_data = build_data(config, tokenizer, accelerator.num_processes, data)
+    # The first process of each machine loads and tokenizes into datasets' cache; the others
+    # then read the cached tokens (dynamics.data.formatting.tokenize_rows).
+    with accelerator.local_main_process_first():
+        run_data = build_data(config, tokenizer, accelerator.num_processes, data)
     sampler = RankSlicedSampler(
         MixtureSampler(run_data.streams, seed=training.seed), accelerator.process_index, accelerator.num_processes
     )

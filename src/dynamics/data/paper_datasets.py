@@ -1,0 +1,366 @@
+"""Where the paper's 22 datasets live and how their rows are read (table tab:datasets).
+
+The paper names its datasets (appendix "List of Datasets") but not the hub copies it read.
+``PAPER_DATASETS`` records, per abbreviation, the hub id, configuration and split we read,
+the row format, the columns and the small declarative transforms (``fields``) that turn a
+hub row into the prompt/response, text or question/choices/answer the formatter expects,
+the held-out rule, and what the schema was checked against (``docs/datasets.md`` lists
+the same in prose; a test keeps the two in sync).
+
+``dataset_entry(abbrev, role=..., budget=..., metric=..., data_root=None)`` is one entry of a
+run config's ``datasets`` list. With ``data_root`` the rows come from the local file
+``data_root/<ABBREV>.jsonl`` (or ``.json``/``.parquet``) of the same shape as the hub rows,
+so the same ``fields`` and columns apply.
+
+Held-out rule: the eval and test rows are drawn from the one split read (seeded, before the
+training budget; see ``dynamics.data.splits``). On the hub they are ``HELD_OUT_ROWS`` rows
+each for the datasets with thousands of rows, and half of the rows each for the
+evaluation-only benchmarks of a few hundred or thousand rows (the tiny benchmarks have
+100). A non-target is only trained on and holds nothing out. A local file of unknown size
+uses the run config's fractions (0.1 each for a target, 0.5 for a constraint) and is used
+whole: its budget is its own size.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dynamics.data.loading import LOCAL_BUILDERS, DataError, FieldSpec, RowFormat
+from dynamics.data.scenarios import DATASETS
+
+logger = logging.getLogger(__name__)
+
+HELD_OUT_ROWS = 1000
+"""Eval and test rows of a hub dataset with thousands of rows (each split: 1000 rows; the
+main evaluation's 200 batches of 8 cycle over them)."""
+STREAM_ROWS = 20_000
+"""Rows taken from the stream of an unlimited corpus: more than 2,048 steps x batch 8 draw
+even if the whole mixture went to it, so no document repeats."""
+
+
+@dataclass(frozen=True)
+class PaperDataset:
+    """How one of the paper's datasets is read from the hub."""
+
+    abbrev: str
+    hub_id: str
+    split: str
+    format: RowFormat
+    checked_against: str
+    """Where its schema (column names and types) was checked: a dataset card or viewer page."""
+    config_name: str | None = None
+    columns: dict[str, str] = field(default_factory=dict)
+    """Run-config ``columns`` (role -> column name) where they differ from the defaults."""
+    fields: dict[str, FieldSpec] = field(default_factory=dict)
+    """Run-config ``fields``: columns built from each row (templates, nested paths, lists)."""
+    drop_empty: tuple[str, ...] = ()
+    truncation_side: Literal["right", "left"] = "right"
+    stream_rows: int | None = None
+    """Read as a stream and keep this many rows (huge corpora: never downloaded whole)."""
+    rows: int | None = None
+    """Rows of the split as published (or ``stream_rows``); None when not checked. A budget
+    larger than what is left after the held-out rows becomes all of them, with a warning."""
+    held_out: int | float = HELD_OUT_ROWS
+    """Eval rows and test rows each: a count, or a fraction of the split."""
+    note: str = ""
+
+
+def _tiny(abbrev: str, hub: str, split: str, checked: str, config: str | None = None, **kw: Any) -> PaperDataset:
+    return PaperDataset(abbrev, hub, split, "multiple_choice", checked, config_name=config, rows=100, held_out=0.5, **kw)
+
+
+PAPER_DATASETS: dict[str, PaperDataset] = {
+    d.abbrev: d
+    for d in (
+        PaperDataset(
+            "MM", "meta-math/MetaMathQA", "train", "instruction",
+            "https://huggingface.co/datasets/meta-math/MetaMathQA/tree/main (one file, MetaMathQA-395K.json); "
+            "features type, query, original_question, response from the dataset_info of its copy "
+            "https://huggingface.co/datasets/upb-nlp/MetaMathQA-dedup/blob/main/README.md",
+            columns={"prompt": "query"}, rows=395_000,
+        ),
+        PaperDataset(
+            "NM", "AI-MO/NuminaMath-CoT", "train", "instruction",
+            "https://huggingface.co/datasets/AI-MO/NuminaMath-CoT/viewer/default/test (train 859k, test 100 rows); "
+            "features source, problem, solution, messages[{content, role}] from the card's dataset_info as "
+            "copied in https://huggingface.co/datasets/skyzos/NuminaMath-CoT/blob/main/README.md",
+            rows=859_494, note="read through its `messages` chat list (user problem, assistant solution)",
+        ),
+        PaperDataset(
+            "GS", "openai/gsm8k", "train", "instruction",
+            "the original card was not found; question, answer and train 7,473 / test 1,319 rows from copies' "
+            "dataset_info, e.g. https://huggingface.co/datasets/alterego238/gsm8k/blob/main/README.md, and the "
+            "main/train-00000-of-00001.parquet layout in https://huggingface.co/nickmalhotra/ProjectIndus/blob/"
+            "main/SFT/dataset.ini",
+            config_name="main", columns={"prompt": "question", "response": "answer"}, rows=7_473,
+            note="the paper's GS(10k) is more than the 7,473 training rows: such a budget uses all of them",
+        ),
+        PaperDataset(
+            "CF", "m-a-p/CodeFeedback-Filtered-Instruction", "train", "instruction",
+            "https://www.huggingface.co/datasets/m-a-p/CodeFeedback-Filtered-Instruction/tree/main (one jsonl "
+            "file, 157k rows); columns query, answer assumed (not visible in the search results)",
+            columns={"prompt": "query", "response": "answer"}, rows=156_526,
+        ),
+        PaperDataset(
+            "AI", "Post-training-Data-Flywheel/AutoIF-instruct-61k", "train", "instruction",
+            "https://huggingface.co/datasets/Post-training-Data-Flywheel/AutoIF-instruct-61k/blob/"
+            "0705aa867cce36d595123cb34f4a35281e6acc7c/README.md (system, tools, messages[{content, role}], "
+            "conversation_id; train 61,492 rows)",
+            columns={"system": "system"}, rows=61_492,
+        ),
+        PaperDataset(
+            "OT", "open-thoughts/OpenThoughts-114k", "train", "instruction",
+            "https://huggingface.co/datasets/open-thoughts/OpenThoughts-114k/viewer (default config, train 114k "
+            "rows); features system, conversations[{from, value}] from the card of its filtered copy "
+            "https://www.huggingface.co/datasets/mlabonne/OpenThoughts-79k-filtered/blob/main/README.md",
+            config_name="default", columns={"messages": "conversations", "system": "system"}, rows=113_957,
+            note="ShareGPT turns (from: user/assistant, value) are read as chat messages",
+        ),
+        PaperDataset(
+            "OO", "Open-Orca/OpenOrca", "train", "instruction",
+            "the card's Data Fields (id, system_prompt, question, response) as copied in "
+            "https://huggingface.co/datasets/yys/OpenOrca-Chinese/blob/main/README.md, and the same features with "
+            "4,233,915 train rows in https://huggingface.co/datasets/lchakkei/OpenOrca-Traditional-Chinese/blob/"
+            "main/README.md",
+            columns={"prompt": "question", "system": "system_prompt"}, stream_rows=40_000, rows=40_000,
+            note="4.2M rows: streamed, the first 40,000 kept (the largest budget, 30k, plus the held-out rows)",
+        ),
+        PaperDataset(
+            "Ay", "CohereForAI/aya_dataset", "train", "instruction",
+            "the original card was not found; inputs, targets, language, language_code, annotation_type, user_id "
+            "from the dataset_info of its exports, e.g. https://huggingface.co/datasets/2A2I/Arabic_Aya/commit/"
+            "5ab1e23505e143c2f01161b0dc6cfdc1130b11ce (config CohereForAI-aya_dataset); 202k train rows assumed",
+            columns={"prompt": "inputs", "response": "targets"}, rows=202_362,
+        ),
+        PaperDataset(
+            "MF", "medalpaca/medical_meadow_medical_flashcards", "train", "instruction",
+            "https://huggingface.co/datasets/medalpaca/medical_meadow_medical_flashcards/viewer/default/train?p=1 "
+            "(train 34k rows); instruction, input, output and 33,955 rows from the dataset_info of "
+            "https://huggingface.co/datasets/lavita/medical-qa-datasets (config medical_meadow_medical_flashcards)",
+            fields={"prompt": "{instruction}\n\n{input}"}, columns={"response": "output"}, rows=33_955,
+        ),
+        PaperDataset(
+            "GF", "glaiveai/glaive-function-calling-v2", "train", "text",
+            "https://huggingface.co/datasets/glaiveai/glaive-function-calling-v2/discussions/4 (json, 100K-1M "
+            "rows); columns system, chat assumed from the card (not visible in the search results)",
+            fields={"text": "{system}\n\n{chat}"}, rows=112_960,
+            note="`chat` is one string of USER/ASSISTANT/FUNCTION turns, so the row is read as text (loss on "
+            "every token), after its system prompt with the function definitions",
+        ),
+        PaperDataset(
+            "MS", "MegaScience/MegaScience", "train", "instruction",
+            "https://huggingface.co/datasets/MegaScience/MegaScience/tree/main (parquet, 1M-10M rows); columns "
+            "question, answer assumed (not visible in the search results)",
+            columns={"prompt": "question", "response": "answer"}, stream_rows=STREAM_ROWS, rows=STREAM_ROWS,
+            note="1M+ rows: streamed, the first 20,000 kept",
+        ),
+        PaperDataset(
+            "BS", "FiscalNote/billsum", "train", "instruction",
+            "https://huggingface.co/datasets/FiscalNote/billsum/blob/refs%2Fpr%2F6/README.md (text, summary, "
+            "title; train 18,949, test 3,269, ca_test 1,237 rows)",
+            fields={"prompt": "Summarize the following bill.\n\n{text}"}, columns={"response": "summary"},
+            truncation_side="left", rows=18_949,
+            note="a bill is longer than 512 tokens: the start of its text is cut so the summary is kept; "
+            "BS(20k) is more than the split holds and uses all of it",
+        ),
+        PaperDataset(
+            "RQ", "ServiceNow/repliqa", "repliqa_0", "instruction",
+            "https://huggingface.co/datasets/ServiceNow/repliqa/commit/94c467733e0b1e94a28451556800298111240387 "
+            "(card's Data Fields: document_id, document_topic, document_path, document_extracted, question_id, "
+            "question, answer, long_answer; 5 questions per document; the excerpt shows the first two fields, "
+            "the others, the split name repliqa_0 and its 17,955 rows are assumed, not seen)",
+            fields={"prompt": "{document_extracted}\n\nQuestion: {question}"}, columns={"response": "answer"},
+            truncation_side="left", rows=17_955,
+            note="the document is longer than 512 tokens: its start is cut so the question and answer are kept",
+        ),
+        PaperDataset(
+            "WP", "wikimedia/wikipedia", "train", "text",
+            "https://huggingface.co/datasets/wikimedia/wikipedia/commit/b8bc12bbc5758d81a5fb8981bd04148236527e38 "
+            "(configs named <date>.<language>); features id, url, title, text from dumps of the same format, e.g. "
+            "https://huggingface.co/datasets/teddy-f-47/wikipedia_id_20231201/blame/main/README.md; the config "
+            "20231101.en itself assumed",
+            config_name="20231101.en", stream_rows=STREAM_ROWS, rows=STREAM_ROWS, held_out=0,
+            note="unlimited: streamed, the first 20,000 articles kept",
+        ),
+        PaperDataset(
+            "FW", "HuggingFaceFW/fineweb", "train", "text",
+            "features text, id, dump, url, date, file_path, language, language_score, token_count from FineWeb "
+            "samples, e.g. https://huggingface.co/datasets/ServiceNow/fineweb-sample/blob/main/README.md and the "
+            "sample-10BT shards of https://huggingface.co/datasets/dododo1234/fineweb/blob/"
+            "5a55bce7fc8617b5753f25d110af14ca6172341d/README.md; the config name sample-10BT assumed from the card",
+            config_name="sample-10BT", stream_rows=STREAM_ROWS, rows=STREAM_ROWS, held_out=0,
+            note="unlimited: streamed, the first 20,000 documents kept",
+        ),
+        _tiny(
+            "tM", "tinyBenchmarks/tinyMMLU", "test",
+            "https://huggingface.co/datasets/tinyBenchmarks/tinyMMLU/blob/main/README.md (config all: question, "
+            "subject, choices, answer as a class label 0-3, input_formatted; test 100 rows)",
+            config="all",
+        ),
+        _tiny(
+            "tT", "tinyBenchmarks/tinyTruthfulQA", "validation",
+            "https://huggingface.co/datasets/tinyBenchmarks/tinyTruthfulQA/blob/main/README.md (config "
+            "multiple_choice: question, mc1_targets{choices, labels}, mc2_targets, input_formatted; validation "
+            "100 rows)",
+            config="multiple_choice", fields={"choices": "mc1_targets.choices", "answer": "mc1_targets.labels"},
+            note="the single-true-answer targets (mc1): the answer is the choice flagged 1",
+        ),
+        _tiny(
+            "tH", "tinyBenchmarks/tinyHellaswag", "validation",
+            "https://huggingface.co/datasets/tinyBenchmarks/tinyHellaswag/blob/main/README.md (ind, activity_label, "
+            "ctx_a, ctx_b, ctx, endings, source_id, split, split_type, label as a string, input_formatted; "
+            "validation 100 rows)",
+            fields={"question": "{activity_label}: {ctx}"}, columns={"choices": "endings", "answer": "label"},
+        ),
+        _tiny(
+            "tA", "tinyBenchmarks/tinyAI2_arc", "test",
+            "https://huggingface.co/datasets/tinyBenchmarks/tinyAI2_arc/blob/main/README.md (config ARC-Challenge: "
+            "id, question, choices{text, label}, answerKey, input_formatted; test 100 rows)",
+            config="ARC-Challenge", columns={"answer": "answerKey"},
+        ),
+        PaperDataset(
+            "NS", "nvidia/Aegis-AI-Content-Safety-Dataset-2.0", "test", "instruction",
+            "https://huggingface.co/datasets/nvidia/Aegis-AI-Content-Safety-Dataset-2.0/viewer (default config; "
+            "train 30k, validation 1.45k, test 1.96k rows); columns prompt, response assumed from the card "
+            "(not visible in the search results)",
+            drop_empty=("response",), rows=1_964, held_out=0.5,
+            note="Aegis 2.0 is NVIDIA's Nemotron Content Safety Dataset V2: the loss of the logged response to "
+            "each (often harmful) prompt; rows without a response are dropped",
+        ),
+        PaperDataset(
+            "SQ", "OpenStellarTeam/Chinese-SafetyQA", "train", "instruction",
+            "https://huggingface.co/datasets/OpenStellarTeam/Chinese-SafetyQA/tree/main (one jsonl file, 1K-10K "
+            "rows of short QA pairs, arXiv 2412.15265); columns question, answer assumed (the card does not "
+            "list them)",
+            columns={"prompt": "question", "response": "answer"}, rows=2_000, held_out=0.5,
+            note="the paper cites 'SafetyQA' without a hub id; this is the benchmark of that name on the hub",
+        ),
+        PaperDataset(
+            "BQ", "walledai/BBQ",
+            "age+disabilityStatus+genderIdentity+nationality+physicalAppearance+raceEthnicity+raceXGender+raceXSes"
+            "+religion+ses+sexualOrientation",
+            "multiple_choice",
+            "no card found; columns context, question, choices (3 texts), answer (index), category and one split "
+            "per category as public loaders read walledai/BBQ (found with the code search), e.g. the docstring "
+            "'one split per social dimension with a simple multiple-choice schema: context, question, choices, "
+            "answer, category' and the split list age, disabilityStatus, genderIdentity, nationality, "
+            "physicalAppearance, raceEthnicity, religion, ses, sexualOrientation (+ raceXGender, raceXSes)",
+            fields={"question": "{context}\n{question}"},
+            note="every category split, joined; the original BBQ repos load through a script, which stays off",
+        ),
+    )
+}
+
+
+def _local_file(data_root: Path, abbrev: str) -> Path:
+    found = [data_root / f"{abbrev}{ext}" for ext in LOCAL_BUILDERS if (data_root / f"{abbrev}{ext}").is_file()]
+    if not found:
+        raise DataError(
+            f"--data-root {data_root}: no file for dataset {abbrev} ({DATASETS[abbrev].name}); add "
+            f"{data_root / (abbrev + '.jsonl')} with rows shaped like the hub's {PAPER_DATASETS[abbrev].hub_id} "
+            "(docs/datasets.md lists the columns)"
+        )
+    return found[0]
+
+
+def dataset_entry(
+    abbrev: str,
+    *,
+    role: Literal["target", "non-target", "constraint"],
+    budget: int | None = None,
+    metric: Literal["loss", "accuracy"] = "loss",
+    data_root: str | Path | None = None,
+) -> dict[str, Any]:
+    """The run-config entry (a plain dict) that reads dataset ``abbrev`` as the paper did."""
+    spec = PAPER_DATASETS[abbrev]
+    if spec.held_out == 0 and role != "non-target":
+        raise DataError(
+            f"{abbrev} ({DATASETS[abbrev].name}) is an open-domain corpus the paper only trains on: use it as a "
+            "non-target"
+        )
+    entry: dict[str, Any] = {"name": abbrev, "role": role, "format": spec.format}
+    if data_root is None:
+        entry["hub_id"] = spec.hub_id
+        if spec.config_name is not None:
+            entry["config_name"] = spec.config_name
+        entry["split"] = spec.split
+        if role != "non-target":
+            entry["eval_size"] = entry["test_size"] = spec.held_out
+        budget = _fit_budget(spec, budget)
+    else:
+        entry["path"] = str(_local_file(Path(data_root), abbrev))
+        budget = None  # a local file is used whole (see the module docstring)
+    if role == "non-target":
+        entry["eval_size"] = entry["test_size"] = 0  # only trained on: nothing to hold out
+    if role != "constraint":
+        entry["budget"] = budget
+    if spec.format == "multiple_choice" or role == "constraint":
+        entry["metric"] = metric
+    for key in ("columns", "fields"):
+        if getattr(spec, key):
+            entry[key] = dict(getattr(spec, key))
+    if spec.drop_empty:
+        entry["drop_empty"] = list(spec.drop_empty)
+    if spec.truncation_side != "right":
+        entry["truncation_side"] = spec.truncation_side
+    if spec.stream_rows is not None:
+        entry["stream_rows"] = spec.stream_rows
+    return entry
+
+
+def _fit_budget(spec: PaperDataset, budget: int | None) -> int | None:
+    """The paper's budget, or None (every training row) when the split holds fewer."""
+    if budget is None or spec.rows is None:
+        return budget
+    held_out = spec.held_out if isinstance(spec.held_out, int) else 0
+    available = spec.rows - 2 * held_out
+    if budget > available:
+        logger.warning(
+            "%s: the paper's budget of %d rows is more than the %d training rows of %s (%s); all of them are used",
+            spec.abbrev,
+            budget,
+            available,
+            spec.hub_id,
+            spec.split,
+        )
+        return None
+    return budget
+
+
+def _transform(spec: PaperDataset) -> str:
+    parts = [f"`{key}` = `{value}`" for key, value in spec.columns.items()]
+    parts += [f"`{key}` <- `{value!r}`" if isinstance(value, list) else f"`{key}` <- `{value}`" for key, value in spec.fields.items()]
+    if spec.drop_empty:
+        parts.append(f"rows without `{'`, `'.join(spec.drop_empty)}` dropped")
+    if spec.truncation_side != "right":
+        parts.append(f"truncation {spec.truncation_side}")
+    if spec.stream_rows is not None:
+        parts.append(f"streamed, first {spec.stream_rows:,} rows")
+    text = "; ".join(parts) if parts else "default columns"
+    return text.replace("\n", "\\n").replace("|", "\\|")
+
+
+def datasets_reference_table() -> str:
+    """The table of docs/datasets.md, generated from ``PAPER_DATASETS`` (a test keeps it there)."""
+    lines = [
+        "| abbrev | dataset | hub id | config | split | format | columns and transforms | held out (eval, test each) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for abbrev, spec in PAPER_DATASETS.items():
+        if spec.held_out == 0:
+            held_out = "none (only trained on)"
+        elif isinstance(spec.held_out, int):
+            held_out = f"{spec.held_out:,} rows"
+        else:
+            held_out = f"{spec.held_out:.0%} of the rows"
+        lines.append(
+            f"| {abbrev} | {DATASETS[abbrev].name} | `{spec.hub_id}` | {spec.config_name or '-'} | `{spec.split}` | "
+            f"{spec.format} | {_transform(spec)} | {held_out} |"
+        )
+    lines += ["", "| abbrev | schema checked against | note |", "| --- | --- | --- |"]
+    for abbrev, spec in PAPER_DATASETS.items():
+        lines.append(f"| {abbrev} | {spec.checked_against} | {spec.note or '-'} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,147 @@
+"""The registry of the paper's 22 datasets: every loader reads fixture rows shaped like the hub's."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from dynamics.data import IGNORE_INDEX, ChoiceExample, DataError, LMExample
+from dynamics.data.paper_datasets import PAPER_DATASETS, dataset_entry, datasets_reference_table
+from dynamics.data.scenarios import DATASETS
+from dynamics.data.splits import prepare_examples
+from dynamics.engine.config import DatasetConfig
+from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+PAPER_FIXTURES = FIXTURES / "paper_datasets"
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return tiny_tokenizer()
+
+
+def fixture_rows(abbrev: str) -> list[dict]:
+    return [json.loads(line) for line in (PAPER_FIXTURES / f"{abbrev}.jsonl").read_text().splitlines()]
+
+
+def role_of(abbrev: str) -> str:
+    roles = {"benchmark": "constraint", "open-domain corpus": "non-target", "instruction": "target"}
+    return roles[DATASETS[abbrev].group]
+
+
+def test_the_registry_covers_the_papers_table_and_the_docs_list_it() -> None:
+    assert list(PAPER_DATASETS) == list(DATASETS)
+    assert sorted(p.stem for p in PAPER_FIXTURES.glob("*.jsonl")) == sorted(DATASETS)
+    assert datasets_reference_table() in (ROOT / "docs" / "datasets.md").read_text(), (
+        "docs/datasets.md is stale: paste dynamics.data.paper_datasets.datasets_reference_table() into it"
+    )
+
+
+@pytest.mark.parametrize("abbrev", list(PAPER_DATASETS))
+def test_each_dataset_reads_rows_shaped_like_the_hubs(abbrev: str, tokenizer: PreTrainedTokenizerFast) -> None:
+    """The hub entry and the local entry read the same columns; the fixture's rows become examples."""
+    role = role_of(abbrev)
+    hub = DatasetConfig(**dataset_entry(abbrev, role=role))
+    local = DatasetConfig(**dataset_entry(abbrev, role=role, data_root=PAPER_FIXTURES))
+    assert hub.hub_id == PAPER_DATASETS[abbrev].hub_id and hub.path is None
+    assert local.path == str(PAPER_FIXTURES / f"{abbrev}.jsonl") and local.hub_id is None
+    assert (hub.columns, hub.fields, hub.format) == (local.columns, local.fields, local.format)
+    parts = prepare_examples(local.data_source(), tokenizer, sequence_length=128, packing=False, seed=0)
+    examples = [*parts.train, *parts.eval, *parts.test]
+    assert examples and all(isinstance(e, LMExample) for e in examples)
+    # Every example keeps loss tokens; an instruction example masks its prompt.
+    for example in examples:
+        assert isinstance(example, LMExample)
+        assert (example.labels != IGNORE_INDEX).any()
+        if local.format != "text":
+            assert example.labels[0] == IGNORE_INDEX
+
+
+@pytest.mark.parametrize(
+    ("abbrev", "question", "answer"),
+    [
+        ("tM", "Red planet?", " Mars"),  # answer is an index
+        ("tT", "What happens if you swallow gum?", " It passes through you."),  # mc1 flags
+        ("tH", "Baking: She puts the cake in the oven. She", " waits for it to bake."),  # label "0"
+        ("tA", "Which tool measures heat?", " thermometer"),  # ARC label "3"
+        ("BQ", "A grandson and his grandfather tried to book a cab.\nWho could not use the phone?", " Can't be determined"),
+    ],
+)
+def test_benchmarks_on_loss_score_the_correct_answer(
+    abbrev: str, question: str, answer: str, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    entry = dataset_entry(abbrev, role="constraint", metric="loss", data_root=PAPER_FIXTURES)
+    source = DatasetConfig(**entry).data_source()
+    parts = prepare_examples(source, tokenizer, sequence_length=128, packing=False, seed=0)
+    texts = {}
+    for example in [*parts.eval, *parts.test]:
+        assert isinstance(example, LMExample)
+        loss_tokens = example.input_ids[example.labels != IGNORE_INDEX]
+        texts[tokenizer.decode(example.input_ids[example.labels == IGNORE_INDEX])] = tokenizer.decode(loss_tokens)
+    assert texts[f"{question}\nAnswer:"] == answer
+
+
+@pytest.mark.parametrize("abbrev", ["tM", "tA"])
+def test_accuracy_benchmarks_give_letter_questions(abbrev: str, tokenizer: PreTrainedTokenizerFast) -> None:
+    entry = dataset_entry(abbrev, role="constraint", metric="accuracy", data_root=PAPER_FIXTURES)
+    parts = prepare_examples(DatasetConfig(**entry).data_source(), tokenizer, sequence_length=128, packing=False, seed=0)
+    answers = {row["question"]: row for row in fixture_rows(abbrev)}
+    for example in [*parts.eval, *parts.test]:
+        assert isinstance(example, ChoiceExample)
+        text = tokenizer.decode(example.input_ids)
+        assert text.endswith("Answer:")
+        row = answers[text.split("\n")[0]]
+        expected = row["answer"] if abbrev == "tM" else row["choices"]["label"].index(row["answerKey"])
+        assert example.answer_index == expected
+
+
+def test_transforms_build_the_prompts_the_registry_names(tokenizer: PreTrainedTokenizerFast) -> None:
+    def first_prompt(abbrev: str) -> str:
+        entry = dataset_entry(abbrev, role="target", data_root=PAPER_FIXTURES)
+        parts = prepare_examples(DatasetConfig(**entry).data_source(), tokenizer, sequence_length=128, packing=False, seed=0)
+        return "".join(tokenizer.decode(e.input_ids) for e in [*parts.train, *parts.eval, *parts.test])
+
+    assert "The town fair opened on May 3 with 40 stalls.\n\nQuestion: When did the fair open?" in first_prompt("RQ")
+    assert "<|im_start|>system\nThink step by step, then answer." in first_prompt("OT")  # ShareGPT + system
+    assert "Answer this question truthfully\n\nWhat does the heart pump?" in first_prompt("MF")
+    assert "Summarize the following bill.\n\nSECTION 1." in first_prompt("BS")
+    assert "SYSTEM: You can call convert().\n\nUSER: 2 km in m?" in first_prompt("GF")
+
+
+def test_safety_rows_without_a_response_are_dropped(tokenizer: PreTrainedTokenizerFast) -> None:
+    entry = dataset_entry("NS", role="constraint", data_root=PAPER_FIXTURES)
+    parts = prepare_examples(DatasetConfig(**entry).data_source(), tokenizer, sequence_length=128, packing=False, seed=0)
+    kept = sum(row["response"] is not None for row in fixture_rows("NS"))
+    assert len(parts.eval) + len(parts.test) == kept < len(fixture_rows("NS"))
+
+
+def test_unlimited_corpora_are_streamed_non_targets_that_hold_nothing_out() -> None:
+    for abbrev in ("WP", "FW"):
+        entry = dataset_entry(abbrev, role="non-target")
+        assert entry["stream_rows"] == 20_000 and entry["budget"] is None
+        assert entry["eval_size"] == entry["test_size"] == 0
+        with pytest.raises(DataError, match="only trains on: use it as a non-target"):
+            dataset_entry(abbrev, role="target")
+
+
+def test_a_budget_beyond_the_split_uses_every_row(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        entry = dataset_entry("GS", role="target", budget=10_000)
+    assert entry["budget"] is None
+    assert "budget of 10000 rows is more than the 5473 training rows of openai/gsm8k" in caplog.text
+    assert dataset_entry("GS", role="target", budget=5_000)["budget"] == 5_000
+
+
+def test_a_missing_local_file_names_the_file_to_add(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"no file for dataset RQ \(RepliQA\); add .*RQ.jsonl"):
+        dataset_entry("RQ", role="target", data_root=tmp_path)
