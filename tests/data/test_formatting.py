@@ -383,3 +383,94 @@ def test_left_truncation_keeps_the_response_of_a_long_prompt(tokenizer: PreTrain
     example = lm_examples(rows, tokenizer, left, sequence_length=32)[0]
     assert len(example) == 32
     assert response_text(tokenizer, example) == "The answer.<|im_end|>\n"
+
+
+def test_tokenization_cache_is_keyed_by_the_code_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """datasets fingerprints `_encode_batch` by its name only: the hash of the formatting and
+    loading code is what makes an edit of the prompt format or masking tokenize again."""
+    from dynamics.data import formatting, load_rows
+    from dynamics.data.formatting import tokenize_rows
+
+    calls: list[int] = []
+    tokenize = formatting._instruction_documents
+
+    def counting(rows: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(rows))
+        return tokenize(rows, *args, **kwargs)
+
+    monkeypatch.setattr(formatting, "_instruction_documents", counting)
+    source = DataSource(path=str(FIXTURES / "metamath.jsonl"), format="instruction", prompt_column="query")
+    rows = load_rows(source, cache_dir=tmp_path)
+    tokenizer = tiny_tokenizer()
+    first = tokenize_rows(rows, tokenizer, source)
+    assert sum(calls) == 16
+    assert tokenize_rows(rows, tokenizer, source)["input_ids"] == first["input_ids"]
+    assert sum(calls) == 16  # the same code: read from the cache
+    monkeypatch.setattr(formatting, "TOKENIZATION_VERSION", "edited-code")
+    tokenize_rows(rows, tokenizer, source)
+    assert sum(calls) == 32  # other code: tokenized again
+
+
+def test_errors_of_rows_in_memory_say_so(tokenizer: PreTrainedTokenizerFast) -> None:
+    rows = datasets.Dataset.from_list([{"messages": [{"role": "user", "content": "hi"}]}])
+    source = DataSource(rows=rows, format="instruction")
+    with pytest.raises(DataError, match=r"^rows in memory, row 0: the last message is the response"):
+        build_examples(rows, tokenizer, source, sequence_length=64)
+    named = DataSource(name="notes", rows=rows, format="instruction")
+    with pytest.raises(DataError, match=r"^dataset 'notes' \(rows in memory\), row 0: the last message"):
+        build_examples(rows, tokenizer, named, sequence_length=64)
+
+
+def test_a_system_column_missing_next_to_a_chat_list_is_named(tokenizer: PreTrainedTokenizerFast) -> None:
+    rows = datasets.Dataset.from_list(
+        [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}]
+    )
+    source = DataSource(path="chat.jsonl", format="instruction", system_column="system")
+    with pytest.raises(DataError, match=r"needs column\(s\) 'system', but its columns are \['messages'\]"):
+        build_examples(rows, tokenizer, source, sequence_length=64)
+
+
+def _tokenizer_with_bos(chat_template: str | None) -> PreTrainedTokenizerFast:
+    from tokenizers import processors
+
+    wrapped = tiny_tokenizer(chat_template=chat_template)
+    bos = "<|im_start|>"
+    wrapped.bos_token = bos
+    wrapped.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, wrapped.convert_tokens_to_ids(bos))]
+    )
+    return wrapped
+
+
+@pytest.mark.parametrize("chat_template", [None, "chatml"])
+def test_left_truncation_of_a_long_bill_keeps_bos_the_instruction_and_the_summary(chat_template: str | None) -> None:
+    from dynamics.data.loading import derive_fields
+    from dynamics.data.paper_datasets import PAPER_DATASETS
+    from tests.fixtures.tiny_tokenizer import CHATML_TEMPLATE
+
+    bs = PAPER_DATASETS["BS"]
+    tokenizer = _tokenizer_with_bos(None if chat_template is None else CHATML_TEMPLATE)
+    bill = "SECTION 1. Parks Act. " + "SEC. 2. Funds go to parks. " * 60
+    source = DataSource(
+        path="BS.jsonl",
+        format="instruction",
+        fields=bs.fields,
+        truncation_side=bs.truncation_side,
+        response_column=bs.columns["response"],
+    )
+    rows = derive_fields(datasets.Dataset.from_list([{"text": bill, "summary": "Funds parks.", "title": "Parks"}]), source)
+    example = lm_examples(rows, tokenizer, source, sequence_length=96)[0]
+    assert len(example) == 96
+    assert example.input_ids[0] == tokenizer.bos_token_id
+    text = tokenizer.decode(example.input_ids.tolist())
+    assert "SECTION 1." not in text  # the start of the bill is what is cut
+    assert "SEC. 2." in text and text.count("\n\nSummarize the bill above.") == 1
+    assert response_text(tokenizer, example).startswith("Funds parks.")
+
+
+def test_left_truncation_of_text_keeps_its_start(tokenizer: PreTrainedTokenizerFast) -> None:
+    rows = datasets.Dataset.from_list([{"text": "word " * 100}])
+    source = DataSource(path="x.jsonl", truncation_side="left")
+    full = lm_examples(rows, tokenizer, source)[0]
+    cut = lm_examples(rows, tokenizer, source, sequence_length=16)[0]
+    assert cut.input_ids.tolist() == full.input_ids[:16].tolist()  # every token of a text is response

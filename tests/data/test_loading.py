@@ -250,3 +250,72 @@ def test_stream_rows_reads_the_first_rows_of_a_stream_once(tmp_path: Path, monke
     assert len(calls) == 2
     with pytest.raises(DataError, match="stream_rows=0: use a positive row count"):
         DataSource(path="x.jsonl", stream_rows=0)
+
+
+def test_a_streamed_folder_is_read_again_when_one_of_its_files_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[dict[str, Any]] = []
+    real = loading_module.load_dataset
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loading_module, "load_dataset", spy)
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    data = folder / "part-0.jsonl"
+    data.write_text("".join(json.dumps({"text": f"old {i}"}) + "\n" for i in range(5)))
+    monkeypatch.chdir(tmp_path)  # a relative folder: its cache key is its absolute path
+    assert _load(tmp_path, path="corpus", stream_rows=3)["text"] == ["old 0", "old 1", "old 2"]
+    assert _load(tmp_path, path=str(folder), stream_rows=3)["text"] == ["old 0", "old 1", "old 2"]
+    assert len(calls) == 1  # the same folder, relative or absolute: read from the cache
+    data.write_text("".join(json.dumps({"text": f"new {i}"}) + "\n" for i in range(5)))
+    assert _load(tmp_path, path="corpus", stream_rows=3)["text"] == ["new 0", "new 1", "new 2"]
+    assert len(calls) == 2
+    # Other reading code reads the stream again.
+    monkeypatch.setattr(loading_module, "LOADING_VERSION", "edited-code")
+    assert _load(tmp_path, path="corpus", stream_rows=3)["text"] == ["new 0", "new 1", "new 2"]
+    assert len(calls) == 3
+
+
+def test_stream_stamp_has_every_file_of_a_folder_and_the_hub_revision(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.jsonl").write_text("{}\n{}\n")
+    stamp = loading_module._stream_stamp(DataSource(path=str(tmp_path), stream_rows=1), {})
+    assert stamp["path"] == str(tmp_path.resolve())
+    assert [(name, size) for name, size, _ in stamp["files"]] == [("a.jsonl", 3), ("sub/b.jsonl", 6)]
+    hub = loading_module._stream_stamp(DataSource(hub_id="org/corpus", stream_rows=1), {"revision": "abc123"})
+    assert hub["revision"] == "abc123" and "files" not in hub
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (
+            [{"q": "a", "c": "x"}, {"q": "b", "c": None}],
+            r"file .*rows.jsonl, row 1: fields.prompt = '\{q\} \{c\}' reads \{c\}, which is null in this row",
+        ),
+        (
+            [{"q": "a", "c": ["x", "y"]}, {"q": "b", "c": ["x"]}],
+            r"file .*rows.jsonl, row 1: fields.prompt = '\{q\} \{c\[1\]\}' reads .*, which this row does not have",
+        ),
+    ],
+)
+def test_fields_missing_or_null_in_a_later_row_name_the_row(tmp_path: Path, rows: list[dict[str, Any]], message: str) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    template = "{q} {c}" if rows[1]["c"] is None else "{q} {c[1]}"
+    with pytest.raises(DataError, match=message) as raised:
+        _load(tmp_path, path=str(path), format="instruction", fields={"prompt": template}, response_column="q")
+    assert len(str(raised.value).splitlines()) == 1
+
+
+def test_the_metric_defaults_to_the_formats_own() -> None:
+    assert DataSource(path="x.jsonl").metric == "loss"
+    assert DataSource(path="x.jsonl", format="instruction", metric="loss").metric == "loss"
+    assert DataSource(path="x.jsonl", format="multiple_choice").metric == "accuracy"
+    with pytest.raises(DataError, match="metric='accuracy' needs format='multiple_choice'"):
+        DataSource(path="x.jsonl", format="text", metric="accuracy")

@@ -114,7 +114,7 @@ def test_transforms_build_the_prompts_the_registry_names(tokenizer: PreTrainedTo
     assert "The town fair opened on May 3 with 40 stalls.\n\nQuestion: When did the fair open?" in first_prompt("RQ")
     assert "<|im_start|>system\nThink step by step, then answer." in first_prompt("OT")  # ShareGPT + system
     assert "Answer this question truthfully\n\nWhat does the heart pump?" in first_prompt("MF")
-    assert "Summarize the following bill.\n\nSECTION 1." in first_prompt("BS")
+    assert "Grants for school lunches.\n\nSummarize the bill above." in first_prompt("BS")
     assert "SYSTEM: You can call convert().\n\nUSER: 2 km in m?" in first_prompt("GF")
 
 
@@ -145,3 +145,29 @@ def test_a_budget_beyond_the_split_uses_every_row(caplog: pytest.LogCaptureFixtu
 def test_a_missing_local_file_names_the_file_to_add(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"no file for dataset RQ \(RepliQA\); add .*RQ.jsonl"):
         dataset_entry("RQ", role="target", data_root=tmp_path)
+
+
+def test_a_local_sample_uses_fractions_and_every_row(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        entry = dataset_entry("GS", role="target", budget=500, data_root=PAPER_FIXTURES)
+    # 4 rows, fewer than twice the 1,000 held-out rows: the config's fractions (0.1 for a target).
+    assert "eval_size" not in entry and "test_size" not in entry
+    assert entry["budget"] is None
+    assert "budget of 500 rows is more than the 2 training rows of" in caplog.text
+    assert DatasetConfig(**entry).data_source().eval_size == 0.1
+
+
+def test_a_local_copy_keeps_the_papers_budget_and_held_out_rows(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    row = fixture_rows("GS")[0]
+    (tmp_path / "GS.jsonl").write_text("".join(json.dumps(row) + "\n" for _ in range(2_500)))
+    entry = dataset_entry("GS", role="target", budget=300, data_root=tmp_path)
+    assert (entry["eval_size"], entry["test_size"], entry["budget"]) == (1_000, 1_000, 300)
+    with caplog.at_level(logging.WARNING):
+        capped = dataset_entry("GS", role="target", budget=1_000, data_root=tmp_path)
+    assert (capped["eval_size"], capped["budget"]) == (1_000, None)
+    assert f"budget of 1000 rows is more than the 500 training rows of {tmp_path / 'GS.jsonl'}" in caplog.text
+    # A non-target holds nothing out: the whole file is its training rows.
+    assert dataset_entry("GS", role="non-target", budget=2_500, data_root=tmp_path)["budget"] == 2_500
+    # The registry's fraction of a benchmark applies to a local copy of any size.
+    (tmp_path / "SQ.jsonl").write_text("".join(json.dumps(fixture_rows("SQ")[0]) + "\n" for _ in range(10)))
+    assert dataset_entry("SQ", role="constraint", data_root=tmp_path)["eval_size"] == 0.5

@@ -159,3 +159,27 @@ def test_tokenization_is_cached_on_disk_and_reused(tmp_path: Path, monkeypatch: 
     # Other settings are other tokens: a new tokenizer vocabulary tokenizes again.
     prepare_examples(source, tiny_tokenizer(vocab_size=300), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path)
     assert sum(calls) == 32
+
+
+def test_an_evaluation_only_source_tokenizes_only_its_held_out_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynamics.data import formatting
+
+    calls: list[int] = []
+    tokenize = formatting._instruction_documents
+
+    def counting(rows: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(rows))
+        return tokenize(rows, *args, **kwargs)
+
+    monkeypatch.setattr(formatting, "_instruction_documents", counting)
+    constraint = DataSource(
+        path=str(FIXTURES / "metamath.jsonl"),
+        format="instruction",
+        prompt_column="query",
+        evaluated=True,
+        eval_size=3,
+        test_size=2,
+    )
+    parts = prepare_examples(constraint, tiny_tokenizer(), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path)
+    assert (len(parts.train), len(parts.eval), len(parts.test)) == (0, 3, 2)
+    assert sorted(calls) == [2, 3]  # the 11 other rows of the file are never tokenized

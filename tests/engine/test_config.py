@@ -121,5 +121,8 @@ def test_multiple_choice_constraint_on_loss_reaches_the_data_source():
     config["datasets"].append({"name": "mmlu", "path": "m.jsonl", "role": "constraint", "format": "multiple_choice"})
     source = RunConfig.from_dict(config).datasets[-1].data_source()
     assert (source.format, source.metric) == ("multiple_choice", "loss")
-    # Other formats never read the metric: a loss constraint on text stays a text source.
-    assert RunConfig.from_dict(config).datasets[0].data_source().metric == "accuracy"
+    # Other formats are scored by loss, and their source says so.
+    text = RunConfig.from_dict(config).datasets[0].data_source()
+    assert (text.format, text.metric) == ("instruction", "loss")
+    accuracy = RunConfig.from_dict({**config, "datasets": [*config["datasets"][:-1], {**config["datasets"][-1], "metric": "accuracy"}]})
+    assert accuracy.datasets[-1].data_source().metric == "accuracy"

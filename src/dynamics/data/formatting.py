@@ -7,7 +7,8 @@ Public API:
 - ``ChoiceExample(input_ids, choice_token_ids, answer_index)``: one multiple-choice
   question for letter-restricted argmax accuracy (paper appendix M).
 - ``tokenize_rows(rows, tokenizer, source) -> datasets.Dataset``: every row's token ids
-  and loss labels through ``Dataset.map``, cached on disk for rows read from files.
+  and loss labels through ``Dataset.map``, cached on disk for rows read from files (the
+  cache key includes ``TOKENIZATION_VERSION``, a hash of this module's and ``loading``'s code).
 - ``build_examples(rows, tokenizer, source, *, sequence_length, packing=False)``: tokenize
   every row once (``tokenize_rows``) into a list of examples (``LMExample`` for ``text``/``instruction``
   sources and ``multiple_choice`` scored by loss, ``ChoiceExample`` for ``multiple_choice``
@@ -51,8 +52,10 @@ Chat lists may use ``{"role", "content"}`` or the ShareGPT keys ``{"from", "valu
 system prompt of the row is put first.
 
 Fixed length: with ``packing=False`` every example is cut to its first ``sequence_length``
-tokens (with ``source.truncation_side == "left"``, to the window that ends with its last
-token, or starts at its response when the response alone is longer), and an instruction example left with no response token (a prompt as long as the
+tokens (with ``source.truncation_side == "left"``, to the prompt's leading special tokens,
+e.g. BOS, followed by the window that ends with its last token, or starts at its response
+when the response alone is longer: the middle of the prompt is cut, so a long document is
+best put before its question or instruction), and an instruction example left with no response token (a prompt as long as the
 sequence) is dropped (a warning says how many); when every example is dropped the source is
 refused with ``DataError``. A multiple-choice prompt that is too long keeps its last tokens
 (a warning says how many). With ``packing=True`` the documents (each ending in EOS or the
@@ -69,9 +72,11 @@ from its position in the next block, seeing only that block's part).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from string import ascii_uppercase
 from typing import Any, Literal
 
@@ -79,6 +84,7 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from dynamics.data import loading
 from dynamics.data.loading import DataError, DataSource, check_columns
 
 logger = logging.getLogger(__name__)
@@ -97,6 +103,14 @@ FALLBACK_TEMPLATE = "### {Role}:\n{content}\n\n"
 ``Assistant``. The prompt is the rendered earlier messages followed by ``"### Assistant:\\n"``;
 the response is the last message's content followed by the EOS token."""
 FALLBACK_GENERATION_PROMPT = "### Assistant:\n"
+
+TOKENIZATION_VERSION = hashlib.sha256(
+    Path(__file__).read_bytes() + Path(loading.__file__ or "").read_bytes()
+).hexdigest()[:16]
+"""A hash of the source of this module and of ``loading``: part of the cache key of
+``tokenize_rows``. ``datasets`` fingerprints a module-level function by its name only, so
+without it a change of the prompt format, masking or truncation code would read the tokens
+cached by the old code."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -356,21 +370,25 @@ def _text_documents(
 
 
 def _truncate(
-    documents: list[LMExample], sequence_length: int, source: DataSource
+    documents: list[LMExample], sequence_length: int, source: DataSource, special_ids: frozenset[int] = frozenset()
 ) -> list[LMExample]:
     examples = []
     for doc in documents:
-        # Left truncation cuts the prompt's start; a response longer than the whole sequence
-        # keeps its first tokens.
-        start = 0
+        # Left truncation keeps the prompt's leading special tokens (BOS, a template's
+        # start-of-turn) and cuts what follows them; a response longer than the rest of the
+        # sequence keeps its first tokens.
+        head, start = 0, 0
         if source.truncation_side == "left" and len(doc) > sequence_length:
             response_start = int(np.argmax(doc.labels != IGNORE_INDEX))
-            start = max(0, min(response_start, len(doc) - sequence_length))
-        window = slice(start, start + sequence_length)
-        if not (doc.labels[window] != IGNORE_INDEX).any():
+            while head < min(response_start, sequence_length - 1) and int(doc.input_ids[head]) in special_ids:
+                head += 1
+            start = max(head, min(response_start, len(doc) - (sequence_length - head)))
+        window = np.r_[0:head, start : min(len(doc), start + sequence_length - head)]
+        labels = doc.labels[window]
+        if not (labels != IGNORE_INDEX).any():
             continue
-        # Copies, so that the long documents' arrays are freed.
-        examples.append(LMExample(input_ids=doc.input_ids[window].copy(), labels=doc.labels[window].copy()))
+        # Copies (fancy indexing), so that the long documents' arrays are freed.
+        examples.append(LMExample(input_ids=doc.input_ids[window], labels=labels))
     dropped = len(documents) - len(examples)
     if dropped and examples:  # with none left, build_examples refuses the source instead
         logger.warning(
@@ -535,9 +553,14 @@ _CHOICE_FEATURES = datasets.Features(
 
 
 def _encode_batch(
-    batch: dict[str, list[Any]], indices: list[int], tokenizer: PreTrainedTokenizerBase, source: DataSource
+    batch: dict[str, list[Any]],
+    indices: list[int],
+    tokenizer: PreTrainedTokenizerBase,
+    source: DataSource,
+    version: str,
 ) -> dict[str, list[Any]]:
-    """``Dataset.map`` function: one batch of rows to token ids (see ``tokenize_rows``)."""
+    """``Dataset.map`` function: one batch of rows to token ids (see ``tokenize_rows``;
+    ``version``, ``TOKENIZATION_VERSION``, only keys the cache)."""
     rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
     start = indices[0] if indices else 0
     if source.format == "multiple_choice" and source.metric == "accuracy":
@@ -559,7 +582,8 @@ def tokenize_rows(
     ``input_ids`` (the whole prompt), ``choice_token_ids`` and ``answer_index``.
 
     Rows read from files are mapped into ``datasets``' cache next to their Arrow files, keyed
-    by the rows, the tokenizer and the source's settings: a second run on the same machine, or
+    by the rows, the tokenizer, the source's settings and ``TOKENIZATION_VERSION`` (the code
+    of this module and of ``loading``): a second run on the same machine, or
     a second process once the first has finished (``Accelerator.local_main_process_first``),
     reads the tokens instead of tokenizing again. Rows in memory are tokenized in memory.
     """
@@ -568,8 +592,13 @@ def tokenize_rows(
         _encode_batch,
         batched=True,
         with_indices=True,
-        # The in-memory rows of a source are not part of what is tokenized (the rows are).
-        fn_kwargs={"tokenizer": tokenizer, "source": dataclasses.replace(source, rows=None)},
+        # The in-memory rows of a source are not part of what is tokenized (the rows are), but
+        # its description ("rows in memory") stays in the error messages.
+        fn_kwargs={
+            "tokenizer": tokenizer,
+            "source": dataclasses.replace(source, rows=None, origin="rows in memory" if source.rows is not None else source.origin),
+            "version": TOKENIZATION_VERSION,
+        },
         remove_columns=rows.column_names,
         features=_CHOICE_FEATURES if choice else _LM_FEATURES,
         desc=f"tokenizing {source.name or 'rows'}",
@@ -608,7 +637,7 @@ def build_examples(
     examples = (
         _pack(documents, sequence_length, per_document=packing == "per-document")
         if pack
-        else _truncate(documents, sequence_length, source)
+        else _truncate(documents, sequence_length, source, frozenset(tokenizer.all_special_ids))
     )
     if documents and not examples:
         raise DataError(

@@ -28,12 +28,16 @@ Huge corpora used as unlimited datasets are read as a stream: ``stream_rows=N`` 
 split with ``load_dataset(..., streaming=True)`` and keeps its first N rows, so the corpus is
 never downloaded whole (a sliced split such as ``"train[:20000]"`` would download every file
 of the split first). Those rows are written once to ``datasets``' cache
-(``Dataset.from_generator``), keyed by the source and, for a local file, its size and time:
-later runs read them from disk. Every row loaded is tokenized once, up front.
+(``Dataset.from_generator``), keyed by the source (a local path resolved to an absolute one),
+the size and modification time of every local file read (each file of a folder), the hub
+revision when one is given, and ``LOADING_VERSION``, a hash of this module's source, so that a
+change of the reading code reads the stream again: later runs read them from disk. Every row
+loaded is tokenized once, up front.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import string
@@ -65,6 +69,12 @@ LOCAL_BUILDERS: dict[str, str] = {
 
 class DataError(ValueError):
     """A dataset that cannot be read or formatted; the message says what to change."""
+
+
+LOADING_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+"""A hash of this module's source: part of the cache key of the streamed rows and of the
+``fields`` columns, since ``datasets`` fingerprints a module-level function by its name only
+(editing the code would otherwise read the old cached rows)."""
 
 
 _TRUE = ("1", "true", "yes", "y", "on", "t")
@@ -142,9 +152,11 @@ class DataSource:
     rows (rounded up). An evaluation-only domain uses e.g. ``eval_size=0.5, test_size=0.5``."""
     test_size: int | float = 0.1
     """Rows held out for the test split, as ``eval_size``."""
-    metric: ChoiceMetric = "accuracy"
-    """``multiple_choice`` only: ``accuracy`` scores the letter-restricted argmax; ``loss``
-    is the loss of the correct choice's text after the question (see ``formatting``)."""
+    metric: ChoiceMetric | None = None
+    """How the domain is scored. ``multiple_choice``: ``accuracy`` scores the
+    letter-restricted argmax, ``loss`` is the loss of the correct choice's text after the
+    question (see ``formatting``). Other formats are scored by ``loss`` only. None (the
+    default) becomes ``accuracy`` for ``multiple_choice`` and ``loss`` otherwise."""
     fields: Mapping[str, FieldSpec] = field(default_factory=dict)
     """Columns built from each row before formatting, by name: see ``FieldSpec``. E.g.
     ``{"prompt": "{document}\n\nQuestion: {question}"}`` for a prompt over two columns."""
@@ -157,7 +169,12 @@ class DataSource:
     truncation_side: Literal["right", "left"] = "right"
     """Which end of a too-long ``text``/``instruction`` example is cut (as in ``transformers``
     tokenizers): ``left`` keeps the response and the end of a long prompt (a document before
-    a short question and answer), ``right`` keeps the start."""
+    a short question and answer) and the prompt's leading special tokens (BOS), ``right``
+    keeps the start."""
+    origin: str | None = field(default=None, compare=False, repr=False)
+    """How messages name where the rows come from, when none of ``path``/``hub_id``/``rows``
+    says it (``tokenize_rows`` leaves the in-memory rows out of its cache key but keeps
+    their description)."""
 
     def __post_init__(self) -> None:
         given = [name for name in ("path", "hub_id", "rows") if getattr(self, name) is not None]
@@ -176,8 +193,15 @@ class DataSource:
             raise DataError(
                 f"budget={self.budget!r}: use a positive row count, or None for all rows"
             )
+        if self.metric is None:
+            object.__setattr__(self, "metric", "accuracy" if self.format == "multiple_choice" else "loss")
         if self.metric not in ("accuracy", "loss"):
             raise DataError(f"metric={self.metric!r}: a multiple-choice source uses 'accuracy' or 'loss'")
+        if self.metric == "accuracy" and self.format != "multiple_choice":
+            raise DataError(
+                f"metric='accuracy' needs format='multiple_choice' (got {self.format!r}); a "
+                f"{self.format} source is scored by metric='loss'"
+            )
         if self.stream_rows is not None and (
             isinstance(self.stream_rows, bool) or not isinstance(self.stream_rows, int) or self.stream_rows < 1
         ):
@@ -206,7 +230,10 @@ class DataSource:
         if self.path is not None:
             where = f"file {self.path}" if Path(self.path).suffix else f"folder {self.path}"
         elif self.hub_id is None:
-            where = "rows in memory" if self.rows is not None else "no path, hub_id or rows"
+            if self.rows is not None:
+                where = "rows in memory"
+            else:
+                where = self.origin if self.origin is not None else "no path, hub_id or rows"
         else:
             config = f" (config {self.config_name})" if self.config_name else ""
             where = f"hub dataset {self.hub_id}{config}, split {self.split}"
@@ -219,7 +246,8 @@ class DataSource:
             return [self.text_column]
         if self.format == "instruction":
             if self.messages_column in columns:
-                return [self.messages_column]
+                # A system prompt is read from its own column next to the chat list too.
+                return [self.messages_column] + ([] if self.system_column is None else [self.system_column])
             pair = [self.prompt_column, self.response_column]
             return pair if self.system_column is None else [*pair, self.system_column]
         return [self.question_column, self.choices_column, self.answer_column]
@@ -316,13 +344,44 @@ def _field_value(row: Mapping[str, Any], spec: FieldSpec) -> Any:
     if isinstance(spec, list):
         return [_path_value(row, path) for path in spec]
     if "{" in spec:
+        formatter = string.Formatter()
+        for _, name, _, _ in formatter.parse(spec):
+            if name is not None and formatter.get_field(name, (), row)[0] is None:
+                raise _NullField(name)
         return spec.format_map(row)
     return _path_value(row, spec)
 
 
+class _NullField(Exception):
+    """A template placeholder whose value is null in a row (it would render as "None")."""
+
+
+def _build_fields(
+    row: dict[str, Any], index: int, specs: dict[str, FieldSpec], description: str, version: str
+) -> dict[str, Any]:
+    """``Dataset.map`` function of ``derive_fields`` (``version`` only keys its cache)."""
+    built = {}
+    for name, spec in specs.items():
+        try:
+            built[name] = _field_value(row, spec)
+        except _NullField as err:
+            raise DataError(
+                f"{description}, row {index}: fields.{name} = {spec!r} reads {{{err}}}, which is null in this "
+                "row; fill it, or build the field from other columns"
+            ) from None
+        except (KeyError, IndexError, AttributeError, TypeError) as err:
+            raise DataError(
+                f"{description}, row {index}: fields.{name} = {spec!r} reads {err}, which this row does not "
+                "have; fix the row, or the template or path"
+            ) from None
+    return built
+
+
 def derive_fields(rows: datasets.Dataset, source: DataSource) -> datasets.Dataset:
     """``rows`` with the columns of ``source.fields`` added (``Dataset.map``); a template or
-    path naming a column the rows lack raises ``DataError`` with the columns there are."""
+    path naming a column the rows lack raises ``DataError`` with the columns there are, and
+    one naming a value missing or null in some row raises ``DataError`` naming the row (a
+    template never renders a null as ``"None"``)."""
     if not source.fields:
         return rows
     specs = dict(source.fields)
@@ -330,16 +389,20 @@ def derive_fields(rows: datasets.Dataset, source: DataSource) -> datasets.Datase
     for name, spec in specs.items():
         try:
             _field_value(first, spec)
+        except _NullField:
+            pass  # a null value of row 0 is reported with its row by the map below
         except (KeyError, IndexError, AttributeError, TypeError) as err:
             raise DataError(
                 f"{source.description}: fields.{name} = {spec!r} reads {err}, which row 0 does not have; its "
                 f"columns are {list(rows.column_names)}: fix the template or path"
             ) from None
 
-    def build(row: dict[str, Any]) -> dict[str, Any]:
-        return {name: _field_value(row, spec) for name, spec in specs.items()}
-
-    return rows.map(build, desc="fields")
+    return rows.map(
+        _build_fields,
+        with_indices=True,
+        fn_kwargs={"specs": specs, "description": source.description, "version": LOADING_VERSION},
+        desc="fields",
+    )
 
 
 def _drop_empty(rows: datasets.Dataset, source: DataSource) -> datasets.Dataset:
@@ -357,11 +420,29 @@ def _drop_empty(rows: datasets.Dataset, source: DataSource) -> datasets.Dataset:
 
 
 def _first_rows(
-    path: str | None, split: str, rows: int, options: dict[str, Any], stamp: tuple[int, int] | None
+    path: str | None, split: str, rows: int, options: dict[str, Any], stamp: dict[str, Any]
 ) -> Iterator[dict[str, Any]]:
     """The first ``rows`` rows of a split read with ``load_dataset(..., streaming=True)``, for
     ``Dataset.from_generator`` (``stamp`` only keys its cache)."""
     yield from load_dataset(path, split=split, streaming=True, **options).take(rows)
+
+
+def _stream_stamp(source: DataSource, options: Mapping[str, Any]) -> dict[str, Any]:
+    """What the cached first rows of a stream depend on besides the arguments of the read:
+    the local path made absolute, the size and time of every local file read (each file of
+    a folder, hidden ones aside), the hub revision, and the reading code."""
+    stamp: dict[str, Any] = {"version": LOADING_VERSION, "revision": options.get("revision")}
+    if source.path is not None:
+        root = Path(source.path).resolve()
+        if root.is_dir():
+            files = sorted(
+                p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+            )
+        else:
+            files = [root]
+        stamp["path"] = str(root)
+        stamp["files"] = [(p.relative_to(root).as_posix() if root.is_dir() else p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return stamp
 
 
 def check_path(source: DataSource) -> None:
@@ -407,11 +488,11 @@ def _load(source: DataSource, path: str | None, **kwargs: object) -> object:
         # they come from (and a local file's size and time), so a later run, or another
         # process of this machine, reads them from disk instead of streaming them again.
         options = {key: value for key, value in kwargs.items() if key != "cache_dir"}
-        data_files = options.get("data_files")
-        stamp = None
-        if isinstance(data_files, str) and Path(data_files).is_file():
-            stat = Path(data_files).stat()
-            stamp = (stat.st_size, stat.st_mtime_ns)
+        stamp = _stream_stamp(source, options)
+        if source.path is not None and Path(source.path).is_dir():
+            path = stamp["path"]  # the same folder, named relatively or not, is one cache entry
+        elif source.path is not None:
+            options["data_files"] = stamp["path"]
         return datasets.Dataset.from_generator(
             _first_rows,
             gen_kwargs={"path": path, "split": source.split, "rows": source.stream_rows, "options": options, "stamp": stamp},

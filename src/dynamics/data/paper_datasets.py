@@ -16,14 +16,18 @@ Held-out rule: the eval and test rows are drawn from the one split read (seeded,
 training budget; see ``dynamics.data.splits``). On the hub they are ``HELD_OUT_ROWS`` rows
 each for the datasets with thousands of rows, and half of the rows each for the
 evaluation-only benchmarks of a few hundred or thousand rows (the tiny benchmarks have
-100). A non-target is only trained on and holds nothing out. A local file of unknown size
-uses the run config's fractions (0.1 each for a target, 0.5 for a constraint) and is used
-whole: its budget is its own size.
+100). A non-target is only trained on and holds nothing out. A local file keeps the same
+held-out rows and budget, counted against its own rows (``stream_rows`` at most): a budget
+larger than the training rows left becomes all of them, with a warning, as on the hub. A
+file with no more than twice the held-out rows (a small sample) uses the run config's
+fractions instead (0.1 each for a target, 0.5 for a constraint).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -161,10 +165,11 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
             "BS", "FiscalNote/billsum", "train", "instruction",
             "https://huggingface.co/datasets/FiscalNote/billsum/blob/refs%2Fpr%2F6/README.md (text, summary, "
             "title; train 18,949, test 3,269, ca_test 1,237 rows)",
-            fields={"prompt": "Summarize the following bill.\n\n{text}"}, columns={"response": "summary"},
+            fields={"prompt": "{text}\n\nSummarize the bill above."}, columns={"response": "summary"},
             truncation_side="left", rows=18_949,
-            note="a bill is longer than 512 tokens: the start of its text is cut so the summary is kept; "
-            "BS(20k) is more than the split holds and uses all of it",
+            note="a bill is longer than 512 tokens: the instruction follows the bill, and the bill's text is cut "
+            "after the leading special tokens so the instruction and the summary are kept; BS(20k) is more than "
+            "the split holds and uses all of it",
         ),
         PaperDataset(
             "RQ", "ServiceNow/repliqa", "repliqa_0", "instruction",
@@ -174,7 +179,8 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
             "the others, the split name repliqa_0 and its 17,955 rows are assumed, not seen)",
             fields={"prompt": "{document_extracted}\n\nQuestion: {question}"}, columns={"response": "answer"},
             truncation_side="left", rows=17_955,
-            note="the document is longer than 512 tokens: its start is cut so the question and answer are kept",
+            note="the document is longer than 512 tokens: its text is cut after the leading special tokens so "
+            "the question and answer are kept",
         ),
         PaperDataset(
             "WP", "wikimedia/wikipedia", "train", "text",
@@ -289,10 +295,20 @@ def dataset_entry(
         entry["split"] = spec.split
         if role != "non-target":
             entry["eval_size"] = entry["test_size"] = spec.held_out
-        budget = _fit_budget(spec, budget)
+        budget = _fit_budget(spec, budget, spec.rows, f"{spec.hub_id} ({spec.split})")
     else:
-        entry["path"] = str(_local_file(Path(data_root), abbrev))
-        budget = None  # a local file is used whole (see the module docstring)
+        path = _local_file(Path(data_root), abbrev)
+        entry["path"] = str(path)
+        rows = _count_rows(path)
+        if rows is not None and spec.stream_rows is not None:
+            rows = min(rows, spec.stream_rows)
+        held_out: int | float = spec.held_out
+        if isinstance(spec.held_out, int) and (rows is None or rows <= 2 * spec.held_out):
+            # A small sample (or a file whose rows are not counted): the config's fractions.
+            held_out = 0.5 if role == "constraint" else 0.1
+        elif role != "non-target":
+            entry["eval_size"] = entry["test_size"] = held_out
+        budget = _fit_budget(spec, budget, rows, str(path), held_out=0 if role == "non-target" else held_out)
     if role == "non-target":
         entry["eval_size"] = entry["test_size"] = 0  # only trained on: nothing to hold out
     if role != "constraint":
@@ -311,20 +327,44 @@ def dataset_entry(
     return entry
 
 
-def _fit_budget(spec: PaperDataset, budget: int | None) -> int | None:
-    """The paper's budget, or None (every training row) when the split holds fewer."""
-    if budget is None or spec.rows is None:
+def _count_rows(path: Path) -> int | None:
+    """Rows of a local file (lines of JSON lines or text, entries of a JSON array, a parquet
+    file's row count), or None when the file is not one of those shapes."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".txt"):
+        with path.open("rb") as lines:
+            return sum(1 for line in lines if line.strip())
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    if suffix == ".json":
+        try:
+            loaded = json.loads(path.read_text())
+        except ValueError:
+            return None
+        return len(loaded) if isinstance(loaded, list) else None
+    return None
+
+
+def _fit_budget(
+    spec: PaperDataset, budget: int | None, rows: int | None, where: str, held_out: int | float | None = None
+) -> int | None:
+    """The paper's budget, or None (every training row) when the ``rows`` of ``where``
+    hold fewer after the held-out rows (``spec.held_out`` unless given)."""
+    if budget is None or rows is None:
         return budget
-    held_out = spec.held_out if isinstance(spec.held_out, int) else 0
-    available = spec.rows - 2 * held_out
+    held = spec.held_out if held_out is None else held_out
+    # The hub's fractions are of evaluation-only benchmarks, which have no budget.
+    per_split = held if isinstance(held, int) else (0 if held_out is None else math.ceil(held * rows))
+    available = rows - 2 * per_split
     if budget > available:
         logger.warning(
-            "%s: the paper's budget of %d rows is more than the %d training rows of %s (%s); all of them are used",
+            "%s: the paper's budget of %d rows is more than the %d training rows of %s; all of them are used",
             spec.abbrev,
             budget,
-            available,
-            spec.hub_id,
-            spec.split,
+            max(available, 0),
+            where,
         )
         return None
     return budget

@@ -22,7 +22,9 @@ A source marked ``trained`` must keep a training row (and example), one marked `
 an eval and a test row (and example); ``DataError`` names the dataset otherwise. Fewer rows
 than a batch are fine: training batches and the fixed evaluation batches cycle the examples.
 Rows are split *before* tokenization, so packing never mixes eval or test text into a
-training block. The budget counts rows, which are examples when packing is off.
+training block. The budget counts rows, which are examples when packing is off. An
+evaluation-only source (``evaluated`` and not ``trained``: a run's constraint) tokenizes only
+its eval and test rows; its training part is empty.
 """
 
 from __future__ import annotations
@@ -122,7 +124,8 @@ def prepare_examples(
     seed: int,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Splits[list[LMExample] | list[ChoiceExample]]:
-    """Load ``source``, split its rows with ``seed`` and tokenize each part once."""
+    """Load ``source``, split its rows with ``seed`` and tokenize each part once (an
+    evaluation-only source, ``evaluated`` and not ``trained``, only its eval and test parts)."""
     parts = split_examples(load_rows(source, cache_dir=cache_dir), source, seed)
 
     def build(rows: datasets.Dataset, part: str, needed: bool) -> list[LMExample] | list[ChoiceExample]:
@@ -139,8 +142,9 @@ def prepare_examples(
             )
         return examples
 
+    evaluation_only = source.evaluated and not source.trained
     return Splits(
-        train=build(parts.train, "training", source.trained),
+        train=[] if evaluation_only else build(parts.train, "training", source.trained),
         eval=build(parts.eval, "eval", source.evaluated),
         test=build(parts.test, "test", source.evaluated),
     )

@@ -369,8 +369,7 @@ class DatasetConfig(_Section):
             drop_empty=tuple(self.drop_empty),
             stream_rows=self.stream_rows,
             truncation_side=self.truncation_side,
-            # Only a multiple-choice source reads its metric (accuracy or the answer's loss).
-            metric=self.metric if self.format == "multiple_choice" else "accuracy",
+            metric=self.metric,
             **columns,
         )
 
