@@ -62,6 +62,7 @@ def launch(
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("run folder:") == 1  # the summary is printed once, not per rank
     return [json.loads(line) for line in (out / "controller.jsonl").read_text().splitlines()]
 
 

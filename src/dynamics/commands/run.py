@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from dynamics.commands.scenarios import add_data_root_argument
@@ -110,6 +111,8 @@ def main(args: argparse.Namespace) -> int:
         # Not bad input: the run folder keeps what was trained and logged up to here.
         print(f"dynamics run: error: {err}", file=sys.stderr)
         return 1
-    print(json.dumps({k: summary[k] for k in ("feasible", "constrained_ppl_reduction", "best_checkpoint", "wall_seconds")}, indent=2))
-    print(f"run folder: {config.output_dir}")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, once
+        keys = ("feasible", "constrained_ppl_reduction", "best_checkpoint", "wall_seconds")
+        print(json.dumps({k: summary[k] for k in keys}, indent=2))
+        print(f"run folder: {config.output_dir}")
     return 0
