@@ -385,20 +385,15 @@ def test_left_truncation_keeps_the_response_of_a_long_prompt(tokenizer: PreTrain
     assert response_text(tokenizer, example) == "The answer.<|im_end|>\n"
 
 
-def test_tokenization_cache_is_keyed_by_the_code_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tokenization_cache_is_keyed_by_the_code_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenized_rows: list[int]
+) -> None:
     """datasets fingerprints `_encode_batch` by its name only: the hash of the formatting and
     loading code is what makes an edit of the prompt format or masking tokenize again."""
     from dynamics.data import formatting, load_rows
     from dynamics.data.formatting import tokenize_rows
 
-    calls: list[int] = []
-    tokenize = formatting._instruction_documents
-
-    def counting(rows: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
-        calls.append(len(rows))
-        return tokenize(rows, *args, **kwargs)
-
-    monkeypatch.setattr(formatting, "_instruction_documents", counting)
+    calls = tokenized_rows
     source = DataSource(path=str(FIXTURES / "metamath.jsonl"), format="instruction", prompt_column="query")
     rows = load_rows(source, cache_dir=tmp_path)
     tokenizer = tiny_tokenizer()

@@ -136,19 +136,10 @@ def test_prepare_examples_end_to_end(tmp_path: Path) -> None:
     assert all(isinstance(e, ChoiceExample) for e in [*parts.eval, *parts.test])
 
 
-def test_tokenization_is_cached_on_disk_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tokenization_is_cached_on_disk_and_reused(tmp_path: Path, tokenized_rows: list[int]) -> None:
     """A second preparation of the same file with the same tokenizer settings (a new run, or
     another process on the machine) reads the tokens from datasets' cache instead of tokenizing."""
-    from dynamics.data import formatting
-
-    calls: list[int] = []
-    tokenize = formatting._instruction_documents
-
-    def counting(rows: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
-        calls.append(len(rows))
-        return tokenize(rows, *args, **kwargs)
-
-    monkeypatch.setattr(formatting, "_instruction_documents", counting)
+    calls = tokenized_rows
     source = DataSource(path=str(FIXTURES / "metamath.jsonl"), format="instruction", prompt_column="query")
     first = prepare_examples(source, tiny_tokenizer(), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path)
     assert sum(calls) == 16  # every row tokenized once, train, eval and test parts together
@@ -161,17 +152,8 @@ def test_tokenization_is_cached_on_disk_and_reused(tmp_path: Path, monkeypatch: 
     assert sum(calls) == 32
 
 
-def test_an_evaluation_only_source_tokenizes_only_its_held_out_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dynamics.data import formatting
-
-    calls: list[int] = []
-    tokenize = formatting._instruction_documents
-
-    def counting(rows: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
-        calls.append(len(rows))
-        return tokenize(rows, *args, **kwargs)
-
-    monkeypatch.setattr(formatting, "_instruction_documents", counting)
+def test_an_evaluation_only_source_tokenizes_only_its_held_out_rows(tmp_path: Path, tokenized_rows: list[int]) -> None:
+    calls = tokenized_rows
     constraint = DataSource(
         path=str(FIXTURES / "metamath.jsonl"),
         format="instruction",
