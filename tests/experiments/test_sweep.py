@@ -127,6 +127,11 @@ def test_rerun_skips_complete_runs_and_resumes_an_interrupted_one_without_ray(sw
     statuses = {row["name"]: row["status"] for row in record["runs"]}
     assert statuses.pop("lr3e-3/dynamics-steps0-4/seed0") == "done"
     assert set(statuses.values()) == {"complete"}
+    # The skipped runs keep their results in sweep.json, read from their folders.
+    for row in record["runs"]:
+        summary = json.loads((Path(row["path"]) / rundir.SUMMARY_FILE).read_text())
+        assert row["constrained_ppl_reduction"] == summary["constrained_ppl_reduction"]
+        assert row["feasible"] == summary["feasible"]
     after = json.loads((interrupted / rundir.SUMMARY_FILE).read_text())
     assert after["resumed_at"] == [4]
     assert after["constrained_ppl_reduction"] == before["constrained_ppl_reduction"]

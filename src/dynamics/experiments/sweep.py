@@ -17,6 +17,7 @@ runs execute one after another in this process, on whatever devices it sees.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import time
@@ -448,12 +449,19 @@ def execute_run(config: dict[str, Any], resume: bool, threads: int) -> dict[str,
     finally:
         torch.set_num_threads(threads_before)  # in-process: leave the caller's threads as they were
     return {
-        "feasible": bool(summary["feasible"]),
-        "constrained_ppl_reduction": float(summary["constrained_ppl_reduction"]),
-        "predicted_cost": float(summary["predicted_cost"]),
+        **summary_results(summary),
         "seconds": time.perf_counter() - started,
         "torch_threads": threads_used,
         "environment_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+
+
+def summary_results(summary: dict[str, Any]) -> dict[str, Any]:
+    """What ``sweep.json`` keeps of a finished run's ``summary.json``."""
+    return {
+        "feasible": bool(summary["feasible"]),
+        "constrained_ppl_reduction": float(summary["constrained_ppl_reduction"]),
+        "predicted_cost": float(summary["predicted_cost"]),
     }
 
 
@@ -588,6 +596,10 @@ def run_sweep(
         ]
     }
     by_name = {row["name"]: row for row in record["runs"]}
+    for planned in runs:
+        if statuses[planned.name] == "complete":  # skipped now: its results are in its folder
+            summary = json.loads((planned.path / rundir.SUMMARY_FILE).read_text())
+            by_name[planned.name].update(summary_results(summary))
     out.mkdir(parents=True, exist_ok=True)
     rundir.write_json(out / SWEEP_FILE, record)
     jobs = [(r, statuses[r.name] == "interrupted") for r in runs if statuses[r.name] in ("new", "interrupted")]
