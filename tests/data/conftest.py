@@ -22,3 +22,20 @@ def tokenized_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(formatting, "_instruction_documents", counting)
     return calls
+
+
+@pytest.fixture
+def load_dataset_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The keyword arguments of each ``load_dataset`` call the loading module makes during
+    the test, so a test can tell a read from the source from a read of the cache."""
+    from dynamics.data import loading
+
+    calls: list[dict[str, Any]] = []
+    real = loading.load_dataset
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "load_dataset", spy)
+    return calls

@@ -226,15 +226,8 @@ def test_drop_empty_removes_rows_without_a_response(tmp_path: Path) -> None:
         _load(tmp_path, path=str(path), format="instruction", drop_empty=("answer",))
 
 
-def test_stream_rows_reads_the_first_rows_of_a_stream_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[dict[str, Any]] = []
-    real = loading_module.load_dataset
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(loading_module, "load_dataset", spy)
+def test_stream_rows_reads_the_first_rows_of_a_stream_once(tmp_path: Path, load_dataset_calls: list[dict[str, Any]]) -> None:
+    calls = load_dataset_calls
     path = tmp_path / "corpus.jsonl"
     path.write_text((FIXTURES / "wikipedia.jsonl").read_text())
     rows = _load(tmp_path, path=str(path), stream_rows=4)
@@ -253,16 +246,9 @@ def test_stream_rows_reads_the_first_rows_of_a_stream_once(tmp_path: Path, monke
 
 
 def test_a_streamed_folder_is_read_again_when_one_of_its_files_changes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, load_dataset_calls: list[dict[str, Any]]
 ) -> None:
-    calls: list[dict[str, Any]] = []
-    real = loading_module.load_dataset
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(loading_module, "load_dataset", spy)
+    calls = load_dataset_calls
     folder = tmp_path / "corpus"
     folder.mkdir()
     data = folder / "part-0.jsonl"

@@ -196,16 +196,25 @@ class PlannedRun:
         return "new"
 
 
-def read_sweep_file(path: str | Path) -> SweepFile:
-    path = Path(path)
+def _read_mapping(path: Path, missing: str, prefix: str, what: str) -> dict[str, Any]:
+    """``yaml.safe_load`` of ``path``, which must hold a mapping; every problem is one
+    ``SweepError`` line (``missing`` when there is no such file, ``prefix`` leads the rest)."""
     if not path.is_file():
-        raise SweepError(f"sweep file {path} does not exist")
+        raise SweepError(missing)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise SweepError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
+        raise SweepError(f"{prefix}{path} is not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(data, dict):
-        raise SweepError(f"{path} must hold a mapping (base, configs, methods, seeds, ...); see docs/sweeps.md")
+        raise SweepError(f"{prefix}{path} must hold {what}")
+    return data
+
+
+def read_sweep_file(path: str | Path) -> SweepFile:
+    path = Path(path)
+    data = _read_mapping(
+        path, f"sweep file {path} does not exist", "", "a mapping (base, configs, methods, seeds, ...); see docs/sweeps.md"
+    )
     try:
         return SweepFile.model_validate(data)
     except ValidationError as err:
@@ -309,15 +318,12 @@ def plan_sweep(sweep: SweepFile, out: Path, sweep_dir: Path = Path()) -> SweepPl
     base: dict[str, Any] = {}
     if sweep.base is not None:
         base_path = sweep_dir / sweep.base
-        if not base_path.is_file():
-            raise SweepError(f"base: {base_path} does not exist (the path is relative to the sweep file)")
-        try:
-            loaded = yaml.safe_load(base_path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as err:
-            raise SweepError(f"base: {base_path} is not valid YAML: {' '.join(str(err).split())}") from None
-        if not isinstance(loaded, dict):
-            raise SweepError(f"base: {base_path} must hold a run config mapping")
-        base = loaded
+        base = _read_mapping(
+            base_path,
+            f"base: {base_path} does not exist (the path is relative to the sweep file)",
+            "base: ",
+            "a run config mapping",
+        )
     try:
         base = apply_overrides(base, sweep.overrides)
         groups: list[tuple[str, dict[str, Any]]] = []
