@@ -40,8 +40,9 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, gather_object
 from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from dynamics.core.learner import Diverged, Evaluation
 from dynamics.core.probes import ProbeRuns, probe_in_turn
@@ -506,6 +507,34 @@ class HFLearner:
             self.optimizer.zero_grad(set_to_none=True)
         return step_loss
 
+    def _copy_tensors(self, tensors: list[Tensor]) -> list[Tensor]:
+        """Detached copies of ``tensors``."""
+        with torch.no_grad():
+            copies = [torch.empty_like(t) for t in tensors]
+            self._copy_into(copies, tensors)
+        return copies
+
+    def _copy_into(self, targets: list[Tensor], sources: list[Tensor]) -> None:
+        """``targets[i].copy_(sources[i])`` for every i, with one multi-tensor kernel per
+        device and dtype rather than one kernel per tensor. A snapshot + restore of
+        Qwen2.5-0.5B's rank-32 LoRA adapter and its Adam moments (about a thousand tensors)
+        took 33 ms on an H100 with a kernel per tensor, 17% of a training step, and 10.5 ms
+        this way. Shards (FSDP2's DTensors) are copied one by one."""
+        if self._sharded:
+            for target, source in zip(targets, sources, strict=True):
+                target.copy_(source)
+        else:
+            # The fast kernel needs one device and dtype per call (AdamW's step counters
+            # live on the CPU beside moments on the GPU).
+            groups: dict[tuple[Any, ...], tuple[list[Tensor], list[Tensor]]] = {}
+            for target, source in zip(targets, sources, strict=True):
+                key = (target.device, target.dtype, source.device, source.dtype)
+                group = groups.setdefault(key, ([], []))
+                group[0].append(target)
+                group[1].append(source)
+            for group_targets, group_sources in groups.values():
+                torch._foreach_copy_(group_targets, group_sources)
+
     def _reshard(self) -> None:
         if self._sharded:
             _reshard_modules(self.model)
@@ -544,15 +573,24 @@ class HFLearner:
 
     def snapshot(self) -> TrainingSnapshot:
         """Copy the training state (trainable weights, optimizer, scheduler, RNG, sampler)."""
-        optimizer_state: list[dict[str, Any] | None] = []
-        for p in self.trainable_parameters:
-            state = self.torch_optimizer.state.get(p)
-            optimizer_state.append(
-                None if not state else {k: _copy_value(v) for k, v in state.items()}
-            )
+        states = [self.torch_optimizer.state.get(p) for p in self.trainable_parameters]
+        # Every tensor copied at once (a LoRA adapter has hundreds of small ones).
+        tensors = [p.detach() for p in self.trainable_parameters]
+        tensors += [v for state in states if state for v in state.values() if isinstance(v, Tensor)]
+        copies = iter(self._copy_tensors(tensors))
+        parameters = [next(copies) for _ in self.trainable_parameters]
+        optimizer_state: list[dict[str, Any] | None] = [
+            None
+            if not state
+            else {
+                k: next(copies) if isinstance(v, Tensor) else copy.deepcopy(v)
+                for k, v in state.items()
+            }
+            for state in states
+        ]
         scaler = self.accelerator.scaler
         return TrainingSnapshot(
-            parameters=[p.detach().clone() for p in self.trainable_parameters],
+            parameters=parameters,
             optimizer_state=optimizer_state,
             param_group_settings=[
                 {k: v for k, v in group.items() if k != "params"}
@@ -570,9 +608,9 @@ class HFLearner:
         """Return to ``snapshot`` by copying into the live tensors; ``snapshot`` stays valid.
         Under FSDP2 each rank copies its own shards."""
         self._reshard()
-        with torch.no_grad():
-            for p, saved in zip(self.trainable_parameters, snapshot.parameters, strict=True):
-                p.copy_(saved)
+        # Collected first and copied at once, as in snapshot().
+        targets: list[Tensor] = list(self.trainable_parameters)
+        sources: list[Tensor] = list(snapshot.parameters)
         optimizer_state = self.torch_optimizer.state
         for p, saved_state in zip(self.trainable_parameters, snapshot.optimizer_state, strict=True):
             live = optimizer_state.get(p)
@@ -585,9 +623,12 @@ class HFLearner:
             else:
                 for key, value in saved_state.items():
                     if isinstance(value, Tensor):
-                        live[key].copy_(value)
+                        targets.append(live[key])
+                        sources.append(value)
                     else:
                         live[key] = copy.deepcopy(value)
+        with torch.no_grad():
+            self._copy_into(targets, sources)
         for group, settings in zip(
             self.torch_optimizer.param_groups, snapshot.param_group_settings, strict=True
         ):
@@ -609,7 +650,9 @@ class HFLearner:
 
     def load_training_state(self, snapshot: TrainingSnapshot) -> None:
         """Resume from ``snapshot`` (read from disk): :meth:`restore`, and the probe streams'
-        positions too, which a probe's rollback leaves where they are."""
+        positions too, which a probe's rollback leaves where they are. Whole tensors (what
+        :meth:`whole` gave to be saved) are cut into this rank's shards under sharding."""
+        snapshot = self.sharded_like(snapshot)
         # Read from disk onto the CPU: moments go next to their parameters; AdamW keeps its
         # step counter on the CPU (it is not capturable here).
         optimizer_state = [
@@ -623,6 +666,76 @@ class HFLearner:
         ]
         self.restore(dataclasses.replace(snapshot, optimizer_state=optimizer_state))
         self.sampler.load_state_dict(copy.deepcopy(snapshot.sampler))
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the trainable parameters are shards (FSDP2): each rank holds a part."""
+        return self._sharded
+
+    def whole(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
+        """``snapshot`` with every shard gathered into its whole tensor on the CPU: what a
+        run folder stores, readable with any number of processes. Under sharding every rank
+        must call it, for the same snapshots in the same order; otherwise it returns
+        ``snapshot`` itself."""
+        if not self._sharded:
+            return snapshot
+
+        def gather(value: Any) -> Any:
+            return value.full_tensor().cpu() if isinstance(value, DTensor) else value
+
+        return dataclasses.replace(
+            snapshot,
+            parameters=[gather(t) for t in snapshot.parameters],
+            optimizer_state=[
+                None if state is None else {k: gather(v) for k, v in state.items()}
+                for state in snapshot.optimizer_state
+            ],
+        )
+
+    def sharded_like(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
+        """The inverse of :meth:`whole`: a snapshot of whole tensors (read from a run folder)
+        cut into this rank's shards of the live parameters. Every rank calls it."""
+        if not self._sharded:
+            return snapshot
+
+        def shard(value: Any, like: Tensor) -> Any:
+            if (
+                not isinstance(like, DTensor)
+                or not isinstance(value, Tensor)
+                or isinstance(value, DTensor)
+            ):
+                return value
+            return distribute_tensor(
+                value.to(like.device, like.dtype), like.device_mesh, like.placements
+            )
+
+        return dataclasses.replace(
+            snapshot,
+            parameters=[
+                shard(t, p)
+                for t, p in zip(snapshot.parameters, self.trainable_parameters, strict=True)
+            ],
+            optimizer_state=[
+                None
+                if state is None
+                else {k: shard(v, p) if k != "step" else v for k, v in state.items()}
+                for state, p in zip(
+                    snapshot.optimizer_state, self.trainable_parameters, strict=True
+                )
+            ],
+        )
+
+    def whole_model_state(self) -> dict[str, Tensor] | None:
+        """Under sharding, the model's whole state dict on the CPU (rank 0's copy; every
+        rank must call it), for saving it as one model; None when not sharded (the model's
+        own ``state_dict`` is whole)."""
+        if not self._sharded:
+            return None
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return cast(
+            dict[str, Tensor],
+            get_model_state_dict(self.accelerator.unwrap_model(self.model), options=options),
+        )
 
     def evaluate(self, split: str, num_batches: int | None = None) -> Evaluation:
         """Per-batch metrics ``(M, R)`` on the first ``num_batches`` fixed batches of ``split``
