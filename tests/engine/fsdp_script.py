@@ -3,7 +3,9 @@
 
 Writes ``{out}/rank{r}.json`` with evaluations taken around a probe and its rollback, so
 the test can check that restoring a snapshot is exact under sharding and that sharded
-training and evaluation follow one process's.
+training and evaluation follow one process's; and, from rank 0, the whole training state
+(``whole.*``) and model state (``model.safetensors``, sharded runs only) gathered from the
+shards, which every rank then reads back.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import numpy as np
 import yaml
 from accelerate import Accelerator
 from accelerate.utils import set_seed
+from safetensors.torch import save_file
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from dynamics.engine.config import RunConfig
-from dynamics.engine.learner import HFLearner
+from dynamics.engine.learner import HFLearner, load_snapshot, save_snapshot
 from dynamics.engine.model import (
     build_lr_scheduler,
     build_optimizer,
@@ -65,8 +68,27 @@ def main(config_path: str, out: str) -> None:
     learner.restore(snapshot)
     learner.train(2, weights)
     evaluations["retrained"] = learner.evaluate("eval")
+    # What a run folder stores: the whole training state and model, gathered from the shards
+    # (rank 0 writes them), read back by every rank into its shards.
+    whole = learner.whole(learner.snapshot())
+    model_state = learner.whole_model_state()
+    if rank == 0:
+        save_snapshot(whole, Path(out), "whole")
+        if model_state is not None:
+            save_file(
+                {k: v.contiguous() for k, v in model_state.items()},
+                str(Path(out, "model.safetensors")),
+            )
+    accelerator.wait_for_everyone()
+    learner.train(2, weights)
+    evaluations["moved_on"] = learner.evaluate("eval")
+    learner.load_training_state(load_snapshot(Path(out), "whole"))
+    evaluations["reloaded"] = learner.evaluate("eval")
+    learner.train(2, weights)
+    evaluations["moved_on_again"] = learner.evaluate("eval")
     result = {
         "sharded_parameters": sum(type(p).__name__ == "DTensor" for p in learner.trainable_parameters),
+        "model_state_keys": None if model_state is None else list(model_state),
         **{name: evaluation.per_batch.tolist() for name, evaluation in evaluations.items()},
     }
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from dynamics.cli import main as cli_main
 from dynamics.engine import preflight as preflight_module
 from dynamics.engine.config import ConfigError, RunConfig
-from dynamics.engine.preflight import precision_warnings, preflight
+from dynamics.engine.preflight import RunSetupError, precision_warnings, preflight
 from tests.engine.test_run import tiny_config
 from tests.fixtures.tiny_tokenizer import FIXTURES
 
@@ -208,8 +208,8 @@ CASES = [
     Case("sequence-longer-than-positions", setting("training.sequence_length", 512), ("training.sequence_length", "512", "max_position_embeddings", "256")),
     Case("lora-target-module-missing", setting("lora.target_modules", ["q_projj"]), ("lora.target_modules", "'q_projj'", "q_proj")),
     Case("full-fine-tuning-fp16-weights-fp16", lambda data, tmp: data.update(lora=None, model={**data["model"], "dtype": "float16"}, training={**data["training"], "mixed_precision": "fp16"}), ("training.mixed_precision", "fp16", "model.dtype", "float32")),
-    Case("launched-under-fsdp", lambda data, tmp: None, ("FSDP", "cannot yet save its checkpoints", "plain data parallelism"), env={"ACCELERATE_USE_FSDP": "true"}),
-    Case("launched-under-deepspeed", lambda data, tmp: None, ("DeepSpeed", "cannot yet save its checkpoints"), env={"ACCELERATE_USE_DEEPSPEED": "true"}),
+    Case("launched-under-fsdp1", lambda data, tmp: None, ("FSDP version 1", "FSDP_VERSION=1", "fsdp_version: 2", "plain data parallelism"), env={"ACCELERATE_USE_FSDP": "true"}),
+    Case("launched-under-deepspeed", lambda data, tmp: None, ("DeepSpeed", "only under FSDP2", "fsdp_version: 2"), env={"ACCELERATE_USE_DEEPSPEED": "true"}),
     Case("unknown-dataset-path", dataset_setting("wiki", path="/no/such/wiki.jsonl"), ("dataset 'wiki'", "/no/such/wiki.jsonl", "does not exist")),
     Case("output-folder-not-empty", output_not_empty, ("output folder", "not empty", "--out")),
     Case("output-folder-under-a-file", output_under_a_file, ("output_dir", "a-file", "not a folder")),
@@ -374,6 +374,15 @@ def test_accelerate_flags_that_are_off_do_not_refuse(value, tokenizer_dir, tmp_p
     monkeypatch.setenv("ACCELERATE_USE_FSDP", value)
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", value)
     assert preflight(_config(tokenizer_dir, tmp_path)) == []
+
+
+def test_an_fsdp2_launch_is_accepted(tokenizer_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    assert preflight(_config(tokenizer_dir, tmp_path)) == []
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(RunSetupError, match="FSDP version 1"):
+        preflight(_config(tokenizer_dir, tmp_path))
 
 
 # --- config validation under random mutations ----------------------------------------------

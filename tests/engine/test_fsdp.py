@@ -11,8 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
+from dynamics.engine.learner import load_snapshot
 from tests.engine.test_distributed import config
 from tests.fixtures.tiny_tokenizer import tiny_tokenizer
 
@@ -49,3 +52,38 @@ def test_probing_is_exact_on_a_sharded_model(tmp_path):
         assert rank["retrained"] == rank["trained"]
         for name in ("start", "before", "probed", "trained"):
             np.testing.assert_allclose(rank[name], single[name], rtol=1e-5)
+        # Reading the gathered state back into the shards returns to it exactly, and
+        # training goes on from there as it did the first time.
+        assert rank["moved_on"] != rank["retrained"]
+        assert rank["reloaded"] == rank["retrained"]
+        assert rank["moved_on_again"] == rank["moved_on"]
+    # The gathered state is the whole state: the same tensors as one unsharded process's.
+    whole, reference = (
+        load_snapshot(tmp_path / "sharded", "whole"),
+        load_snapshot(tmp_path / "single", "whole"),
+    )
+    assert [t.shape for t in whole.parameters] == [t.shape for t in reference.parameters]
+    # (Up to float reduction order, which moves the smallest entries most: the tolerance is
+    # a thousandth of each tensor's largest entry. Misplaced shards would miss by the whole.)
+    for got, want in zip(whole.parameters, reference.parameters, strict=True):
+        np.testing.assert_allclose(
+            got.numpy(), want.numpy(), rtol=1e-3, atol=1e-3 * want.abs().max().item()
+        )
+    for got, want in zip(whole.optimizer_state, reference.optimizer_state, strict=True):
+        assert got.keys() == want.keys()
+        for key in ("exp_avg", "exp_avg_sq"):
+            np.testing.assert_allclose(
+                got[key].numpy(),
+                want[key].numpy(),
+                rtol=1e-3,
+                atol=1e-3 * want[key].abs().max().item(),
+            )
+    # The whole model state (gathered at the same point) holds every weight whole: the same
+    # tensors as the gathered training state's parameters, in the model's order.
+    model_state = load_file(tmp_path / "sharded" / "model.safetensors")
+    assert not (tmp_path / "single" / "model.safetensors").exists()  # unsharded: nothing to gather
+    assert len(model_state) == len(whole.parameters) == 21
+    assert single["model_state_keys"] is None
+    in_order = [model_state[name] for name in sharded[0]["model_state_keys"]]
+    for got, want in zip(in_order, whole.parameters, strict=True):
+        assert torch.equal(got, want)

@@ -47,8 +47,9 @@ class RunSetupError(ValueError):
 
 logger = logging.getLogger(__name__)
 
-# accelerate's environment flag -> what it launches. Probes snapshot and restore the full
-# trainable weights and optimizer state of one process; sharded states are not handled.
+# accelerate's environment flag -> what it launches. Probes snapshot and restore each
+# rank's trainable weights and optimizer state, FSDP2's shards included (DTensors); the
+# flat parameters of FSDP1, DeepSpeed's partitions and Megatron-LM's are not handled.
 SHARDED_LAUNCHES = {
     "ACCELERATE_USE_FSDP": "FSDP",
     "ACCELERATE_USE_DEEPSPEED": "DeepSpeed",
@@ -103,13 +104,18 @@ def check_sources(config: RunConfig, data: Mapping[str, Any]) -> None:
 def check_launch() -> None:
     for variable, name in SHARDED_LAUNCHES.items():
         value = os.environ.get(variable, "")
-        if value.strip().lower() in _TRUE:
-            raise RunSetupError(
-                f"launched under {name} ({variable}={value}): dynamics run cannot yet save its "
-                "checkpoints (the best adapter or weights, the resume points) from sharded weights; "
-                "launch with plain data parallelism instead (torchrun, or accelerate launch "
-                f"without {name}; a LoRA adapter's base model fits on each GPU)"
-            )
+        if value.strip().lower() not in _TRUE:
+            continue
+        version = os.environ.get("FSDP_VERSION", "1").strip()
+        if name == "FSDP" and version == "2":
+            continue
+        what = f"FSDP version {version} (FSDP_VERSION={version})" if name == "FSDP" else name
+        raise RunSetupError(
+            f"launched under {what} ({variable}={value}): dynamics snapshots and restores "
+            "sharded training state only under FSDP2; launch with fsdp_version: 2 in the accelerate "
+            "config (or accelerate launch --use_fsdp --fsdp_version 2), or with plain data "
+            "parallelism (torchrun; a LoRA adapter's base model fits on each GPU)"
+        )
 
 
 def check_output_dir(output_dir: str) -> None:

@@ -57,7 +57,7 @@ from dynamics.data.splits import prepare_examples
 from dynamics.engine import tracking
 from dynamics.engine.batches import Batch, EvalBatches
 from dynamics.engine.config import RunConfig
-from dynamics.engine.learner import HFLearner, load_snapshot, save_snapshot
+from dynamics.engine.learner import HFLearner, TrainingSnapshot, load_snapshot, save_snapshot
 from dynamics.engine.model import load_causal_lm, load_tokenizer, prepare_model
 from dynamics.engine.preflight import RunSetupError, preflight
 from dynamics.engine.sampler import DatasetStream, MixtureSampler
@@ -312,6 +312,64 @@ def build_run(
     )
 
 
+def is_feasible(record: EvaluationRecord, history: RunHistory) -> bool:
+    """Whether a main evaluation is a feasible checkpoint (the paper's definition)."""
+    reference = history.evaluations[0]
+    return record.step > 0 and metrics.checkpoint_feasible(
+        record, reference, history.targets, history.constraints
+    )
+
+
+class BestCheckpoint:
+    """The best checkpoint so far: the feasible evaluation with the lowest target loss sum."""
+
+    def __init__(self) -> None:
+        self.record: EvaluationRecord | None = None
+
+    def update(self, record: EvaluationRecord, history: RunHistory) -> bool:
+        """Whether ``record`` is the new best (and then remember it)."""
+        targets = list(history.targets)
+        if is_feasible(record, history) and (
+            self.record is None or record.eval[targets].sum() < self.record.eval[targets].sum()
+        ):
+            self.record = record
+            return True
+        return False
+
+
+class ShardGathering:
+    """Under sharding (FSDP2), the other ranks' side of rank 0's saves: every rank takes part
+    in gathering the whole model for each new best checkpoint and the whole training state
+    for each resume point, which rank 0's :class:`RunFolderWriter` then writes."""
+
+    def __init__(self, built: BuiltRun) -> None:
+        self.built = built
+        self.best = BestCheckpoint()
+
+    def callbacks(self) -> LoopCallbacks:
+        return LoopCallbacks(on_evaluation=self.on_evaluation, on_checkpoint=self.on_checkpoint)
+
+    def resume(self, state: LoopState) -> None:
+        for record in state.history.evaluations:
+            self.best.update(record, state.history)
+
+    def on_evaluation(self, record: EvaluationRecord, history: RunHistory) -> None:
+        if self.best.update(record, history):
+            self.built.learner.whole_model_state()
+
+    def on_checkpoint(self, state: LoopState) -> None:
+        whole_training_state(self.built.learner, state)
+
+
+def whole_training_state(
+    learner: HFLearner, state: LoopState
+) -> tuple[TrainingSnapshot, TrainingSnapshot | None]:
+    """The learner's state and the loop's feasible snapshot, as a resume point stores them
+    (shards gathered; every rank calls this under sharding)."""
+    feasible = None if state.feasible is None else learner.whole(state.feasible.snapshot)
+    return learner.whole(learner.snapshot()), feasible
+
+
 class RunFolderWriter:
     """Callbacks that keep the run folder and the progress bar up to date (rank 0 only)."""
 
@@ -320,7 +378,7 @@ class RunFolderWriter:
         self.out = out
         self.metrics_log = rundir.JsonlLog(out / rundir.METRICS_FILE)
         self.controller_log = rundir.JsonlLog(out / rundir.CONTROLLER_FILE)
-        self.best: EvaluationRecord | None = None
+        self.best = BestCheckpoint()
         self.loss = float("nan")
         self.train_started = time.perf_counter()
         self.train_seconds_before = 0.0  # training time of the sessions before a resume
@@ -356,8 +414,7 @@ class RunFolderWriter:
         row = self.metrics_row(record, history)
         self.metrics_log.append(row)
         self.built.accelerator.log(tracking.evaluation_values(row), step=record.step)
-        if self._is_new_best(record, row["feasible"], history):
-            self.best = record
+        if self.best.update(record, history):
             self._save_checkpoint(record.step)
         if self.built.config.training.total_steps and record.weights.size:
             self.bar.set_postfix_str(self._postfix(record.weights, history), refresh=False)
@@ -366,9 +423,7 @@ class RunFolderWriter:
         """The ``metrics.jsonl`` row of one main evaluation (also what trackers are shown)."""
         names = history.domain_names
         reference = history.evaluations[0]
-        feasible = record.step > 0 and metrics.checkpoint_feasible(
-            record, reference, history.targets, history.constraints
-        )
+        feasible = is_feasible(record, history)
         slack = metrics.constraint_slack(record, reference, history.constraints)
         return {
             "step": record.step,
@@ -382,34 +437,29 @@ class RunFolderWriter:
             "wall_seconds": record.wall_seconds,
         }
 
-    def _is_new_best(self, record: EvaluationRecord, feasible: bool, history: RunHistory) -> bool:
-        targets = list(history.targets)
-        return feasible and (self.best is None or record.eval[targets].sum() < self.best.eval[targets].sum())
-
     def resume(self, state: LoopState, resume_point: Path) -> None:
         """Rewrite the logs as they stood at the resume point (a crash may have left rows of
         steps about to be trained again) and put its best checkpoint back."""
         history = state.history
         rows = [self.metrics_row(record, history) for record in history.evaluations]
         self.metrics_log.rewrite(rows)
-        for record, row in zip(history.evaluations, rows, strict=True):
-            if self._is_new_best(record, row["feasible"], history):
-                self.best = record
+        for record in history.evaluations:
+            self.best.update(record, history)
         self.write_updates(history)
         run_state.restore_best_copy(self.out, resume_point)
         self.bar.update(state.step)
 
     def on_checkpoint(self, state: LoopState) -> None:
         """Save a resume point: the loop's state, the learner's, and the best checkpoint."""
-        learner = self.built.learner
         train_seconds = self.train_seconds_before + time.perf_counter() - self.train_started
+        learner_snapshot, feasible_snapshot = whole_training_state(self.built.learner, state)
 
         def write(folder: Path) -> None:
-            save_snapshot(learner.snapshot(), folder, "learner")
+            save_snapshot(learner_snapshot, folder, "learner")
             feasible = None
-            if state.feasible is not None:
+            if feasible_snapshot is not None:
                 feasible = "feasible"
-                save_snapshot(state.feasible.snapshot, folder, feasible)
+                save_snapshot(feasible_snapshot, folder, feasible)
             loop = {
                 **run_state.loop_state_to_dict(state, feasible),
                 "train_seconds": train_seconds,
@@ -440,11 +490,16 @@ class RunFolderWriter:
 
     def _save_checkpoint(self, step: int) -> None:
         model = self.built.accelerator.unwrap_model(self.built.model)
+        # Under sharding, gathered from every rank (a state dict of shards would save parts).
+        whole = self.built.learner.whole_model_state()
 
         def write(folder: Path) -> None:
             # PEFT models save only the adapter (adapter_model.safetensors +
             # adapter_config.json); full fine-tuning saves model.safetensors.
-            model.save_pretrained(folder)
+            if whole is None:
+                model.save_pretrained(folder)
+            else:
+                model.save_pretrained(folder, state_dict=whole)
             self.built.tokenizer.save_pretrained(folder)
             (folder / "step.txt").write_text(f"{step}\n")
 
@@ -590,20 +645,28 @@ def run(
         tracking.start_trackers(accelerator, config)
     writer = RunFolderWriter(built, out, progress and accelerator.is_main_process)
     loop_state: LoopState | None = None
+    gathering = (
+        ShardGathering(built) if built.learner.sharded and not accelerator.is_main_process else None
+    )
     if resume_point is not None:
         point = resume_point
         built.learner.load_training_state(load_snapshot(point, "learner"))
         saved = run_state.read_loop_file(point)
-        loop_state = run_state.loop_state_from_dict(saved, lambda name: load_snapshot(point, name))
+        loop_state = run_state.loop_state_from_dict(
+            saved, lambda name: built.learner.sharded_like(load_snapshot(point, name))
+        )
         writer.train_seconds_before = float(saved["train_seconds"])
         writer.resumed_at = [*saved.get("resumed_at", []), loop_state.step]
         if accelerator.is_main_process:
             writer.resume(loop_state, point)
-    callbacks = (
-        LoopCallbacks(writer.on_evaluation, writer.on_update, writer.on_train, writer.on_checkpoint, writer.on_phase)
-        if accelerator.is_main_process
-        else LoopCallbacks()
-    )
+        elif gathering is not None:
+            gathering.resume(loop_state)
+    if accelerator.is_main_process:
+        callbacks = LoopCallbacks(
+            writer.on_evaluation, writer.on_update, writer.on_train, writer.on_checkpoint, writer.on_phase
+        )
+    else:
+        callbacks = gathering.callbacks() if gathering is not None else LoopCallbacks()
     writer.train_started = time.perf_counter()
     history = run_mixture_training(
         built.learner,
@@ -635,11 +698,13 @@ def run(
 
 def check_same_config(config: RunConfig, out: Path, how: str | None = None) -> None:
     """A resumed run must go on with the config it started with (saved in ``out``); ``how``
-    says how to resume with the saved one (by default ``dynamics run --resume``)."""
+    says how to resume with the saved one (by default ``dynamics run --resume``). Where the
+    folder was when the run started does not matter: a run folder can be moved or copied."""
     path = out / rundir.CONFIG_FILE
     if not path.is_file():
         raise RunSetupError(f"{path} is missing: {out} is not a run folder that can be resumed")
     saved = RunConfig.model_validate(yaml.safe_load(path.read_text()))
+    saved = saved.model_copy(update={"output_dir": config.output_dir})
     if saved != config:
         mine, theirs = config.model_dump(mode="json"), saved.model_dump(mode="json")
         changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
