@@ -1,5 +1,5 @@
-"""The GPU check script runs end to end at a toy size on the CPU, so it is ready (and not
-rotten) when a GPU machine is available."""
+"""The GPU checks run end to end on the CPU (the GPU check at a toy size, the FSDP resume
+check unsharded), so they are ready (and not rotten) when a GPU machine is available."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,25 @@ def test_the_gpu_check_prints_one_json_object_with_its_measurements():
     ]
     assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in values), values
     assert one["dynamics_train_s"] <= one["dynamics_wall_s"]  # setup left out
+
+
+def test_the_fsdp_resume_check_resumes_a_run_to_the_same_evaluations():
+    """benchmarks/fsdp_resume.py, unsharded (accelerate shards only on GPUs): a finished run's
+    copy, its summary removed, resumes from its last resume point to the same evaluations."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "benchmarks/fsdp_resume.py", "--no-fsdp"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["fsdp"] is False
+    assert result["resumed_from_step"] == 8 and result["resumed_at"] == [8]
+    assert result["evaluations"] == 4  # steps 0, 4, 8, 12
+    assert result["max_relative_difference_resumed_vs_uninterrupted"] == 0.0
+    # LoRA rank 8 on a model of hidden size 128 and MLP size 256: whole A and B matrices.
+    assert result["adapter_shapes"] == ["128x8", "256x8", "8x128", "8x256"]

@@ -1,0 +1,167 @@
+"""``dynamics run`` under FSDP2, stopped and resumed: the run folder's checkpoints end to end.
+
+    python benchmarks/fsdp_resume.py [--processes 1] [--no-fsdp]
+
+Launches a short LoRA run of a tiny random-init Llama on the test fixtures with ``torchrun``
+and accelerate's FSDP2 (``ACCELERATE_USE_FSDP=true FSDP_VERSION=2``, what
+``accelerate launch --use_fsdp --fsdp_version 2`` sets), with a resume point every 4 steps.
+Then it copies the finished run folder, removes its summary (as if the run had stopped after
+its last resume point) and resumes the copy with ``dynamics run --resume``. It prints one
+JSON object: whether the resumed run's evaluations equal the uninterrupted run's, and the
+shapes of the saved adapter's tensors (whole tensors, not one rank's shards).
+
+accelerate shards only on GPUs: on a CPU, ``--no-fsdp`` runs the same check unsharded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+from safetensors import safe_open
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer  # noqa: E402
+
+from dynamics.runs.rundir import CHECKPOINT_DIR  # noqa: E402
+from dynamics.runs.state import MANIFEST_FILE, RESUME_DIR  # noqa: E402
+
+
+def run_config(tokenizer: Path, out: Path) -> dict:
+    return {
+        "model": {
+            "init_config": {
+                "model_type": "llama",
+                "vocab_size": 512,
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "max_position_embeddings": 256,
+            },
+            "tokenizer": str(tokenizer),
+        },
+        "lora": {"rank": 8, "alpha": 16},
+        "optimizer": {"lr": 1e-2},
+        "training": {
+            "total_steps": 12,
+            "batch_size": 2,
+            "sequence_length": 128,
+            "checkpoint_interval": 4,
+        },
+        "evaluation": {"interval": 4, "batches": 4, "reduced_batches": 2},
+        "method": {"name": "dynamics", "schedule": [0, 4, 8]},
+        "datasets": [
+            {
+                "name": "math",
+                "path": str(FIXTURES / "metamath.jsonl"),
+                "role": "target",
+                "format": "instruction",
+                "columns": {"prompt": "query"},
+                "eval_size": 4,
+                "test_size": 4,
+            },
+            {"name": "wiki", "path": str(FIXTURES / "wikipedia.jsonl"), "role": "non-target"},
+            {
+                "name": "orca",
+                "path": str(FIXTURES / "openorca.jsonl"),
+                "role": "constraint",
+                "format": "instruction",
+                "columns": {"prompt": "question"},
+            },
+        ],
+        "output_dir": str(out),
+    }
+
+
+def launch(args: list[str], processes: int, fsdp: bool) -> None:
+    paths = [str(ROOT / "src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(paths)}
+    if fsdp:
+        env.update(ACCELERATE_USE_FSDP="true", FSDP_VERSION="2")
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        "-m",
+        "dynamics.cli",
+        "run",
+        *args,
+        "--no-progress",
+    ]
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
+
+
+def evaluations(folder: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {"step": row["step"], "eval": row["eval"], "test": row["test"], "weights": row["weights"]}
+        for row in rows
+    ]
+
+
+def max_relative_difference(a: list[dict], b: list[dict]) -> float:
+    worst = 0.0
+    for row_a, row_b in zip(a, b, strict=True):
+        for split in ("eval", "test", "weights"):
+            for name, value in row_a[split].items():
+                worst = max(worst, abs(value - row_b[split][name]) / max(abs(value), 1e-12))
+    return worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument(
+        "--no-fsdp", action="store_true", help="plain data parallelism (what a CPU can run)"
+    )
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        tiny_tokenizer().save_pretrained(folder / "tok")
+        config = folder / "run.yaml"
+        config.write_text(yaml.safe_dump(run_config(folder / "tok", folder / "whole")))
+        launch([str(config)], args.processes, fsdp=not args.no_fsdp)
+        whole = folder / "whole"
+        resumed = folder / "resumed"
+        shutil.copytree(whole, resumed)
+        (resumed / "summary.json").unlink()
+        resumed_from = json.loads((resumed / RESUME_DIR / MANIFEST_FILE).read_text())["step"]
+        launch(["--resume", str(resumed)], args.processes, fsdp=not args.no_fsdp)
+        with safe_open(str(whole / CHECKPOINT_DIR / "adapter_model.safetensors"), "pt") as adapter:
+            shapes = {name: list(adapter.get_slice(name).get_shape()) for name in adapter.keys()}
+        summary = json.loads((resumed / "summary.json").read_text())
+        difference = max_relative_difference(evaluations(whole), evaluations(resumed))
+        print(
+            json.dumps(
+                {
+                    "benchmark": "fsdp_resume",
+                    "fsdp": not args.no_fsdp,
+                    "processes": args.processes,
+                    "resumed_from_step": resumed_from,
+                    "resumed_at": summary["resumed_at"],
+                    "evaluations": len(evaluations(resumed)),
+                    "max_relative_difference_resumed_vs_uninterrupted": difference,
+                    "adapter_tensors": len(shapes),
+                    "adapter_shapes": sorted({"x".join(map(str, s)) for s in shapes.values()}),
+                },
+                indent=2,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
