@@ -674,7 +674,7 @@ class HFLearner:
 
     def whole(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
         """``snapshot`` with every shard gathered into its whole tensor on the CPU: what a
-        run folder stores, readable with any number of processes. Under sharding every rank
+        run folder stores, the same files whatever the sharding. Under sharding every rank
         must call it, for the same snapshots in the same order; otherwise it returns
         ``snapshot`` itself."""
         if not self._sharded:
