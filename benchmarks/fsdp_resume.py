@@ -1,6 +1,6 @@
 """``dynamics run`` under FSDP2, stopped and resumed: the run folder's checkpoints end to end.
 
-    python benchmarks/fsdp_resume.py [--processes 1] [--no-fsdp]
+    python benchmarks/fsdp_resume.py [--processes P] [--no-fsdp]
 
 Launches a short LoRA run of a tiny random-init Llama on the test fixtures with ``torchrun``
 and accelerate's FSDP2 (``ACCELERATE_USE_FSDP=true FSDP_VERSION=2``, what
@@ -8,7 +8,9 @@ and accelerate's FSDP2 (``ACCELERATE_USE_FSDP=true FSDP_VERSION=2``, what
 Then it copies the finished run folder, removes its summary (as if the run had stopped after
 its last resume point) and resumes the copy with ``dynamics run --resume``. It prints one
 JSON object: whether the resumed run's evaluations equal the uninterrupted run's, and the
-shapes of the saved adapter's tensors (whole tensors, not one rank's shards).
+shapes of the saved adapter's tensors (whole tensors, not one rank's shards). It is a
+real test of the gathering only with two processes or more (``--processes``, by default one
+per GPU): with one, each shard is already the whole tensor.
 
 accelerate shards only on GPUs: on a CPU, ``--no-fsdp`` runs the same check unsharded.
 """
@@ -24,63 +26,27 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
 import yaml
 from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer  # noqa: E402
+from tests.engine.test_run import tiny_config  # noqa: E402
+from tests.fixtures.tiny_tokenizer import tiny_tokenizer  # noqa: E402
 
 from dynamics.runs.rundir import CHECKPOINT_DIR  # noqa: E402
 from dynamics.runs.state import MANIFEST_FILE, RESUME_DIR  # noqa: E402
 
 
 def run_config(tokenizer: Path, out: Path) -> dict:
-    return {
-        "model": {
-            "init_config": {
-                "model_type": "llama",
-                "vocab_size": 512,
-                "hidden_size": 128,
-                "intermediate_size": 256,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 4,
-                "max_position_embeddings": 256,
-            },
-            "tokenizer": str(tokenizer),
-        },
-        "lora": {"rank": 8, "alpha": 16},
-        "optimizer": {"lr": 1e-2},
-        "training": {
-            "total_steps": 12,
-            "batch_size": 2,
-            "sequence_length": 128,
-            "checkpoint_interval": 4,
-        },
-        "evaluation": {"interval": 4, "batches": 4, "reduced_batches": 2},
-        "method": {"name": "dynamics", "schedule": [0, 4, 8]},
-        "datasets": [
-            {
-                "name": "math",
-                "path": str(FIXTURES / "metamath.jsonl"),
-                "role": "target",
-                "format": "instruction",
-                "columns": {"prompt": "query"},
-                "eval_size": 4,
-                "test_size": 4,
-            },
-            {"name": "wiki", "path": str(FIXTURES / "wikipedia.jsonl"), "role": "non-target"},
-            {
-                "name": "orca",
-                "path": str(FIXTURES / "openorca.jsonl"),
-                "role": "constraint",
-                "format": "instruction",
-                "columns": {"prompt": "question"},
-            },
-        ],
-        "output_dir": str(out),
-    }
+    """The test suite's tiny run (a random-init Llama, the fixtures), with a LoRA adapter on
+    every projection and a resume point every 4 of its 12 steps."""
+    data = tiny_config(tokenizer, out, schedule=[0, 4, 8])
+    data["lora"] = {"rank": 8, "alpha": 16}
+    data["training"].update(total_steps=12, checkpoint_interval=4)
+    return data
 
 
 def launch(args: list[str], processes: int, fsdp: bool) -> None:
@@ -124,7 +90,12 @@ def max_relative_difference(a: list[dict], b: list[dict]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=max(1, torch.cuda.device_count()),
+        help="processes, one per GPU (default: every GPU); with one, each shard is the whole tensor",
+    )
     parser.add_argument(
         "--no-fsdp", action="store_true", help="plain data parallelism (what a CPU can run)"
     )

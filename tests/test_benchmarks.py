@@ -56,5 +56,6 @@ def test_the_fsdp_resume_check_resumes_a_run_to_the_same_evaluations():
     assert result["resumed_from_step"] == 8 and result["resumed_at"] == [8]
     assert result["evaluations"] == 4  # steps 0, 4, 8, 12
     assert result["max_relative_difference_resumed_vs_uninterrupted"] == 0.0
-    # LoRA rank 8 on a model of hidden size 128 and MLP size 256: whole A and B matrices.
-    assert result["adapter_shapes"] == ["128x8", "256x8", "8x128", "8x256"]
+    # LoRA rank 8 on every projection of a model of hidden size 32 (keys and values 16, the
+    # MLP 64): whole A and B matrices.
+    assert result["adapter_shapes"] == ["16x8", "32x8", "64x8", "8x32", "8x64"]

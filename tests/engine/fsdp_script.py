@@ -31,13 +31,12 @@ from dynamics.engine.model import (
     load_tokenizer,
     trainable_parameters,
 )
-from dynamics.engine.run import RankSlicedSampler, build_data
+from dynamics.engine.run import RankSlicedSampler, RunData, build_data
 from dynamics.engine.sampler import MixtureSampler
 
 
-def main(config_path: str, out: str) -> None:
-    config = RunConfig.from_dict(yaml.safe_load(Path(config_path).read_text()))
-    accelerator = Accelerator(cpu=True)
+def sharded_learner(config: RunConfig, accelerator: Accelerator, data: RunData) -> HFLearner:
+    """A learner on a fresh model (sharded over the processes) with a fresh optimizer."""
     world, rank = accelerator.num_processes, accelerator.process_index
     set_seed(config.training.seed)
     model = load_causal_lm(config.model)
@@ -48,12 +47,19 @@ def main(config_path: str, out: str) -> None:
         fully_shard(model, mesh=mesh)
     optimizer = build_optimizer(trainable_parameters(model), config.optimizer)
     scheduler = build_lr_scheduler(optimizer, config.optimizer, config.training.total_steps)
-    data = build_data(config, load_tokenizer(config.model), world)
     sampler = RankSlicedSampler(MixtureSampler(data.streams, seed=config.training.seed), rank, world)
-    learner = HFLearner.around(
+    return HFLearner.around(
         model, optimizer, scheduler, sampler, data.dataset_names, data.domains,
         accelerator=accelerator, max_grad_norm=1.0,
     )
+
+
+def main(config_path: str, out: str) -> None:
+    config = RunConfig.from_dict(yaml.safe_load(Path(config_path).read_text()))
+    accelerator = Accelerator(cpu=True)
+    rank = accelerator.process_index
+    data = build_data(config, load_tokenizer(config.model), accelerator.num_processes)
+    learner = sharded_learner(config, accelerator, data)
     weights = np.array([0.5, 0.5])
     evaluations = {"start": learner.evaluate("eval")}
     learner.train(2, weights)
@@ -79,6 +85,8 @@ def main(config_path: str, out: str) -> None:
                 {k: v.contiguous() for k, v in model_state.items()},
                 str(Path(out, "model.safetensors")),
             )
+            # As dynamics run saves its best checkpoint.
+            accelerator.unwrap_model(learner.model).save_pretrained(Path(out, "saved"), state_dict=dict(model_state))
     accelerator.wait_for_everyone()
     learner.train(2, weights)
     evaluations["moved_on"] = learner.evaluate("eval")
@@ -86,6 +94,12 @@ def main(config_path: str, out: str) -> None:
     evaluations["reloaded"] = learner.evaluate("eval")
     learner.train(2, weights)
     evaluations["moved_on_again"] = learner.evaluate("eval")
+    # A resume reads the state into a fresh optimizer, which holds no Adam moments yet.
+    fresh = sharded_learner(config, accelerator, data)
+    fresh.load_training_state(load_snapshot(Path(out), "whole"))
+    evaluations["fresh_reloaded"] = fresh.evaluate("eval")
+    fresh.train(2, weights)
+    evaluations["fresh_moved_on"] = fresh.evaluate("eval")
     result = {
         "sharded_parameters": sum(type(p).__name__ == "DTensor" for p in learner.trainable_parameters),
         "model_state_keys": None if model_state is None else list(model_state),

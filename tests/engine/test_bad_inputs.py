@@ -208,7 +208,7 @@ CASES = [
     Case("sequence-longer-than-positions", setting("training.sequence_length", 512), ("training.sequence_length", "512", "max_position_embeddings", "256")),
     Case("lora-target-module-missing", setting("lora.target_modules", ["q_projj"]), ("lora.target_modules", "'q_projj'", "q_proj")),
     Case("full-fine-tuning-fp16-weights-fp16", lambda data, tmp: data.update(lora=None, model={**data["model"], "dtype": "float16"}, training={**data["training"], "mixed_precision": "fp16"}), ("training.mixed_precision", "fp16", "model.dtype", "float32")),
-    Case("launched-under-fsdp1", lambda data, tmp: None, ("FSDP version 1", "FSDP_VERSION=1", "fsdp_version: 2", "plain data parallelism"), env={"ACCELERATE_USE_FSDP": "true"}),
+    Case("launched-under-fsdp1", lambda data, tmp: None, ("FSDP version 1", "FSDP_VERSION unset, meaning 1", "fsdp_version: 2", "plain data parallelism"), env={"ACCELERATE_USE_FSDP": "true"}),
     Case("launched-under-deepspeed", lambda data, tmp: None, ("DeepSpeed", "only under FSDP2", "fsdp_version: 2"), env={"ACCELERATE_USE_DEEPSPEED": "true"}),
     Case("unknown-dataset-path", dataset_setting("wiki", path="/no/such/wiki.jsonl"), ("dataset 'wiki'", "/no/such/wiki.jsonl", "does not exist")),
     Case("output-folder-not-empty", output_not_empty, ("output folder", "not empty", "--out")),

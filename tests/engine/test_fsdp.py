@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from dynamics.engine.learner import load_snapshot
 from tests.engine.test_distributed import config
@@ -57,6 +58,9 @@ def test_probing_is_exact_on_a_sharded_model(tmp_path):
         assert rank["moved_on"] != rank["retrained"]
         assert rank["reloaded"] == rank["retrained"]
         assert rank["moved_on_again"] == rank["moved_on"]
+        # The same from a fresh model and optimizer, as dynamics run --resume reads it.
+        assert rank["fresh_reloaded"] == rank["retrained"]
+        assert rank["fresh_moved_on"] == rank["moved_on"]
     # The gathered state is the whole state: the same tensors as one unsharded process's.
     whole, reference = (
         load_snapshot(tmp_path / "sharded", "whole"),
@@ -87,3 +91,8 @@ def test_probing_is_exact_on_a_sharded_model(tmp_path):
     in_order = [model_state[name] for name in sharded[0]["model_state_keys"]]
     for got, want in zip(in_order, whole.parameters, strict=True):
         assert torch.equal(got, want)
+    # save_pretrained with the gathered state (as the best checkpoint is saved) writes a model
+    # that loads whole.
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "sharded" / "saved").state_dict()
+    for name, tensor in model_state.items():
+        assert torch.equal(saved[name], tensor), name

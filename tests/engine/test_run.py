@@ -220,6 +220,46 @@ def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(
     assert redecided[0]["current_losses"] == first["current_losses"]
 
 
+def test_under_sharding_every_rank_makes_rank_0s_gathering_calls_in_the_same_order(
+    tokenizer_dir, tmp_path, monkeypatch
+):
+    """Under FSDP2 rank 0 gathers the whole model for each new best checkpoint and the whole
+    training state for each resume point, and the other ranks (ShardGathering) must make the
+    same collective calls in the same order, or the run hangs. Checked in one process: both
+    sides follow one run (a feasible best, resume points, a backtrack) and log their calls."""
+    from dynamics.engine import run as run_module
+    from dynamics.engine.learner import HFLearner
+
+    calls: dict[str, list[str]] = {"rank 0": [], "other ranks": []}
+    side = ["rank 0"]
+    whole = HFLearner.whole
+    monkeypatch.setattr(HFLearner, "whole", lambda self, snapshot: calls[side[0]].append("whole") or whole(self, snapshot))
+    monkeypatch.setattr(HFLearner, "whole_model_state", lambda self: calls[side[0]].append("model") or None)
+
+    def both(name: str):
+        original = getattr(run_module.RunFolderWriter, name)
+
+        def call(self, *args):
+            side[0] = "rank 0"
+            original(self, *args)
+            side[0] = "other ranks"
+            if not hasattr(self, "gathering"):
+                self.gathering = run_module.ShardGathering(self.built)
+            getattr(self.gathering, name)(*args)
+            side[0] = "rank 0"
+
+        monkeypatch.setattr(run_module.RunFolderWriter, name, call)
+
+    both("on_evaluation")
+    both("on_checkpoint")
+    data = tiny_config(tokenizer_dir, tmp_path / "run", backtrack=1)
+    data["optimizer"]["lr"] = 1.0  # breaks a constraint after step 4: a backtrack (test above)
+    summary = run(RunConfig.from_dict(data), progress=False)
+    assert summary["backtracks"] and summary["feasible"]
+    assert calls["rank 0"] == calls["other ranks"]
+    assert "model" in calls["rank 0"] and "whole" in calls["rank 0"]
+
+
 def poison_losses(monkeypatch, method, when, factor=float("nan")):
     """Multiply every training loss by ``factor`` (NaN or inf) while a call of
     ``HFLearner.<method>`` runs for which ``when(call_number, *args)`` holds; returns the

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, gather_object
+from peft import PeftModel
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule
@@ -675,13 +676,18 @@ class HFLearner:
     def whole(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
         """``snapshot`` with every shard gathered into its whole tensor on the CPU: what a
         run folder stores, the same files whatever the sharding. Under sharding every rank
-        must call it, for the same snapshots in the same order; otherwise it returns
-        ``snapshot`` itself."""
+        must call it, for the same snapshots in the same order; only the main process keeps
+        the whole tensors (it alone writes), the others drop each one once gathered and get
+        ``snapshot`` back. Unsharded, it returns ``snapshot`` itself."""
         if not self._sharded:
             return snapshot
+        keep = self.accelerator.is_main_process
 
         def gather(value: Any) -> Any:
-            return value.full_tensor().cpu() if isinstance(value, DTensor) else value
+            if not isinstance(value, DTensor):
+                return value
+            whole = value.full_tensor()  # a collective: every rank takes part
+            return whole.cpu() if keep else value
 
         return dataclasses.replace(
             snapshot,
@@ -731,10 +737,14 @@ class HFLearner:
         own ``state_dict`` is whole)."""
         if not self._sharded:
             return None
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        # A LoRA adapter is saved alone: the frozen base weights are not gathered at all.
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        options = StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=isinstance(unwrapped, PeftModel)
+        )
         return cast(
             dict[str, Tensor],
-            get_model_state_dict(self.accelerator.unwrap_model(self.model), options=options),
+            get_model_state_dict(unwrapped, options=options),
         )
 
     def evaluate(self, split: str, num_batches: int | None = None) -> Evaluation:

@@ -106,12 +106,16 @@ def check_launch() -> None:
         value = os.environ.get(variable, "")
         if value.strip().lower() not in _TRUE:
             continue
-        version = os.environ.get("FSDP_VERSION", "1").strip()
+        version = os.environ.get("FSDP_VERSION", "").strip()
         if name == "FSDP" and version == "2":
             continue
-        what = f"FSDP version {version} (FSDP_VERSION={version})" if name == "FSDP" else name
+        if name == "FSDP":
+            setting = f"FSDP_VERSION={version}" if version else "FSDP_VERSION unset, meaning 1"
+            what = f"FSDP version {version or 1} ({variable}={value}, {setting})"
+        else:
+            what = f"{name} ({variable}={value})"
         raise RunSetupError(
-            f"launched under {what} ({variable}={value}): dynamics snapshots and restores "
+            f"launched under {what}: dynamics snapshots and restores "
             "sharded training state only under FSDP2; launch with fsdp_version: 2 in the accelerate "
             "config (or accelerate launch --use_fsdp --fsdp_version 2), or with plain data "
             "parallelism (torchrun; a LoRA adapter's base model fits on each GPU)"

@@ -453,7 +453,8 @@ class DynamicsCallback(TrainerCallback):
         if args.fsdp or args.deepspeed:
             problems.append(
                 "sharded training (TrainingArguments.fsdp or deepspeed) is not supported by DynamicsCallback: "
-                "its run folder's checkpoints cannot yet be saved from shards; train with plain data parallelism"
+                "saving its run folder from shards has never run under a Trainer; train with plain data "
+                "parallelism, or with dynamics run under FSDP2"
             )
         if args.dataloader_num_workers:
             problems.append(
