@@ -21,6 +21,7 @@ from accelerate.utils import set_seed
 from safetensors.torch import save_file
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from dynamics.engine.config import RunConfig
 from dynamics.engine.learner import HFLearner, load_snapshot, save_snapshot
@@ -29,6 +30,7 @@ from dynamics.engine.model import (
     build_optimizer,
     load_causal_lm,
     load_tokenizer,
+    prepare_model,
     trainable_parameters,
 )
 from dynamics.engine.run import RankSlicedSampler, RunData, build_data
@@ -39,10 +41,10 @@ def sharded_learner(config: RunConfig, accelerator: Accelerator, data: RunData) 
     """A learner on a fresh model (sharded over the processes) with a fresh optimizer."""
     world, rank = accelerator.num_processes, accelerator.process_index
     set_seed(config.training.seed)
-    model = load_causal_lm(config.model)
+    model = prepare_model(load_causal_lm(config.model), config.lora, config.training.gradient_checkpointing)
     if world > 1:
         mesh = init_device_mesh("cpu", (world,))
-        for layer in model.model.layers:
+        for layer in [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
     optimizer = build_optimizer(trainable_parameters(model), config.optimizer)

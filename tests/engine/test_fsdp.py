@@ -25,9 +25,12 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("fsdp_script.py")
 
 
-def launch(tmp_path: Path, name: str, nproc: int, batch_size: int, tokenizer_dir: Path) -> list[dict]:
+def launch(
+    tmp_path: Path, name: str, nproc: int, batch_size: int, tokenizer_dir: Path, lora: bool = False
+) -> list[dict]:
     data = config(tokenizer_dir, tmp_path / name / "run", batch_size)
-    data["lora"] = None  # full fine-tuning: every weight is sharded
+    if not lora:
+        data["lora"] = None  # full fine-tuning: every weight is sharded
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / name
@@ -96,3 +99,29 @@ def test_probing_is_exact_on_a_sharded_model(tmp_path):
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "sharded" / "saved").state_dict()
     for name, tensor in model_state.items():
         assert torch.equal(saved[name], tensor), name
+
+
+def test_a_sharded_lora_adapter_is_saved_whole(tmp_path):
+    """LoRA under FSDP2: the adapter's shards are gathered whole, the frozen base weights not
+    at all, and save_pretrained (as dynamics run saves its best checkpoint) writes an adapter
+    that PEFT loads."""
+    tokenizer_dir = tmp_path / "tokenizer"
+    tiny_tokenizer().save_pretrained(tokenizer_dir)
+    sharded = launch(tmp_path, "lora", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir, lora=True)
+    for rank in sharded:
+        assert rank["sharded_parameters"] == 8  # lora_A and lora_B of q_proj and v_proj, 2 layers
+        assert rank["restored"] == rank["before"] and rank["reloaded"] == rank["retrained"]
+        assert rank["fresh_reloaded"] == rank["retrained"]
+    whole = load_snapshot(tmp_path / "lora", "whole")
+    gathered = load_file(tmp_path / "lora" / "model.safetensors")
+    assert len(gathered) == 8 and all("lora_" in name for name in gathered)  # no frozen weights
+    in_order = [gathered[name] for name in sharded[0]["model_state_keys"]]
+    for got, want in zip(in_order, whole.parameters, strict=True):
+        assert torch.equal(got, want)
+    adapter = load_file(tmp_path / "lora" / "saved" / "adapter_model.safetensors")
+    assert len(adapter) == 8
+    # rank 4 on the 32-wide projections of the tiny Llama: whole matrices, not halves
+    assert sorted({tuple(t.shape) for t in adapter.values()}) == [(4, 32), (16, 4), (32, 4)]
+    saved = {name.replace(".default", ""): tensor for name, tensor in gathered.items()}
+    for name, tensor in adapter.items():
+        assert torch.equal(tensor, saved[name]), name
