@@ -290,7 +290,7 @@ def test_a_trainer_that_disagrees_with_the_config_is_refused_naming_both_fields(
     assert not (tmp_path / "trainer").exists()  # refused before anything was written
 
 
-def test_sharded_training_is_refused_by_the_callback(tokenizer_dir, tmp_path):
+def test_sharded_training_is_refused_by_the_callback(tokenizer_dir, tmp_path, monkeypatch):
     # The Trainer itself accepts fsdp only when launched on several processes, so its
     # arguments are checked directly here.
     from transformers import TrainerState
@@ -299,6 +299,11 @@ def test_sharded_training_is_refused_by_the_callback(tokenizer_dir, tmp_path):
     callback = DynamicsCallback(config, load_tokenizer(config.model))
     with pytest.raises(RunSetupError, match=r"sharded training .*TrainingArguments\.fsdp.*plain data parallelism"):
         callback._check_trainer(trainer_args(tmp_path / "hf", config, fsdp=True), TrainerState())
+    # accelerate launch --use_fsdp shards the Trainer's model without TrainingArguments.fsdp.
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    with pytest.raises(RunSetupError, match=r"launched under FSDP \(ACCELERATE_USE_FSDP=true\).*plain data parallelism"):
+        callback._check_trainer(trainer_args(tmp_path / "hf", config), TrainerState())
 
 
 def test_backtracking_is_refused_by_the_callback(tokenizer_dir, tmp_path):

@@ -101,6 +101,16 @@ def check_sources(config: RunConfig, data: Mapping[str, Any]) -> None:
         check_path(dataset.data_source(rows))
 
 
+def sharded_launch() -> str | None:
+    """What accelerate's environment says the processes were launched under (FSDP, DeepSpeed,
+    Megatron-LM, with the variable that says so), or None for plain data parallelism."""
+    for variable, name in SHARDED_LAUNCHES.items():
+        value = os.environ.get(variable, "")
+        if value.strip().lower() in _TRUE:
+            return f"{name} ({variable}={value})"
+    return None
+
+
 def check_launch() -> None:
     for variable, name in SHARDED_LAUNCHES.items():
         value = os.environ.get(variable, "")

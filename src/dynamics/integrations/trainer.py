@@ -72,7 +72,7 @@ from dynamics.core.records import EvaluationRecord, UpdateRecord
 from dynamics.engine import tracking
 from dynamics.engine.config import RunConfig
 from dynamics.engine.learner import BatchSampler, HFLearner
-from dynamics.engine.preflight import RunSetupError, check_sources
+from dynamics.engine.preflight import RunSetupError, check_sources, sharded_launch
 from dynamics.engine.run import (
     BroadcastPolicy,
     BuiltRun,
@@ -450,7 +450,14 @@ class DynamicsCallback(TrainerCallback):
             )
         if args.fp16:
             problems.append("fp16 loss scaling is not supported by DynamicsCallback: use bf16 or fp32")
-        if args.fsdp or args.deepspeed:
+        launched = sharded_launch()
+        if launched is not None:
+            problems.append(
+                f"launched under {launched}: sharded training is not supported by DynamicsCallback "
+                "(saving its run folder from shards has never run under a Trainer); train with plain data "
+                "parallelism, or with dynamics run under FSDP2"
+            )
+        elif args.fsdp or args.deepspeed:
             problems.append(
                 "sharded training (TrainingArguments.fsdp or deepspeed) is not supported by DynamicsCallback: "
                 "saving its run folder from shards has never run under a Trainer; train with plain data "
