@@ -654,18 +654,16 @@ class HFLearner:
         positions too, which a probe's rollback leaves where they are. Whole tensors (what
         :meth:`whole` gave to be saved) are cut into this rank's shards under sharding."""
         snapshot = self.sharded_like(snapshot)
-        # Read from disk onto the CPU: moments go next to their parameters; AdamW keeps its
-        # step counter on the CPU (it is not capturable here).
-        optimizer_state = [
-            None
-            if state is None
-            else {
-                key: value.to(p.device) if isinstance(value, Tensor) and key != "step" else value
-                for key, value in state.items()
-            }
-            for p, state in zip(self.trainable_parameters, snapshot.optimizer_state, strict=True)
-        ]
-        self.restore(dataclasses.replace(snapshot, optimizer_state=optimizer_state))
+
+        def next_to_parameter(value: Any, parameter: Tensor, key: str | None) -> Any:
+            # Read from disk onto the CPU: moments go next to their parameters (restore copies
+            # the parameters themselves); AdamW keeps its step counter on the CPU (it is not
+            # capturable here).
+            if key is None or key == "step" or not isinstance(value, Tensor):
+                return value
+            return value.to(parameter.device)
+
+        self.restore(self._map_tensors(snapshot, next_to_parameter))
         self.sampler.load_state_dict(copy.deepcopy(snapshot.sampler))
 
     @property
@@ -683,20 +681,13 @@ class HFLearner:
             return snapshot
         keep = self.accelerator.is_main_process
 
-        def gather(value: Any) -> Any:
+        def gather(value: Any, parameter: Tensor, key: str | None) -> Any:
             if not isinstance(value, DTensor):
                 return value
             whole = value.full_tensor()  # a collective: every rank takes part
             return whole.cpu() if keep else value
 
-        return dataclasses.replace(
-            snapshot,
-            parameters=[gather(t) for t in snapshot.parameters],
-            optimizer_state=[
-                None if state is None else {k: gather(v) for k, v in state.items()}
-                for state in snapshot.optimizer_state
-            ],
-        )
+        return self._map_tensors(snapshot, gather)
 
     def sharded_like(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
         """The inverse of :meth:`whole`: a snapshot of whole tensors (read from a run folder)
@@ -704,30 +695,29 @@ class HFLearner:
         if not self._sharded:
             return snapshot
 
-        def shard(value: Any, like: Tensor) -> Any:
-            if (
-                not isinstance(like, DTensor)
-                or not isinstance(value, Tensor)
-                or isinstance(value, DTensor)
-            ):
+        def shard(value: Any, like: Tensor, key: str | None) -> Any:
+            # AdamW's step counter is one number, never sharded.
+            if key == "step" or not isinstance(like, DTensor) or not isinstance(value, Tensor):
                 return value
-            return distribute_tensor(
-                value.to(like.device, like.dtype), like.device_mesh, like.placements
-            )
+            if isinstance(value, DTensor):
+                return value
+            return distribute_tensor(value.to(like.device, like.dtype), like.device_mesh, like.placements)
 
+        return self._map_tensors(snapshot, shard)
+
+    def _map_tensors(
+        self, snapshot: TrainingSnapshot, f: Callable[[Any, Tensor, str | None], Any]
+    ) -> TrainingSnapshot:
+        """``snapshot`` with ``f(value, parameter, key)`` applied to each saved parameter (key
+        None) and each value of its optimizer state (key: the state's name), ``parameter``
+        being the live trainable parameter it belongs to."""
+        parameters = self.trainable_parameters
         return dataclasses.replace(
             snapshot,
-            parameters=[
-                shard(t, p)
-                for t, p in zip(snapshot.parameters, self.trainable_parameters, strict=True)
-            ],
+            parameters=[f(t, p, None) for t, p in zip(snapshot.parameters, parameters, strict=True)],
             optimizer_state=[
-                None
-                if state is None
-                else {k: shard(v, p) if k != "step" else v for k, v in state.items()}
-                for state, p in zip(
-                    snapshot.optimizer_state, self.trainable_parameters, strict=True
-                )
+                None if state is None else {k: f(v, p, k) for k, v in state.items()}
+                for state, p in zip(snapshot.optimizer_state, parameters, strict=True)
             ],
         )
 

@@ -101,21 +101,27 @@ def check_sources(config: RunConfig, data: Mapping[str, Any]) -> None:
         check_path(dataset.data_source(rows))
 
 
+def _sharded_launches() -> list[tuple[str, str, str]]:
+    """``(variable, name, value)`` of each sharded launch accelerate's environment turns on."""
+    return [
+        (variable, name, value)
+        for variable, name in SHARDED_LAUNCHES.items()
+        if (value := os.environ.get(variable, "")).strip().lower() in _TRUE
+    ]
+
+
 def sharded_launch() -> str | None:
     """What accelerate's environment says the processes were launched under (FSDP, DeepSpeed,
     Megatron-LM, with the variable that says so), or None for plain data parallelism."""
-    for variable, name in SHARDED_LAUNCHES.items():
-        value = os.environ.get(variable, "")
-        if value.strip().lower() in _TRUE:
-            return f"{name} ({variable}={value})"
-    return None
+    launches = _sharded_launches()
+    if not launches:
+        return None
+    variable, name, value = launches[0]
+    return f"{name} ({variable}={value})"
 
 
 def check_launch() -> None:
-    for variable, name in SHARDED_LAUNCHES.items():
-        value = os.environ.get(variable, "")
-        if value.strip().lower() not in _TRUE:
-            continue
+    for variable, name, value in _sharded_launches():
         version = os.environ.get("FSDP_VERSION", "").strip()
         if name == "FSDP" and version == "2":
             continue

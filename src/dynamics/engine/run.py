@@ -495,11 +495,9 @@ class RunFolderWriter:
 
         def write(folder: Path) -> None:
             # PEFT models save only the adapter (adapter_model.safetensors +
-            # adapter_config.json); full fine-tuning saves model.safetensors.
-            if whole is None:
-                model.save_pretrained(folder)
-            else:
-                model.save_pretrained(folder, state_dict=whole)
+            # adapter_config.json); full fine-tuning saves model.safetensors. No state dict
+            # (unsharded): the model's own.
+            model.save_pretrained(folder, state_dict=whole)
             self.built.tokenizer.save_pretrained(folder)
             (folder / "step.txt").write_text(f"{step}\n")
 

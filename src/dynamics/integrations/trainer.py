@@ -451,17 +451,12 @@ class DynamicsCallback(TrainerCallback):
         if args.fp16:
             problems.append("fp16 loss scaling is not supported by DynamicsCallback: use bf16 or fp32")
         launched = sharded_launch()
-        if launched is not None:
+        sharded = f"launched under {launched}" if launched else "TrainingArguments.fsdp or deepspeed"
+        if launched or args.fsdp or args.deepspeed:
             problems.append(
-                f"launched under {launched}: sharded training is not supported by DynamicsCallback "
-                "(saving its run folder from shards has never run under a Trainer); train with plain data "
-                "parallelism, or with dynamics run under FSDP2"
-            )
-        elif args.fsdp or args.deepspeed:
-            problems.append(
-                "sharded training (TrainingArguments.fsdp or deepspeed) is not supported by DynamicsCallback: "
-                "saving its run folder from shards has never run under a Trainer; train with plain data "
-                "parallelism, or with dynamics run under FSDP2"
+                f"sharded training ({sharded}) is not supported by DynamicsCallback: saving its run folder "
+                "from shards has never run under a Trainer; train with plain data parallelism, or with "
+                "dynamics run under FSDP2"
             )
         if args.dataloader_num_workers:
             problems.append(
