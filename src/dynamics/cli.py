@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from dynamics.commands.errors import UsageError
+
 # Command name -> module under dynamics.commands. A test keeps this in sync with the README.
 COMMANDS: dict[str, str] = {
     "solve": "dynamics.commands.solve",
@@ -21,10 +23,6 @@ COMMANDS: dict[str, str] = {
     "report": "dynamics.commands.report",
     "demo": "dynamics.commands.demo",
 }
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

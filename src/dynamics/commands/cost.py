@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from dynamics.cli import UsageError
+from dynamics.commands.errors import UsageError
 from dynamics.core.cost import (
     DEFAULT_TRAIN_FWD_RATIO,
     PREDICTOR_EVALS,

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from dynamics.cli import UsageError
+    from dynamics.commands.errors import UsageError
     from dynamics.experiments.demo import DemoSettings, run_demo
     from dynamics.runs.rundir import RunDirError
 

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from dynamics.cli import UsageError
+    from dynamics.commands.errors import UsageError
     from dynamics.runs.rundir import RunDirError, read_run
 
     try:

@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
     # Imported here so that other commands never pay for torch and transformers.
     from pathlib import Path
 
-    from dynamics.cli import UsageError
+    from dynamics.commands.errors import UsageError
     from dynamics.engine.config import ConfigError, RunConfig
     from dynamics.runs.rundir import RunDirError
 

@@ -8,7 +8,7 @@ import argparse
 import json
 from typing import Any
 
-from dynamics.cli import UsageError
+from dynamics.commands.errors import UsageError
 from dynamics.data.scenarios import DATASETS, Scenario, ScenarioError, list_scenarios, load_scenario
 
 HELP = "List the paper's 54 scenarios, show one of them, or print its run config."

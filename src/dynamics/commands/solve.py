@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from dynamics.cli import UsageError
+from dynamics.commands.errors import UsageError
 from dynamics.core.problem import MixtureProblem, SolverGrid
 
 HELP = "Solve one mixture update (eq. 3.4 over the lambda x eps grid) from a JSON problem file."

@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from dynamics.cli import UsageError
+    from dynamics.commands.errors import UsageError
     from dynamics.experiments.sweep import SweepError, plan_sweep, read_sweep_file, run_sweep
 
     if args.no_ray and (args.address or args.num_cpus):
