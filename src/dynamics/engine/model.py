@@ -28,7 +28,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def load_causal_lm(config: ModelConfig) -> PreTrainedModel:
     """The base model: loaded from the hub / a folder, or randomly initialised from
     ``config.init_config`` (tests and the offline demo)."""
-    dtype = _resolve_dtype(config.dtype)
+    dtype = resolve_dtype(config.dtype)
     if config.init_config is not None:
         init = dict(config.init_config)
         model_config = AutoConfig.for_model(init.pop("model_type"), **init)
@@ -49,7 +49,9 @@ def load_causal_lm(config: ModelConfig) -> PreTrainedModel:
     )
 
 
-def _resolve_dtype(name: str) -> torch.dtype:
+def resolve_dtype(name: str) -> torch.dtype:
+    """The torch dtype of ``model.dtype``; ``auto`` is bfloat16 on a GPU that computes in
+    it natively, float32 elsewhere."""
     if name != "auto":
         return _DTYPES[name]
     # bf16 weights halve memory where the hardware computes in bf16 natively; CPUs and

@@ -38,7 +38,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from dynamics.data.loading import DataError, check_path, offline, one_line
 from dynamics.engine.config import RunConfig
-from dynamics.engine.model import _resolve_dtype, load_tokenizer
+from dynamics.engine.model import load_tokenizer, resolve_dtype
 from dynamics.runs.rundir import RunDirError
 
 
@@ -298,7 +298,7 @@ def _check_lora_targets(built: PretrainedConfig, targets: list[str], config: Run
 
 
 def _loaded_dtype(config: RunConfig, loaded_dtype: torch.dtype | None) -> torch.dtype:
-    return loaded_dtype if loaded_dtype is not None else _resolve_dtype(config.model.dtype)
+    return loaded_dtype if loaded_dtype is not None else resolve_dtype(config.model.dtype)
 
 
 # attn_implementation -> the package its kernels come from.
