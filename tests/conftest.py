@@ -1,12 +1,28 @@
-"""Fixtures shared by the test packages."""
+"""Fixtures shared by the test packages, and where the tests keep their caches.
+
+The tests write only into their temporary folders and into ``.cache/tests`` at the
+repository root (gitignored, kept between runs): ``XDG_CACHE_HOME`` points there, so the
+demo's base model (``$XDG_CACHE_HOME/dynamics``), the datasets and hub caches and
+matplotlib's font cache are built there once, never in the user's ``~/.cache``. This is
+set before anything imports ``datasets``, ``huggingface_hub`` or ``matplotlib``, which read
+it once; subprocesses the tests start inherit it.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
+TEST_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "tests"
+os.environ["XDG_CACHE_HOME"] = str(TEST_CACHE)
+os.environ["HF_HOME"] = str(TEST_CACHE / "huggingface")
+os.environ["MPLCONFIGDIR"] = str(TEST_CACHE / "matplotlib")
+for variable in ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TORCH_HOME"):
+    os.environ.pop(variable, None)  # each defaults to a folder under the two above
 
-from tests.fixtures.tiny_tokenizer import tiny_tokenizer
+import pytest  # noqa: E402
+
+from tests.fixtures.tiny_tokenizer import tiny_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
