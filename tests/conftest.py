@@ -1,4 +1,4 @@
-"""Fixtures shared by the test packages, and where the tests keep their caches.
+"""Fixtures shared by the test packages; where the tests keep their caches; no network.
 
 The tests write only into their temporary folders and into ``.cache/tests`` at the
 repository root (gitignored, kept between runs): ``XDG_CACHE_HOME`` points there, so the
@@ -19,6 +19,10 @@ os.environ["HF_HOME"] = str(TEST_CACHE / "huggingface")
 os.environ["MPLCONFIGDIR"] = str(TEST_CACHE / "matplotlib")
 for variable in ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TORCH_HOME"):
     os.environ.pop(variable, None)  # each defaults to a folder under the two above
+# No test touches the network (as scripts/test.sh runs them); set here because the import
+# below reads it once, before any test package's own conftest.
+for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.setdefault(variable, "1")
 
 import pytest  # noqa: E402
 
