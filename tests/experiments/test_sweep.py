@@ -91,6 +91,7 @@ def swept(local_ray, tmp_path_factory) -> tuple[Path, dict]:
     return folder, record
 
 
+@pytest.mark.slow  # Ray
 def test_sweep_writes_one_finished_run_folder_per_config_method_and_seed(swept):
     folder, record = swept
     names = sorted(row["name"] for row in record["runs"])
@@ -113,6 +114,7 @@ def test_sweep_writes_one_finished_run_folder_per_config_method_and_seed(swept):
     assert lr["method"] == {**lr["method"], "name": "fixed", "weights": {"math": 0.2, "wiki": 0.4, "chat": 0.4}}
 
 
+@pytest.mark.slow  # Ray
 def test_rerun_skips_complete_runs_and_resumes_an_interrupted_one_without_ray(swept):
     folder, _ = swept
     interrupted = folder / "out" / "lr3e-3" / "dynamics-steps0-4" / "seed0"
@@ -137,6 +139,7 @@ def test_rerun_skips_complete_runs_and_resumes_an_interrupted_one_without_ray(sw
     assert after["constrained_ppl_reduction"] == before["constrained_ppl_reduction"]
 
 
+@pytest.mark.slow  # Ray
 def test_sweep_report_has_the_papers_numbers_and_a_self_contained_page(swept):
     folder, _ = swept
     out = folder / "report"
@@ -170,6 +173,7 @@ def test_sweep_report_has_the_papers_numbers_and_a_self_contained_page(swept):
     assert not re.search(r"<script|<link|https?://|src=\"(?!data:)", page)
 
 
+@pytest.mark.slow  # Ray
 def test_single_run_report_draws_weights_losses_slack_and_predictions(swept, capsys):
     folder, _ = swept
     run = folder / "out" / "lr3e-3" / "dynamics-steps0-4" / "seed0"
@@ -190,6 +194,7 @@ def test_single_run_report_draws_weights_losses_slack_and_predictions(swept, cap
     assert capsys.readouterr().out == run_report(records) + "\n"
 
 
+@pytest.mark.slow  # Ray
 def test_fixed_run_report_says_it_predicts_nothing(swept):
     folder, _ = swept
     out = folder / "fixed-report"
@@ -287,6 +292,7 @@ def test_a_failing_run_is_reported_and_the_others_go_on(tmp_path, capsys):
     assert error_file.read_text().startswith("Traceback (most recent call last)")
 
 
+@pytest.mark.slow  # Ray
 def test_a_run_no_node_can_hold_is_refused_instead_of_waiting_forever(local_ray):
     import ray
 

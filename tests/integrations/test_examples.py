@@ -12,6 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+pytestmark = pytest.mark.slow  # each example trains in a subprocess
+
 
 @pytest.mark.parametrize("script", ["trainer.py", "trl_sft.py"])
 def test_each_trainer_example_writes_a_run_folder(tmp_path, script):
