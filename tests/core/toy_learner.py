@@ -1,13 +1,14 @@
 """An analytic Learner: metric values move linearly (or along known curves) with the
-number of steps trained on each dataset, so slopes and predictions are known exactly."""
+number of steps trained on each dataset, so slopes and predictions are known exactly; with
+``noise`` > 0 every evaluation also draws fresh noise of a known size, as a real one does."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dynamics.core.learner import Evaluation
+from dynamics.core.learner import DomainKind, Evaluation
 
 
 class ToyLearner:
@@ -15,7 +16,9 @@ class ToyLearner:
     number of steps trained on dataset j. ``effect`` defaults to the linear A_ij * n_j.
 
     Per-batch offsets differ between batches but are fixed, like real evaluation batches:
-    a slope estimated on the same batches is exact, one mixing batch sets is not.
+    a slope estimated on the same batches is exact, one mixing batch sets is not. ``noise``
+    is the standard deviation of independent N(0, noise^2) draws added to every batch value
+    at every evaluation (seeded), so two evaluations of the same state differ.
     """
 
     def __init__(
@@ -25,6 +28,9 @@ class ToyLearner:
         num_batches: int = 8,
         effect: Callable[[np.ndarray], np.ndarray] | None = None,
         seed: int = 0,
+        noise: float = 0.0,
+        kinds: Sequence[DomainKind] | None = None,
+        dataset_names: Sequence[str] | None = None,
     ) -> None:
         self.slopes = np.asarray(slopes, dtype=float)
         self.initial = np.asarray(initial, dtype=float)
@@ -35,17 +41,25 @@ class ToyLearner:
             "test": rng.normal(0.0, 0.5, size=(m, num_batches)),
         }
         self.effect = effect or (lambda steps: self.slopes @ steps)
+        self.noise = noise
+        self.noise_rng = np.random.default_rng(seed + 1)
+        self.names = list(dataset_names) if dataset_names is not None else [f"d{j}" for j in range(n)]
+        self.kinds = list(kinds) if kinds is not None else [DomainKind("loss", 4)] * m
         self.steps_per_dataset = np.zeros(n)
         self.trained_steps = 0
         self.evaluations: list[tuple[str, int]] = []
 
     @property
     def dataset_names(self) -> list[str]:
-        return [f"d{j}" for j in range(self.slopes.shape[1])]
+        return self.names
 
     @property
     def domain_names(self) -> list[str]:
         return [f"e{i}" for i in range(self.slopes.shape[0])]
+
+    @property
+    def domain_kinds(self) -> list[DomainKind]:
+        return self.kinds
 
     def values(self) -> np.ndarray:
         return self.initial + self.effect(self.steps_per_dataset)
@@ -54,7 +68,10 @@ class ToyLearner:
         offsets = self.offsets[split]
         nb = offsets.shape[1] if num_batches is None else num_batches
         self.evaluations.append((split, nb))
-        return Evaluation(self.values()[:, None] + offsets[:, :nb])
+        per_batch = self.values()[:, None] + offsets[:, :nb]
+        if self.noise > 0:
+            per_batch = per_batch + self.noise_rng.normal(0.0, self.noise, size=per_batch.shape)
+        return Evaluation(per_batch)
 
     def train(self, steps: int, weights: np.ndarray) -> None:
         assert steps > 0

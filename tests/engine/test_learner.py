@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from dynamics.core.learner import AlignmentLearner, Learner
+from dynamics.core.learner import AlignmentLearner, DomainKind, Learner
 from dynamics.engine.config import LoraConfig, ModelConfig, OptimizerConfig
 from dynamics.engine.learner import HFLearner, adam_direction
 from dynamics.engine.model import build_lr_scheduler, load_causal_lm, prepare_model
@@ -296,6 +296,8 @@ def test_accuracy_is_letter_restricted_argmax_at_the_last_real_token():
     )
     np.testing.assert_array_equal(learner.evaluate("eval").per_batch, [[-0.5, -1.0]])
     np.testing.assert_array_equal(learner.evaluate("test").per_batch, [[-0.5, -0.5]])
+    # The controller learns the metric and the questions per batch (its binomial noise).
+    assert learner.domain_kinds == [DomainKind("accuracy", 4)]
 
     # Accuracy is exact in float64: one of three right is -1/3, not float32's -0.33333334.
     third = {**batches[0], "answer_index": torch.tensor([2, 1, 1, 3])[:3]}

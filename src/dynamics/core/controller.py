@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dynamics.core.learner import Evaluation, Learner
+from dynamics.core.learner import DomainKind, Evaluation, Learner
 from dynamics.core.metrics import TIE_TOLERANCE, constraint_slack
 from dynamics.core.records import EvaluationRecord, UpdateRecord
 from dynamics.core.schedules import UpdateSchedule
@@ -31,6 +31,8 @@ class UpdateContext:
     reference_losses:  step-0 values on the same R batches, NaN for non-constraints
                        (the solver's references use the probe's batches), lowered by
                        the margins backtracking learned.
+    domain_kinds:      each domain's metric and evaluation batch size.
+    weights_in_force:  the mixture trained on up to this step (None at the first update).
     """
 
     step: int
@@ -42,6 +44,8 @@ class UpdateContext:
     targets: tuple[int, ...]
     constraints: tuple[int, ...]
     reduced_batches: int
+    domain_kinds: tuple[DomainKind, ...]
+    weights_in_force: np.ndarray | None
     after_backtrack: bool = False  # the learner was just returned to this step's state
 
 
@@ -379,6 +383,8 @@ def mixture_training(
                 targets=history.targets,
                 constraints=history.constraints,
                 reduced_batches=reduced_batches,
+                domain_kinds=tuple(learner.domain_kinds),
+                weights_in_force=None if last_update is None else np.asarray(last_update.weights, dtype=float),
                 after_backtrack=backtrack is not None,
             )
             update = policy.decide(learner, context)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -45,6 +45,30 @@ class Evaluation:
         return np.asarray(self.per_batch[:, :num_batches].mean(axis=1), dtype=float)
 
 
+@dataclass(frozen=True)
+class DomainKind:
+    """What an evaluation domain's values are, so that decisions respect their units.
+
+    metric:      ``loss`` (nats, never below 0) or ``accuracy`` (stored as ``-accuracy``,
+                 in [-1, 0]).
+    batch_size:  examples one evaluation batch scores (an accuracy's binomial noise).
+    """
+
+    metric: Literal["loss", "accuracy"]
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        if self.metric not in ("loss", "accuracy"):
+            raise ValueError(f"metric must be 'loss' or 'accuracy', got {self.metric!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+    @property
+    def floor(self) -> float:
+        """The lowest value the metric can take: 0 nats, or -1 (every answer right)."""
+        return -1.0 if self.metric == "accuracy" else 0.0
+
+
 class Diverged(ArithmeticError):
     """A probe or a training step produced a non-finite loss or gradient. Raised by
     ``Learner.probe`` (the policy discards that probe), and by ``Learner.train`` once the
@@ -63,6 +87,11 @@ class Learner(Protocol):
     @property
     def domain_names(self) -> Sequence[str]:
         """The M evaluation domains, in the order of the slope matrix rows."""
+        ...
+
+    @property
+    def domain_kinds(self) -> Sequence[DomainKind]:
+        """The metric and evaluation batch size of each of the M domains."""
         ...
 
     def evaluate(self, split: str, num_batches: int | None = None) -> Evaluation:

@@ -28,6 +28,8 @@ from dynamics.core.robust import (
     RobustOptions,
     RobustProblem,
     calibrated,
+    confident_step,
+    keep_target_share,
     select_robust,
     slope_standard_errors,
     solve_direct,
@@ -158,7 +160,10 @@ class DynamicsPolicy:
             horizon=context.horizon,
         )
         slope_errors = slope_standard_errors(
-            context.anchor.per_batch[:, : context.reduced_batches], probes.evaluations[reliable, -1], budget
+            context.anchor.per_batch[:, : context.reduced_batches],
+            probes.evaluations[reliable, -1],
+            budget,
+            context.domain_kinds,
         )
         extra = {
             "predictor": self.predictor,
@@ -169,7 +174,17 @@ class DynamicsPolicy:
         if self.options.is_paper:
             record = _solve_update(self.name, context, fit.slope_matrix, self.grid, probe_seconds, extra)
         else:
-            record = self._robust_update(context, fit.slope_matrix, slope_errors, probe_seconds, extra)
+            record = self._robust_update(
+                context,
+                fit.slope_matrix,
+                slope_errors,
+                probe_seconds,
+                extra,
+                previous=_in_force(context.weights_in_force, reliable),
+                target_datasets=[
+                    k for k, j in enumerate(reliable) if learner.dataset_names[j] in _target_names(learner, context)
+                ],
+            )
         record.dataset_probe_seconds = probes.seconds
         record.probe_ranks = probes.ranks
         if len(reliable) < num_datasets:
@@ -213,8 +228,12 @@ class DynamicsPolicy:
         slope_errors: np.ndarray,
         probe_seconds: float,
         extra: dict,
+        previous: np.ndarray,
+        target_datasets: list[int],
     ) -> UpdateRecord:
-        """The update with the options of :mod:`dynamics.core.robust` on."""
+        """The update with the options of :mod:`dynamics.core.robust` on. ``previous`` is the
+        mixture in force over the probed datasets (uniform at the first update);
+        ``target_datasets`` the columns of the datasets that are also target domains."""
         nominal = _problem_at(context, slope_matrix, self.grid)
         problem = nominal
         if self.options.calibration:
@@ -234,14 +253,28 @@ class DynamicsPolicy:
             self.options.target_noise,
             gain_exponent=self.options.gain_exponent,
             probe_budget=context.probe_budget,
+            floors=np.array([kind.floor for kind in context.domain_kinds]) if self.options.metric_floors else None,
         )
         candidates = grid_candidates(problem)
         direct = solve_direct(robust) if self.options.lp_candidate else None
         choice = select_robust(robust, [c.weights for c in candidates], direct)
         grid_choice = candidates[choice.index] if choice.source == "grid" else None
+        decision: dict[str, Any] = {}
+        weights = choice.weights
+        if direct is not None and not direct.converged:
+            decision["solver_failure"] = direct.message
+            if choice.source == "direct":
+                # A failed solve says nothing reliable about where to go: stay.
+                weights = previous
+        if self.options.full_step_z > 0:
+            weights, fraction = confident_step(robust, previous, weights, self.options.full_step_z)
+            decision["step_fraction"] = fraction
+        if self.options.target_share > 0:
+            weights, share = keep_target_share(robust, weights, target_datasets, self.options.target_share)
+            decision["target_share"] = share.to_dict()
         solution = solution_of(
             problem,
-            choice.weights,
+            weights,
             lam=grid_choice.lam if grid_choice is not None else float("nan"),
             eps=grid_choice.eps if grid_choice is not None else 0.0,
             num_candidates=len(candidates) + (direct is not None),
@@ -250,10 +283,24 @@ class DynamicsPolicy:
         # The predictions the decision was made on: with diminishing returns they are not
         # eq. 3.3's. The record keeps the calibrated one, the calibration learns from the
         # nominal one.
-        solution = replace(solution, predicted_losses=robust.predicted_losses(choice.weights))
-        self._last_prediction = (replace(robust, problem=nominal).predicted_losses(choice.weights), context.horizon)
-        extra["robust"] = {**self.options.to_dict(), **choice.to_dict()}
+        solution = replace(solution, predicted_losses=robust.predicted_losses(weights))
+        self._last_prediction = (replace(robust, problem=nominal).predicted_losses(weights), context.horizon)
+        extra["robust"] = {**self.options.to_dict(), **choice.to_dict(), **decision}
         return _update_record(self.name, context, nominal, solution, probe_seconds, extra)
+
+
+def _in_force(weights: np.ndarray | None, columns: list[int]) -> np.ndarray:
+    """The mixture in force over ``columns``, renormalised; uniform before the first update
+    or when it gave those datasets no weight."""
+    if weights is None or float(np.sum(weights[columns])) <= 0:
+        return np.full(len(columns), 1.0 / len(columns))
+    kept = np.asarray(weights, dtype=float)[columns]
+    return kept / kept.sum()
+
+
+def _target_names(learner: Learner, context: UpdateContext) -> set[str]:
+    """Names of the target domains: a fine-tuning dataset of the same name is target data."""
+    return {learner.domain_names[i] for i in context.targets}
 
 
 @dataclass

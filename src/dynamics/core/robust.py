@@ -2,7 +2,7 @@
 
 The paper's update (section 3.3, appendix G) trusts the slope matrix as measured: every
 probe is one short run scored on a few evaluation batches, and its change is extrapolated
-``H_t / c_t`` times. Four options, each off in ``variant: paper`` (``docs/beyond-the-paper.md``
+``H_t / c_t`` times. The options below, each off in ``variant: paper`` (``docs/beyond-the-paper.md``
 explains them and what they measured):
 
 * ``lp_candidate``: the hard-constrained program (eq. 3.1 with the prediction of eq. 3.3) is
@@ -37,6 +37,18 @@ explains them and what they measured):
   linear in w and always picks a vertex). It acts through the direct candidate, so it
   turns ``lp_candidate`` on. p = 1 is eq. 3.3.
 
+* ``metric_floors``: no dataset's predicted improvement takes a domain below the lowest
+  value its metric can have (0 nats; an accuracy of 1), so an extrapolated gain that cannot
+  happen does not offset a harm (:func:`predicted_changes`).
+* ``full_step_z`` (z > 0; 0 is off): the weights move from the mixture in force toward the
+  solver's answer in proportion to how many standard errors its predicted target gain is
+  worth, all the way at z (:func:`confident_step`); constraints still come first.
+* ``target_share`` (in [0, 1); 0 is off): the target datasets keep at least this share of the
+  mixture while every predicted constraint still holds (:func:`keep_target_share`).
+
+Whatever the options, a direct candidate whose SLSQP run stopped without success is
+recorded as such and replaced by the mixture in force.
+
 ``variant: robust`` turns on the direct candidate, the pessimistic target objective, the
 calibration and diminishing returns with p = 0.5 (:data:`VARIANTS`), the combination chosen
 on the eval splits of the measured scenarios; each option can also be set alone.
@@ -52,8 +64,9 @@ from typing import Any
 import numpy as np
 from scipy.optimize import linprog, minimize
 
+from dynamics.core.learner import DomainKind
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
-from dynamics.core.solver import _to_simplex
+from dynamics.core.solver import to_simplex
 
 
 @dataclass(frozen=True)
@@ -65,14 +78,19 @@ class RobustOptions:
     target_noise: float = 0.0
     calibration: bool = False
     gain_exponent: float = 1.0
+    metric_floors: bool = False
+    full_step_z: float = 0.0
+    target_share: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("noise_margin", "target_noise"):
+        for name in ("noise_margin", "target_noise", "full_step_z"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0 (standard errors), got {value}")
         if not (math.isfinite(self.gain_exponent) and 0 < self.gain_exponent <= 1):
             raise ValueError(f"gain_exponent must be in (0, 1] (1: linear, as eq. 3.3), got {self.gain_exponent}")
+        if not (math.isfinite(self.target_share) and 0 <= self.target_share < 1):
+            raise ValueError(f"target_share must be in [0, 1) (0: off), got {self.target_share}")
         if (self.target_noise > 0 or self.gain_exponent < 1) and not self.lp_candidate:
             # The grid's candidates minimise the nominal objective; only the direct
             # candidate minimises the pessimistic one.
@@ -89,6 +107,9 @@ class RobustOptions:
             "target_noise": self.target_noise,
             "calibration": self.calibration,
             "gain_exponent": self.gain_exponent,
+            "metric_floors": self.metric_floors,
+            "full_step_z": self.full_step_z,
+            "target_share": self.target_share,
         }
 
 
@@ -101,7 +122,9 @@ robust variant is the combination chosen on the eval splits of the measured scen
 (docs/beyond-the-paper.md); the noise margin is left out of it."""
 
 
-def slope_standard_errors(anchor: np.ndarray, probed: np.ndarray, probe_budget: int) -> np.ndarray:
+def slope_standard_errors(
+    anchor: np.ndarray, probed: np.ndarray, probe_budget: int, kinds: Sequence[DomainKind] | None = None
+) -> np.ndarray:
     """Standard error of each slope from the per-batch spread of a probe's change.
 
     anchor: (M, R) per-batch metric at theta_t; probed: (N, M, R) per-batch metric after the
@@ -109,6 +132,11 @@ def slope_standard_errors(anchor: np.ndarray, probed: np.ndarray, probe_budget: 
     a paired difference; its mean over batches (divided by c_t) is the slope, and its sample
     standard deviation over sqrt(R) (divided by c_t) the slope's standard error. Shape (M, N),
     in metric units per step. With one batch the spread is unknown and the errors are 0.
+
+    ``kinds`` (one per domain) floors the error of an accuracy at the binomial standard
+    error of the anchor's accuracy over its ``R * batch_size`` questions, divided by c_t, with
+    the accuracy smoothed as (k + 1) / (n + 2) so that it is never 0: four batches in which no
+    answer flips say little about how many would flip over a longer stretch.
     """
     anchor = np.asarray(anchor, dtype=float)
     probed = np.asarray(probed, dtype=float)
@@ -118,10 +146,25 @@ def slope_standard_errors(anchor: np.ndarray, probed: np.ndarray, probe_budget: 
         raise ValueError(f"probe_budget must be >= 1, got {probe_budget}")
     num_batches = anchor.shape[1]
     if num_batches < 2:
-        return np.zeros((anchor.shape[0], probed.shape[0]))
-    change = probed - anchor[None]  # (N, M, R)
-    spread = change.std(axis=2, ddof=1)  # (N, M)
-    return (spread / math.sqrt(num_batches) / probe_budget).T
+        errors = np.zeros((anchor.shape[0], probed.shape[0]))
+    else:
+        change = probed - anchor[None]  # (N, M, R)
+        spread = change.std(axis=2, ddof=1)  # (N, M)
+        errors = (spread / math.sqrt(num_batches) / probe_budget).T
+    if kinds is not None:
+        if len(kinds) != anchor.shape[0]:
+            raise ValueError(f"kinds must have one entry per domain ({anchor.shape[0]}), got {len(kinds)}")
+        for i, kind in enumerate(kinds):
+            if kind.metric == "accuracy":
+                errors[i] = np.maximum(errors[i], binomial_error(-anchor[i].mean(), num_batches * kind.batch_size) / probe_budget)
+    return errors
+
+
+def binomial_error(accuracy: float, questions: int) -> float:
+    """Standard error of an accuracy measured on ``questions`` questions, with the accuracy
+    smoothed as (k + 1) / (n + 2) (Laplace), so that it is positive even at 0 or 1."""
+    smoothed = (accuracy * questions + 1.0) / (questions + 2.0)
+    return math.sqrt(smoothed * (1.0 - smoothed) / questions)
 
 
 @dataclass
@@ -136,6 +179,9 @@ class PredictionCalibration:
     horizon. So a dense warmup's one-step updates, whose errors are one quiz question of
     noise, cannot set a correction that is then multiplied by a 128-step horizon, and the
     correction grows only as past horizons reach the one being predicted.
+    The correction only ever tightens: a bias below zero (losses ended lower than predicted)
+    is clipped to zero, so a prediction that under-states gains, as diminishing returns do
+    by design, never loosens a constraint.
     Units: metric per step (positive: losses ended higher than predicted).
     """
 
@@ -159,7 +205,7 @@ class PredictionCalibration:
         """The per-step bias to add to a prediction ``horizon`` steps ahead."""
         if self.count == 0:
             return np.zeros(self.num_domains)
-        return self.weighted_error / (self.horizon_squares + float(horizon) ** 2)
+        return np.maximum(self.weighted_error / (self.horizon_squares + float(horizon) ** 2), 0.0)
 
 
 def tempered_progress(u: np.ndarray, exponent: float) -> np.ndarray:
@@ -174,18 +220,43 @@ def tempered_progress(u: np.ndarray, exponent: float) -> np.ndarray:
     return np.where(u <= 1.0, u, beyond)
 
 
-def predicted_changes(problem: MixtureProblem, weights: np.ndarray, exponent: float, probe_budget: int) -> np.ndarray:
+def predicted_changes(
+    problem: MixtureProblem,
+    weights: np.ndarray,
+    exponent: float,
+    probe_budget: int,
+    floors: np.ndarray | None = None,
+) -> np.ndarray:
     """Predicted change of every domain over the horizon, shape (M,), with diminishing
     returns beyond the probe (``gain_exponent``): ``c_t sum_j S_ij phi(w_j H_t / c_t)`` over
     the improving entries (S_ij < 0), ``H_t sum_j S_ij w_j`` over the others. With
-    ``exponent`` 1 this is eq. 3.3's ``H_t S w``."""
+    ``exponent`` 1 this is eq. 3.3's ``H_t S w``.
+
+    ``floors`` (M,), the lowest value each metric can take (0 nats, -1 for an accuracy):
+    no single dataset's improvement is predicted to take a domain below it, so an
+    impossible gain extrapolated from one dataset cannot offset a real harm from another.
+    Harms stay unclipped, which keeps every prediction convex in w."""
     w = np.asarray(weights, dtype=float)
-    if exponent >= 1.0:
+    if exponent >= 1.0 and floors is None:
         return problem.horizon * (problem.slopes @ w)
-    u = w * problem.horizon / probe_budget
     slopes = problem.slopes
-    per_entry = np.where(slopes < 0, slopes * tempered_progress(u, exponent)[None, :], slopes * u[None, :])
-    return probe_budget * per_entry.sum(axis=1)
+    if exponent >= 1.0:
+        gains = problem.horizon * slopes * w[None, :]
+    else:
+        u = w * problem.horizon / probe_budget
+        gains = probe_budget * slopes * tempered_progress(u, exponent)[None, :]
+    per_entry = np.where(slopes < 0, gains, problem.horizon * slopes * w[None, :])
+    if floors is not None:
+        room = (np.asarray(floors, dtype=float) - problem.current_losses)[:, None]  # <= 0
+        per_entry = np.where(slopes < 0, np.maximum(per_entry, np.minimum(room, 0.0)), per_entry)
+    return per_entry.sum(axis=1)
+
+
+def gains_can_pass_floors(problem: MixtureProblem, floors: np.ndarray) -> bool:
+    """Whether some dataset alone, trained the whole horizon, would be predicted to take a
+    domain below its floor (only then do the floors change any prediction)."""
+    room = np.asarray(floors, dtype=float) - problem.current_losses
+    return bool(np.any(problem.horizon * problem.slopes < np.minimum(room, 0.0)[:, None]))
 
 
 @dataclass(frozen=True)
@@ -199,6 +270,8 @@ class RobustProblem:
     target_z:         pessimism in standard errors of the summed target slope.
     gain_exponent:    p of :func:`predicted_changes` (1: the linear prediction of eq. 3.3).
     probe_budget:     c_t, the probe's length in steps (sets where diminishing returns start).
+    floors:           the lowest value of each domain's metric (:attr:`DomainKind.floor`), or
+                      None to predict without them; kept only where they can bind.
     """
 
     problem: MixtureProblem
@@ -207,8 +280,14 @@ class RobustProblem:
     target_z: float = 0.0
     gain_exponent: float = 1.0
     probe_budget: int = 1
+    floors: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if self.floors is not None:
+            floors = np.asarray(self.floors, dtype=float)
+            if floors.shape != self.problem.current_losses.shape:
+                raise ValueError(f"floors must have shape {self.problem.current_losses.shape}, got {floors.shape}")
+            object.__setattr__(self, "floors", floors if gains_can_pass_floors(self.problem, floors) else None)
         errors = np.asarray(self.slope_errors, dtype=float)
         if errors.shape != self.problem.slopes.shape or not np.all(np.isfinite(errors)) or np.any(errors < 0):
             raise ValueError(f"slope_errors must be finite, >= 0 and of shape {self.problem.slopes.shape}")
@@ -217,15 +296,17 @@ class RobustProblem:
             raise ValueError(f"probe_budget must be >= 1, got {self.probe_budget}")
 
     @property
-    def tempered(self) -> bool:
-        """Whether predictions have diminishing returns (are not linear in w)."""
-        return self.gain_exponent < 1.0
+    def nonlinear_prediction(self) -> bool:
+        """Whether predictions are not linear in w: diminishing returns, or a floor that a
+        single dataset's gain can reach."""
+        return self.gain_exponent < 1.0 or self.floors is not None
 
     def predicted_losses(self, weights: np.ndarray) -> np.ndarray:
-        """L_hat(w), shape (M,): eq. 3.3, or with diminishing returns (:func:`predicted_changes`)."""
-        if not self.tempered:
+        """L_hat(w), shape (M,): eq. 3.3, or with diminishing returns and floors
+        (:func:`predicted_changes`)."""
+        if not self.nonlinear_prediction:
             return self.problem.predicted_losses(weights)
-        changes = predicted_changes(self.problem, weights, self.gain_exponent, self.probe_budget)
+        changes = predicted_changes(self.problem, weights, self.gain_exponent, self.probe_budget, self.floors)
         return self.problem.current_losses + changes
 
     @property
@@ -259,11 +340,15 @@ class RobustProblem:
         With diminishing returns ``g.w`` is the targets' summed predicted change over H_t."""
         w = np.asarray(weights, dtype=float)
         spread = float(np.sqrt(((self.target_errors * w) ** 2).sum()))
-        if self.tempered:
-            t = list(self.problem.targets)
-            nominal = float(predicted_changes(self.problem, w, self.gain_exponent, self.probe_budget)[t].sum())
-            return nominal / self.problem.horizon + self.target_z * spread
-        return self.problem.target_objective(w) + self.target_z * spread
+        return self.nominal_objective(w) + self.target_z * spread
+
+    def nominal_objective(self, weights: np.ndarray) -> float:
+        """The targets' summed predicted change per step, without pessimism."""
+        if not self.nonlinear_prediction:
+            return self.problem.target_objective(weights)
+        t = list(self.problem.targets)
+        changes = predicted_changes(self.problem, weights, self.gain_exponent, self.probe_budget, self.floors)
+        return float(changes[t].sum()) / self.problem.horizon
 
 
 @dataclass(frozen=True)
@@ -275,6 +360,8 @@ class DirectCandidate:
     weights: np.ndarray
     feasible: bool
     max_violation: float
+    converged: bool = True  # False: SLSQP stopped without success (``message`` says why)
+    message: str = ""
 
 
 def solve_direct(rp: RobustProblem) -> DirectCandidate:
@@ -292,7 +379,7 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     problem = rp.problem
     n = problem.num_datasets
     conic = rp.constraint_z > 0 and bool(np.any(rp.slope_errors[list(problem.constraints)] > 0))
-    nonlinear = conic or rp.tempered
+    nonlinear = conic or rp.nonlinear_prediction
     centre = _most_feasible(rp, nonlinear)
     if rp.max_violation(centre) > FEASIBILITY_TOL:
         fallback = _least_violating(rp, centre)
@@ -300,7 +387,7 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     if n == 1:
         return DirectCandidate(centre, True, 0.0)
     linear = _linear_optimum(rp) if not nonlinear else None
-    pessimistic = rp.tempered or (rp.target_z > 0 and bool(np.any(rp.target_errors > 0)))
+    pessimistic = rp.nonlinear_prediction or (rp.target_z > 0 and bool(np.any(rp.target_errors > 0)))
     if linear is not None and not pessimistic:
         linear = _pull_into_feasible(rp, linear, centre)
         return DirectCandidate(linear, True, rp.max_violation(linear))
@@ -317,11 +404,11 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
         ],
         options={"ftol": 1e-12, "maxiter": 500},
     )
-    weights = _to_simplex(result.x)
+    weights = to_simplex(result.x)
     if not np.isfinite(rp.objective(weights)) or rp.objective(weights) > rp.objective(start):
         weights = start
     weights = _pull_into_feasible(rp, weights, centre)
-    return DirectCandidate(weights, True, rp.max_violation(weights))
+    return DirectCandidate(weights, True, rp.max_violation(weights), bool(result.success), str(result.message))
 
 
 def _most_feasible(rp: RobustProblem, nonlinear: bool) -> np.ndarray:
@@ -345,7 +432,7 @@ def _most_feasible(rp: RobustProblem, nonlinear: bool) -> np.ndarray:
         method="highs",
         options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
     )
-    best = _to_simplex(result.x[:n]) if result.status == 0 else np.full(n, 1.0 / n)
+    best = to_simplex(result.x[:n]) if result.status == 0 else np.full(n, 1.0 / n)
     if not nonlinear:
         return best
     starts = [best, np.full(n, 1.0 / n)]
@@ -363,7 +450,7 @@ def _most_feasible(rp: RobustProblem, nonlinear: bool) -> np.ndarray:
             ],
             options={"ftol": 1e-14, "maxiter": 500},
         )
-        candidate = _to_simplex(out.x[:n])
+        candidate = to_simplex(out.x[:n])
         if _worst(rp, candidate) < _worst(rp, best):
             best = candidate
     return best
@@ -389,7 +476,7 @@ def _least_violating(rp: RobustProblem, centre: np.ndarray) -> np.ndarray:
     options = {"ftol": 1e-14, "maxiter": 500}
     total = minimize(lambda x: x[n:].sum(), x0, method="SLSQP", bounds=bounds,
                      constraints=[simplex, capped, above], options=options)
-    first = _to_simplex(total.x[:n]) if total.success else centre
+    first = to_simplex(total.x[:n]) if total.success else centre
     best_total = _total_violation(rp, first)
     if _worst(rp, first) > cap or best_total > _total_violation(rp, centre):
         first, best_total = centre, _total_violation(rp, centre)
@@ -399,7 +486,7 @@ def _least_violating(rp: RobustProblem, centre: np.ndarray) -> np.ndarray:
     x1 = np.concatenate([first, np.maximum(rp.violations(first), 0.0)])
     best = minimize(lambda x: rp.objective(x[:n]) / scale, x1, method="SLSQP", bounds=bounds,
                     constraints=[simplex, capped, above, budget], options=options)
-    candidate = _to_simplex(best.x[:n])
+    candidate = to_simplex(best.x[:n])
     if (
         _worst(rp, candidate) <= cap
         and _total_violation(rp, candidate) <= limit
@@ -435,7 +522,7 @@ def _linear_optimum(rp: RobustProblem) -> np.ndarray | None:
         method="highs",
         options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
     )
-    return _to_simplex(result.x) if result.status == 0 else None
+    return to_simplex(result.x) if result.status == 0 else None
 
 
 def _pull_into_feasible(rp: RobustProblem, weights: np.ndarray, centre: np.ndarray) -> np.ndarray:
@@ -451,7 +538,7 @@ def _pull_into_feasible(rp: RobustProblem, weights: np.ndarray, centre: np.ndarr
             high = mid
         else:
             low = mid
-    return _to_simplex((1 - high) * weights + high * centre)
+    return to_simplex((1 - high) * weights + high * centre)
 
 
 @dataclass(frozen=True)
@@ -505,3 +592,100 @@ def calibrated(problem: MixtureProblem, bias: np.ndarray) -> MixtureProblem:
     c = list(problem.constraints)
     shift[c] = problem.horizon * np.asarray(bias, dtype=float)[c]
     return replace(problem, current_losses=problem.current_losses + shift)
+
+
+def confident_step(
+    rp: RobustProblem, previous: np.ndarray, proposed: np.ndarray, full_step_z: float
+) -> tuple[np.ndarray, float]:
+    """Move from the mixture in force toward the solver's answer as far as the evidence
+    carries: ``(1 - a) previous + a proposed``, returning the mixture and ``a``.
+
+    The answer's predicted target gain over ``previous``, ``g.(previous - proposed)`` per
+    step, is divided by its standard error ``tau ||proposed - previous||`` (tau: the summed
+    target slopes' standard errors, pooled over the datasets); ``a`` is that ratio over ``full_step_z``,
+    clipped to [0, 1]. A gain within noise therefore moves the mixture a little, not to
+    another vertex, and a gain of ``full_step_z`` standard errors or more moves it all the
+    way. Constraints come first: when ``proposed`` is robust-feasible, ``a`` is raised to
+    the smallest step whose mixture is robust-feasible too (the violations are convex in w,
+    so the feasible steps form an interval that ends at 1); when nothing is feasible the
+    least-violating answer is taken whole. Without noise (tau = 0) a real gain is a full step.
+    """
+    if full_step_z <= 0:
+        raise ValueError(f"full_step_z must be > 0 standard errors, got {full_step_z}")
+    previous = np.asarray(previous, dtype=float)
+    proposed = np.asarray(proposed, dtype=float)
+    if rp.max_violation(proposed) > FEASIBILITY_TOL:
+        return proposed, 1.0
+    gain = rp.nominal_objective(previous) - rp.nominal_objective(proposed)
+    # An evaluation's noise belongs to its batches, not to the dataset probed before it: the
+    # errors of the N datasets are pooled (root mean square), N times the degrees of freedom
+    # of one probe's R - 1, so that one dataset's lucky small spread cannot pass for certainty.
+    pooled = float(np.sqrt(np.mean(rp.target_errors**2)))
+    spread = pooled * float(np.linalg.norm(proposed - previous))
+    if spread > 0:
+        fraction = float(np.clip(gain / (full_step_z * spread), 0.0, 1.0))
+    else:
+        fraction = 1.0 if gain > 0 else 0.0
+
+    def mixed(a: float) -> np.ndarray:
+        return to_simplex((1 - a) * previous + a * proposed)
+
+    if rp.max_violation(mixed(fraction)) > FEASIBILITY_TOL:
+        low, high = fraction, 1.0  # high is feasible
+        for _ in range(60):
+            mid = 0.5 * (low + high)
+            if rp.max_violation(mixed(mid)) <= FEASIBILITY_TOL:
+                high = mid
+            else:
+                low = mid
+        fraction = high
+    return mixed(fraction), fraction
+
+
+@dataclass(frozen=True)
+class TargetShare:
+    """What :func:`keep_target_share` did, for the update record."""
+
+    share: float  # target datasets' total weight after it
+    wanted: float
+    limited_by_constraints: bool  # True: the constraints allowed less than ``wanted``
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"share": self.share, "wanted": self.wanted, "limited_by_constraints": self.limited_by_constraints}
+
+
+def keep_target_share(
+    rp: RobustProblem, weights: np.ndarray, target_datasets: Sequence[int], wanted: float
+) -> tuple[np.ndarray, TargetShare]:
+    """Give the target datasets at least ``wanted`` of the mixture while the constraints allow.
+
+    Below ``wanted``, the target datasets' mass is raised (the extra split equally among
+    them, the other datasets scaled down together) along the segment toward a mixture with
+    exactly ``wanted`` on them, as far as every robust constraint stays satisfied. A mixture
+    that already breaks a predicted constraint is left as it is: then the constraints need
+    the whole budget to recover, and the record says so."""
+    weights = np.asarray(weights, dtype=float)
+    targets = list(target_datasets)
+    mass = float(weights[targets].sum()) if targets else 0.0
+    if not targets or mass >= wanted:
+        return weights, TargetShare(mass, wanted, False)
+    others = [j for j in range(len(weights)) if j not in targets]
+    lifted = weights.copy()
+    lifted[targets] += (wanted - mass) / len(targets)
+    other_mass = 1.0 - mass
+    if others and other_mass > 0:
+        lifted[others] *= (1.0 - wanted) / other_mass
+    lifted = to_simplex(lifted)
+    if rp.max_violation(weights) > FEASIBILITY_TOL:
+        return weights, TargetShare(mass, wanted, True)
+    if rp.max_violation(lifted) <= FEASIBILITY_TOL:
+        return lifted, TargetShare(float(lifted[targets].sum()), wanted, False)
+    low, high = 0.0, 1.0  # low is feasible
+    for _ in range(60):
+        mid = 0.5 * (low + high)
+        if rp.max_violation(to_simplex((1 - mid) * weights + mid * lifted)) <= FEASIBILITY_TOL:
+            low = mid
+        else:
+            high = mid
+    kept = to_simplex((1 - low) * weights + low * lifted)
+    return kept, TargetShare(float(kept[targets].sum()), wanted, True)

@@ -132,7 +132,7 @@ class _PenalizedForm:
         return gap <= GAP_RTOL * max(abs(self.objective(w)), self.scale)
 
 
-def _to_simplex(w: np.ndarray) -> np.ndarray:
+def to_simplex(w: np.ndarray) -> np.ndarray:
     """Clip the tiny negatives a numerical solver leaves and renormalise to sum 1."""
     w = np.clip(np.asarray(w, dtype=float), 0.0, None)
     total = w.sum()
@@ -185,7 +185,7 @@ def _slsqp_epigraph(form: _PenalizedForm, w0: np.ndarray, ftol: float) -> np.nda
         ],
         options={"ftol": ftol, "maxiter": _SLSQP_MAXITER},
     )
-    return _to_simplex(result.x[:n])
+    return to_simplex(result.x[:n])
 
 
 def _polish(form: _PenalizedForm, w: np.ndarray, threshold: float) -> np.ndarray | None:
@@ -216,7 +216,7 @@ def _polish(form: _PenalizedForm, w: np.ndarray, threshold: float) -> np.ndarray
         return None
     polished = np.zeros(form.num_datasets)
     polished[support] = w_support
-    return _to_simplex(polished)
+    return to_simplex(polished)
 
 
 def _solve_form(form: _PenalizedForm, x0: np.ndarray | None) -> tuple[np.ndarray, float]:
@@ -230,7 +230,7 @@ def _solve_form(form: _PenalizedForm, x0: np.ndarray | None) -> tuple[np.ndarray
     if np.all(form.shifted_violations(best_vertex) <= 0.0):
         return best_vertex, 0.0
 
-    w0 = np.full(n, 1.0 / n) if x0 is None else _to_simplex(x0)
+    w0 = np.full(n, 1.0 / n) if x0 is None else to_simplex(x0)
     best_w, best_gap = w0, form.duality_gap(w0)
     if x0 is not None:
         # Along the grid, the solution for the previous lambda usually lies on the same
@@ -325,7 +325,7 @@ def solve_lp(problem: MixtureProblem) -> LPResult:
     )
     if result.status != 0:
         return LPResult(feasible=False, weights=None, objective=None, message=str(result.message))
-    weights = _to_simplex(result.x)
+    weights = to_simplex(result.x)
     return LPResult(
         feasible=True,
         weights=weights,

@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from dynamics.core.learner import Diverged, Evaluation
+from dynamics.core.learner import Diverged, DomainKind, Evaluation
 from dynamics.core.probes import ProbeRuns, probe_in_turn
 from dynamics.data.formatting import IGNORE_INDEX
 from dynamics.engine.batches import model_inputs
@@ -375,6 +375,11 @@ class HFLearner:
     @property
     def domain_names(self) -> list[str]:
         return [domain.name for domain in self.domains]
+
+    @property
+    def domain_kinds(self) -> list[DomainKind]:
+        # Every fixed batch of a domain holds the same number of examples (they are cycled).
+        return [DomainKind(domain.metric, len(domain.eval_batches[0]["input_ids"])) for domain in self.domains]
 
     def train(self, steps: int, weights: np.ndarray) -> None:
         """Take ``steps`` optimizer steps on batches drawn with mixture ``weights`` (N,)."""

@@ -1,0 +1,283 @@
+"""Decisions under measured noise: what each option beyond the paper does when evaluations
+are noisy (``dynamics.core.robust``: metric floors, confident steps, target share, the
+binomial floor of accuracy errors, tighten-only calibration, a failed solve).
+
+The toy learner's noise is known (``noise``: the standard deviation of fresh per-batch
+draws at every evaluation), so each test can say what a decision should and should not
+react to.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy.optimize import OptimizeResult
+
+from dynamics.core import robust as robust_module
+from dynamics.core.controller import run_mixture_training
+from dynamics.core.learner import DomainKind
+from dynamics.core.policies import DynamicsPolicy
+from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
+from dynamics.core.robust import (
+    PredictionCalibration,
+    RobustOptions,
+    RobustProblem,
+    binomial_error,
+    confident_step,
+    keep_target_share,
+    slope_standard_errors,
+)
+from dynamics.core.schedules import build_schedule
+from tests.core.toy_learner import ToyLearner
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+def largest_move(history) -> float:
+    """The largest L1 change of the mixture between consecutive updates (2: vertex to vertex)."""
+    weights = [u.weights for u in history.updates]
+    return max(float(np.abs(b - a).sum()) for a, b in itertools.pairwise(weights))
+
+
+# ------------------------------------------------------------- standard errors of accuracies
+
+
+def test_an_accuracy_whose_answers_do_not_flip_keeps_its_binomial_error():
+    # Four batches of 25 questions at 80% accuracy; the probe flips no answer, so the paired
+    # spread is 0. A loss domain with the same zero spread keeps a zero error.
+    anchor = np.array([[-0.8, -0.76, -0.84, -0.8], [2.0, 2.1, 1.9, 2.0]])
+    probed = anchor[None].repeat(2, axis=0)
+    kinds = [DomainKind("accuracy", 25), DomainKind("loss", 25)]
+    errors = slope_standard_errors(anchor, probed, probe_budget=8, kinds=kinds)
+    smoothed = (0.8 * 100 + 1) / 102
+    np.testing.assert_allclose(errors[0], math.sqrt(smoothed * (1 - smoothed) / 100) / 8)
+    np.testing.assert_array_equal(errors[1], 0.0)
+    np.testing.assert_array_equal(slope_standard_errors(anchor, probed, probe_budget=8), 0.0)
+
+
+@given(st.integers(1, 500), st.floats(0.0, 1.0))
+@SETTINGS
+def test_binomial_error_is_positive_and_at_most_that_of_a_coin(questions: int, accuracy: float):
+    error = binomial_error(accuracy, questions)
+    assert 0 < error <= 0.5 / math.sqrt(questions) + 1e-12
+
+
+def test_a_measured_spread_above_the_binomial_floor_is_kept():
+    anchor = np.full((1, 4), -0.5)
+    probed = (anchor + np.array([0.2, -0.2, 0.3, -0.1]))[None]
+    errors = slope_standard_errors(anchor, probed, probe_budget=1, kinds=[DomainKind("accuracy", 100)])
+    assert errors[0, 0] == pytest.approx(np.std([0.2, -0.2, 0.3, -0.1], ddof=1) / 2)
+
+
+# ------------------------------------------------------------- calibration only tightens
+
+
+@given(st.lists(st.tuples(st.floats(-1, 1), st.integers(1, 128)), min_size=1, max_size=12), st.integers(1, 256))
+@SETTINGS
+def test_calibration_never_loosens_a_constraint(errors: list[tuple[float, int]], horizon: int):
+    calibration = PredictionCalibration(1)
+    for error, past_horizon in errors:
+        calibration.observe(np.array([0.0]), np.array([error]), past_horizon)
+    assert calibration.bias(horizon)[0] >= 0.0
+
+
+# ------------------------------------------------------------- metric floors
+
+
+def accuracy_problem() -> MixtureProblem:
+    # Domain 1 is an accuracy of 90% (value -0.9). Dataset 0's probe extrapolates to +100
+    # points of accuracy over the horizon, dataset 1 costs 40 points.
+    slopes = np.array([[-1e-3, 0.0], [-1e-2, 4e-3]])
+    return MixtureProblem(slopes, np.array([2.0, -0.9]), np.array([np.nan, -0.9]), (0,), (1,), horizon=100)
+
+
+def test_floors_stop_an_impossible_gain_from_offsetting_a_real_harm():
+    problem = accuracy_problem()
+    half = np.array([0.5, 0.5])
+    linear = RobustProblem(problem, np.zeros((2, 2)))
+    floored = RobustProblem(problem, np.zeros((2, 2)), floors=np.array([0.0, -1.0]))
+    # Linear: -0.9 - 0.5 + 0.2 = -1.2, an accuracy of 120%, "feasible".
+    assert linear.predicted_losses(half)[1] == pytest.approx(-1.2)
+    assert linear.max_violation(half) == 0.0
+    # Floored: dataset 0 can add at most the 10 points left, dataset 1 still costs 20.
+    assert floored.predicted_losses(half)[1] == pytest.approx(-0.9 - 0.1 + 0.2)
+    assert floored.max_violation(half) == pytest.approx(0.1)
+    assert floored.nonlinear_prediction and not linear.nonlinear_prediction
+
+
+def test_floors_that_no_gain_can_reach_leave_the_prediction_linear():
+    problem = accuracy_problem()
+    far = RobustProblem(problem, np.zeros((2, 2)), floors=np.array([-100.0, -100.0]))
+    assert far.floors is None and not far.nonlinear_prediction
+
+
+@given(st.integers(0, 10_000), st.floats(0.05, 1.0))
+@SETTINGS
+def test_floors_never_predict_a_value_below_the_floor_from_gains_alone(seed: int, scale: float):
+    rng = np.random.default_rng(seed)
+    slopes = -np.abs(rng.normal(0.0, scale * 1e-2, size=(2, 3)))  # every entry a gain
+    current = np.array([0.5, -0.6])
+    problem = MixtureProblem(slopes, current, np.array([np.nan, -0.6]), (0,), (1,), horizon=200)
+    floors = np.array([0.0, -1.0])
+    rp = RobustProblem(problem, np.zeros((2, 3)), floors=floors)
+    w = rng.dirichlet(np.ones(3))
+    # Each dataset's gain stops at the floor, so the sum of N of them stops at N floors' room.
+    assert np.all(rp.predicted_losses(w) >= current + 3 * (floors - current) - 1e-12)
+    assert np.all(rp.predicted_losses(w) >= problem.predicted_losses(w) - 1e-12)
+
+
+# ------------------------------------------------------------- confident steps
+
+
+def two_dataset_problem(gap: float, error: float, reference: float = 1.2):
+    # Datasets 0 and 1 teach the target; dataset 1 slightly better by ``gap`` per step.
+    slopes = np.array([[-1e-3, -1e-3 - gap], [1e-4, 1e-4]])
+    problem = MixtureProblem(slopes, np.array([2.0, 1.0]), np.array([np.nan, reference]), (0,), (1,), horizon=64)
+    return RobustProblem(problem, np.array([[error, error], [0.0, 0.0]]))
+
+
+def test_a_gain_within_noise_moves_the_mixture_a_little_and_a_clear_one_all_the_way():
+    previous, proposed = np.array([1.0, 0.0]), np.array([0.0, 1.0])
+    within, fraction = confident_step(two_dataset_problem(gap=1e-5, error=1e-4), previous, proposed, full_step_z=2.0)
+    # gain 1e-5 over an error of sqrt(2) * 1e-4: 0.0707 standard errors of the 2 asked for.
+    assert fraction == pytest.approx(1e-5 / (2.0 * math.sqrt(2) * 1e-4))
+    np.testing.assert_allclose(within, [1 - fraction, fraction])
+    clear, fraction = confident_step(two_dataset_problem(gap=1e-3, error=1e-4), previous, proposed, full_step_z=2.0)
+    assert fraction == 1.0
+    np.testing.assert_allclose(clear, proposed)
+    noiseless, fraction = confident_step(two_dataset_problem(gap=1e-6, error=0.0), previous, proposed, full_step_z=2.0)
+    assert fraction == 1.0
+    np.testing.assert_allclose(noiseless, proposed)
+
+
+def test_a_confident_step_goes_as_far_as_the_constraints_need():
+    # Dataset 0 (in force) breaks the constraint over the horizon, dataset 1 does not; the
+    # target gain of switching is within noise, but the constraint forces most of the step.
+    slopes = np.array([[-1e-3, -1e-3 - 1e-6], [1e-2, -1e-3]])
+    problem = MixtureProblem(slopes, np.array([2.0, 1.0]), np.array([np.nan, 1.0]), (0,), (1,), horizon=64)
+    rp = RobustProblem(problem, np.array([[1e-4, 1e-4], [0.0, 0.0]]))
+    weights, fraction = confident_step(rp, np.array([1.0, 0.0]), np.array([0.0, 1.0]), full_step_z=2.0)
+    # Feasible from w1 = 1e-2 / 1.1e-2 on: the smallest feasible step.
+    assert fraction == pytest.approx(1e-2 / 1.1e-2, abs=1e-6)
+    assert rp.max_violation(weights) <= FEASIBILITY_TOL
+
+
+@given(st.integers(0, 10_000), st.floats(0.5, 4.0))
+@SETTINGS
+def test_a_confident_step_is_feasible_whenever_the_answer_is(seed: int, z: float):
+    rng = np.random.default_rng(seed)
+    slopes = rng.normal(0.0, 1e-3, size=(3, 3))
+    problem = MixtureProblem(
+        slopes, np.array([2.0, 1.0, 1.5]), np.array([np.nan, 1.02, 1.51]), (0,), (1, 2), horizon=64
+    )
+    rp = RobustProblem(problem, np.abs(rng.normal(0.0, 3e-4, size=(3, 3))))
+    previous, proposed = rng.dirichlet(np.ones(3)), rng.dirichlet(np.ones(3))
+    weights, fraction = confident_step(rp, previous, proposed, z)
+    assert 0.0 <= fraction <= 1.0
+    np.testing.assert_allclose(weights, (1 - fraction) * previous + fraction * proposed, atol=1e-12)
+    if rp.max_violation(proposed) <= FEASIBILITY_TOL:
+        assert rp.max_violation(weights) <= FEASIBILITY_TOL
+    else:
+        assert fraction == 1.0  # nothing feasible: the least-violating answer, whole
+
+
+# ------------------------------------------------------------- target share
+
+
+def share_problem(reference: float) -> RobustProblem:
+    # Dataset 0 is target data and harms the constraint; dataset 1 is neutral.
+    slopes = np.array([[-1e-3, 0.0], [1e-3, 0.0]])
+    problem = MixtureProblem(slopes, np.array([2.0, 1.0]), np.array([np.nan, reference]), (0,), (1,), horizon=100)
+    return RobustProblem(problem, np.zeros((2, 2)))
+
+
+def test_target_data_keeps_its_share_when_the_constraints_allow_it():
+    weights, share = keep_target_share(share_problem(reference=2.0), np.array([0.0, 1.0]), [0], 0.2)
+    np.testing.assert_allclose(weights, [0.2, 0.8])
+    assert share.share == pytest.approx(0.2) and not share.limited_by_constraints
+
+
+def test_target_share_stops_where_a_constraint_would_break():
+    # 100 steps x 1e-3 x w0 <= 0.01: at most 0.1 of target data.
+    rp = share_problem(reference=1.01)
+    weights, share = keep_target_share(rp, np.array([0.0, 1.0]), [0], 0.2)
+    assert share.limited_by_constraints
+    assert weights[0] == pytest.approx(0.1, abs=1e-6)
+    assert rp.max_violation(weights) <= FEASIBILITY_TOL
+
+
+def test_target_share_leaves_a_mixture_that_must_recover_alone():
+    rp = share_problem(reference=0.9)  # broken at theta_t: every step must go to recovery
+    weights, share = keep_target_share(rp, np.array([0.0, 1.0]), [0], 0.2)
+    np.testing.assert_array_equal(weights, [0.0, 1.0])
+    assert share.limited_by_constraints and share.share == 0.0
+
+
+def test_bad_option_values_are_refused_with_their_names():
+    with pytest.raises(ValueError, match="target_share"):
+        RobustOptions(target_share=1.0)
+    with pytest.raises(ValueError, match="full_step_z"):
+        RobustOptions(full_step_z=-1.0)
+    with pytest.raises(ValueError, match="full_step_z"):
+        confident_step(share_problem(2.0), np.array([1.0, 0.0]), np.array([0.0, 1.0]), full_step_z=0.0)
+
+
+# ------------------------------------------------------------- the policy on a noisy toy
+
+# Two datasets (d0, d1) that teach the target e0 equally well and a neutral d2; every
+# dataset improves the constraint e1 by far more than the noise, so it never binds and
+# only the target decision is within noise. (Where a constraint's slopes are within noise
+# too, the constraint decides, and ``noise_margin`` is the option that speaks to it.)
+NOISY_SLOPES = np.array([[-2e-3, -2e-3, 0.0], [-5e-3, -5e-3, -5e-3]])
+NOISY_INITIAL = np.array([3.0, 2.0])
+
+
+def noisy_run(options: RobustOptions, seed: int, noise: float = 0.02):
+    learner = ToyLearner(NOISY_SLOPES, NOISY_INITIAL, seed=seed, noise=noise)
+    policy = DynamicsPolicy(build_schedule([0, 8, 16, 32, 48, 64, 80, 96, 112], 128, probe_cap=8), options=options)
+    return run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_noise_flips_the_papers_mixture_between_vertices_and_confident_steps_do_not(seed: int):
+    paper = noisy_run(RobustOptions(), seed)
+    assert largest_move(paper) > 1.9  # a whole mixture moved from one vertex to another
+    steady = noisy_run(RobustOptions(full_step_z=3.0), seed)
+    assert largest_move(steady) < 1.0
+    for update in steady.updates:
+        assert 0.0 <= update.extra["robust"]["step_fraction"] <= 1.0
+
+
+def test_a_failed_direct_solve_is_recorded_and_keeps_the_mixture_in_force(monkeypatch):
+    def failing(fun, x0, **kwargs):
+        # Stops at an even split of the two target datasets, which the pessimistic objective
+        # prefers to any of the grid's answers, without success.
+        return OptimizeResult(x=np.array([0.5, 0.5, 0.0]), success=False, message="Iteration limit reached")
+
+    monkeypatch.setattr(robust_module, "minimize", failing)
+    updates = noisy_run(RobustOptions(lp_candidate=True, target_noise=1.0), seed=0).updates
+    for update in updates:
+        assert update.extra["robust"]["solver_failure"] == "Iteration limit reached"
+    chosen = [k for k, update in enumerate(updates) if update.extra["robust"]["source"] == "direct"]
+    assert chosen  # seed 0 makes the failed candidate win at least once
+    for k in chosen:
+        in_force = updates[k - 1].weights if k > 0 else np.full(3, 1 / 3)
+        np.testing.assert_allclose(updates[k].weights, in_force)
+        assert not np.allclose(updates[k].extra["robust"]["weights"], in_force)
+
+
+def test_target_data_keeps_weight_through_a_noisy_run():
+    # The first dataset is named like the target domain: it is the target's own data.
+    learner = ToyLearner(NOISY_SLOPES, NOISY_INITIAL, seed=0, noise=0.02, dataset_names=["e0", "d1", "d2"])
+    policy = DynamicsPolicy(build_schedule([0, 8, 16, 32, 64], 128, probe_cap=8), options=RobustOptions(target_share=0.25))
+    history = run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4)
+    for update in history.updates:
+        share = update.extra["robust"]["target_share"]
+        assert share["wanted"] == 0.25
+        assert update.weights[0] >= 0.25 - 1e-9 or share["limited_by_constraints"]
+    assert any(not u.extra["robust"]["target_share"]["limited_by_constraints"] for u in history.updates)
