@@ -226,20 +226,20 @@ def test_drop_empty_removes_rows_without_a_response(tmp_path: Path) -> None:
         _load(tmp_path, path=str(path), format="instruction", drop_empty=("answer",))
 
 
-def test_stream_rows_reads_the_first_rows_of_a_stream_once(tmp_path: Path, load_dataset_calls: list[dict[str, Any]]) -> None:
+def test_stream_rows_without_a_shuffle_buffer_reads_the_first_rows_of_a_stream_once(tmp_path: Path, load_dataset_calls: list[dict[str, Any]]) -> None:
     calls = load_dataset_calls
     path = tmp_path / "corpus.jsonl"
     path.write_text((FIXTURES / "wikipedia.jsonl").read_text())
-    rows = _load(tmp_path, path=str(path), stream_rows=4)
+    rows = _load(tmp_path, path=str(path), stream_rows=4, stream_shuffle_buffer=0)
     assert [call["streaming"] for call in calls] == [True]
     first_four = [json.loads(line)["text"] for line in path.read_text().splitlines()[:4]]
     assert rows["text"] == first_four
     # A second read (another run, or another process) takes the rows from the disk cache...
-    assert _load(tmp_path, path=str(path), stream_rows=4)["text"] == first_four
+    assert _load(tmp_path, path=str(path), stream_rows=4, stream_shuffle_buffer=0)["text"] == first_four
     assert len(calls) == 1
     # ...until the file changes.
     path.write_text("".join(json.dumps({"text": f"new {i}"}) + "\n" for i in range(5)))
-    assert _load(tmp_path, path=str(path), stream_rows=4)["text"] == [f"new {i}" for i in range(4)]
+    assert _load(tmp_path, path=str(path), stream_rows=4, stream_shuffle_buffer=0)["text"] == [f"new {i}" for i in range(4)]
     assert len(calls) == 2
     with pytest.raises(DataError, match="stream_rows=0: use a positive row count"):
         DataSource(path="x.jsonl", stream_rows=0)
@@ -254,16 +254,85 @@ def test_a_streamed_folder_is_read_again_when_one_of_its_files_changes(
     data = folder / "part-0.jsonl"
     data.write_text("".join(json.dumps({"text": f"old {i}"}) + "\n" for i in range(5)))
     monkeypatch.chdir(tmp_path)  # a relative folder: its cache key is its absolute path
-    assert _load(tmp_path, path="corpus", stream_rows=3)["text"] == ["old 0", "old 1", "old 2"]
-    assert _load(tmp_path, path=str(folder), stream_rows=3)["text"] == ["old 0", "old 1", "old 2"]
+    assert _load(tmp_path, path="corpus", stream_rows=3, stream_shuffle_buffer=0)["text"] == ["old 0", "old 1", "old 2"]
+    assert _load(tmp_path, path=str(folder), stream_rows=3, stream_shuffle_buffer=0)["text"] == ["old 0", "old 1", "old 2"]
     assert len(calls) == 1  # the same folder, relative or absolute: read from the cache
     data.write_text("".join(json.dumps({"text": f"new {i}"}) + "\n" for i in range(5)))
-    assert _load(tmp_path, path="corpus", stream_rows=3)["text"] == ["new 0", "new 1", "new 2"]
+    assert _load(tmp_path, path="corpus", stream_rows=3, stream_shuffle_buffer=0)["text"] == ["new 0", "new 1", "new 2"]
     assert len(calls) == 2
     # Other reading code reads the stream again.
     monkeypatch.setattr(loading_module, "LOADING_VERSION", "edited-code")
-    assert _load(tmp_path, path="corpus", stream_rows=3)["text"] == ["new 0", "new 1", "new 2"]
+    assert _load(tmp_path, path="corpus", stream_rows=3, stream_shuffle_buffer=0)["text"] == ["new 0", "new 1", "new 2"]
     assert len(calls) == 3
+
+
+def test_a_stream_is_shuffled_with_its_seed_before_its_rows_are_taken(
+    tmp_path: Path, load_dataset_calls: list[dict[str, Any]]
+) -> None:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(200)))
+
+    def take(seed: int, cache: str) -> list[str]:
+        source = DataSource(path=str(path), stream_rows=10, stream_seed=seed, stream_shuffle_buffer=50)
+        return list(load_rows(source, cache_dir=tmp_path / cache)["text"])
+
+    first = take(0, "a")
+    assert first != [f"doc {i}" for i in range(10)]
+    assert len(set(first)) == 10
+    # The same seed read from the stream again (another cache, so not read back from disk).
+    assert take(0, "b") == first
+    assert len(load_dataset_calls) == 2 and all(call["streaming"] for call in load_dataset_calls)
+    assert take(1, "c") != first
+    with pytest.raises(DataError, match="stream_shuffle_buffer=-1: use a row count >= 0"):
+        DataSource(path="x.jsonl", stream_rows=5, stream_shuffle_buffer=-1)
+
+
+def test_revision_and_data_files_go_to_load_dataset(
+    tmp_path: Path, load_dataset_calls: list[dict[str, Any]]
+) -> None:
+    # A folder holding the same rows as .csv and .jsonl, as a hub repository without configs.
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    (folder / "rows.jsonl").write_text(json.dumps({"question": "q?", "standard_answer": "a"}) + "\n")
+    (folder / "rows.csv").write_text("question,standard_answer\nq?,a\n")
+    rows = _load(
+        tmp_path,
+        path=str(folder),
+        data_files="rows.jsonl",
+        format="instruction",
+        prompt_column="question",
+        response_column="standard_answer",
+    )
+    assert load_dataset_calls[-1]["data_files"] == "rows.jsonl"
+    assert rows.column_names == ["question", "standard_answer"] and len(rows) == 1
+    with pytest.raises(DataError, match=r"hub dataset org/absent, split train could not be found or loaded"):
+        _load(tmp_path, hub_id="org/absent", revision="0123abcd", data_files="x.jsonl")
+    assert load_dataset_calls[-1]["revision"] == "0123abcd"
+    assert load_dataset_calls[-1]["data_files"] == "x.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"path": "x.jsonl", "revision": "main"}, r"revision='main' pins a hub dataset's version; it needs hub_id="),
+        ({"hub_id": "org/x", "revision": " "}, r"revision=' ': give a branch, tag or commit"),
+        ({"path": "x.jsonl", "data_files": "y.jsonl"}, r"data_files='y.jsonl' chooses files of a hub dataset or "),
+        ({"hub_id": "org/x", "data_files": []}, r"data_files=\[\]: give a file path or glob"),
+        ({"hub_id": "org/x", "data_files": {"train": ""}}, r"give a file path or glob .*\{'train': 'data.jsonl'\}"),
+    ],
+)
+def test_revision_and_data_files_are_checked(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        DataSource(**fields)
+
+
+def test_strip_strings_removes_a_control_token_from_every_string_column(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"system": "S <|endoftext|>", "chat": "A: hi <|endoftext|>\nB: ok", "n": 3}) + "\n")
+    rows = _load(
+        tmp_path, path=str(path), fields={"text": "{system}\n{chat}"}, strip_strings=("<|endoftext|>",)
+    )
+    assert rows[0] == {"system": "S ", "chat": "A: hi \nB: ok", "n": 3, "text": "S \nA: hi \nB: ok"}
 
 
 def test_stream_stamp_has_every_file_of_a_folder_and_the_hub_revision(tmp_path: Path) -> None:

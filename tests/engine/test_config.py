@@ -126,3 +126,39 @@ def test_multiple_choice_constraint_on_loss_reaches_the_data_source():
     assert (text.format, text.metric) == ("instruction", "loss")
     accuracy = RunConfig.from_dict({**config, "datasets": [*config["datasets"][:-1], {**config["datasets"][-1], "metric": "accuracy"}]})
     assert accuracy.datasets[-1].data_source().metric == "accuracy"
+
+
+def test_revision_and_data_files_reach_the_data_source():
+    config = minimal()
+    config["datasets"][1] = {
+        **config["datasets"][1],
+        "revision": "b8bc12bbc5758d81a5fb8981bd04148236527e38",
+        "data_files": {"train": ["20231101.en/train-00000-of-00041.parquet"]},
+        "stream_rows": 100,
+        "stream_seed": 3,
+        "stream_shuffle_buffer": 50,
+    }
+    source = RunConfig.from_dict(config).datasets[1].data_source()
+    assert source.revision == "b8bc12bbc5758d81a5fb8981bd04148236527e38"
+    assert source.data_files == {"train": ["20231101.en/train-00000-of-00041.parquet"]}
+    assert (source.stream_seed, source.stream_shuffle_buffer) == (3, 50)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"path": "math.jsonl", "revision": "main"}, r"revision 'main' pins a hub dataset's version; set hub_id"),
+        ({"hub_id": "org/x", "revision": ""}, r"datasets\.0\.revision"),
+        ({"path": "math.jsonl", "data_files": "a.jsonl"}, r"data_files='a.jsonl' chooses files of a hub dataset"),
+        ({"hub_id": "org/x", "data_files": []}, r"data_files=\[\]: give a file path or glob"),
+        ({"hub_id": "org/x", "data_files": {"train": 3}}, r"datasets\.0\.data_files: .*data_files=\{'train': 3\}: give a file"),
+        ({"hub_id": "org/x", "stream_shuffle_buffer": -1}, r"datasets\.0\.stream_shuffle_buffer"),
+        ({"hub_id": "org/x", "loss_on": "every-turn"}, r"datasets\.0\.loss_on"),
+    ],
+)
+def test_dataset_file_options_are_checked(change, message):
+    config = minimal()
+    entry = {key: value for key, value in config["datasets"][0].items() if key not in ("path", "hub_id")}
+    config["datasets"][0] = {**entry, **change}
+    with pytest.raises(ConfigError, match=message):
+        RunConfig.from_dict(config)

@@ -21,18 +21,30 @@ Formats (``DataSource.format``):
 
 - ``text``: ``tokenizer(text)`` (with the tokenizer's own special tokens, e.g. BOS) plus
   EOS; the loss is on every token.
-- ``instruction``: a ``messages`` list, or a prompt/response pair turned into
-  ``[system?, user, assistant]``. The last message is the response; everything before it
-  is the prompt, and its tokens get label ``-100``. With a chat template the row is
+- ``instruction``: a ``messages`` list, a prompt/response pair turned into
+  ``[system?, user, assistant]``, or TRL's prompt/completion pair (``completion`` is read
+  where the rows have no ``response`` column): two strings, read as the prompt/response
+  pair, or two chat lists (conversational), the prompt's messages followed by the
+  completion's, which starts and ends with the assistant's. The response is the last
+  message (or the whole completion); everything before it is the prompt, and its tokens
+  get label ``-100``. With a chat template the row is
   rendered with ``tokenizer.apply_chat_template`` twice, the prompt alone with
   ``add_generation_prompt=True`` and the whole conversation, and both are tokenized without
   extra special tokens (the template writes them). When the prompt's ids are a prefix of
-  the whole conversation's ids, the boundary is their length. When they are not (a BPE merge
+  the whole conversation's ids, the boundary is their length (as TRL's ``completion_mask``).
+  When they are not (a BPE merge
   across the boundary), but the prompt's *text* is a prefix of the conversation's text, the
   example is the prompt's ids followed by the ids of the rest of the text, so the boundary is
   exact by construction. Otherwise the template rewrites earlier turns and ``DataError`` is
   raised. Without a chat template, ``FALLBACK_TEMPLATE`` renders the prompt and the
-  response's tokens are followed by EOS.
+  response's tokens are followed by EOS. With ``source.loss_on == "all-assistant"`` every
+  assistant turn carries the loss (of the completion, for a prompt/completion pair): each
+  turn is the text from the end of the template's generation prompt before it (the
+  conversation up to it rendered with ``add_generation_prompt=True``) to the end of its own
+  rendering (its end-of-turn tokens included); the whole conversation is tokenized once and
+  a token carries the loss where it overlaps such a span, the rule of transformers'
+  ``return_assistant_tokens_mask`` that TRL's ``assistant_only_loss`` reads from a template's
+  ``{% generation %}`` blocks (so no such block is needed here).
 - ``multiple_choice`` scored by accuracy (``source.metric == "accuracy"``): the prompt
   ``"{question}\\nA. {choice}\\nB. {choice}\\n...Answer:"`` (with the tokenizer's special
   tokens); a prompt longer than ``sequence_length`` keeps its *last* tokens, so the scoring
@@ -45,7 +57,10 @@ Formats (``DataSource.format``):
 
 Answers (``answer_column``): a 0-based index, a letter (``"B"``), one of the choices' own
 labels (ARC's ``"A"``/``"1"``), a decimal string (HellaSwag's ``"2"``), or a list of 0/1
-flags with a single 1 (TruthfulQA's ``mc1_targets.labels``).
+flags with a single 1 (TruthfulQA's ``mc1_targets.labels``). With ``source.shuffle_choices``
+each question's choices are put in an order seeded by the question and its choices
+(``choice_order``), the same on every run, so that a benchmark whose correct choice is always
+first (TruthfulQA's mc1) is not answered by always picking "A".
 
 Chat lists may use ``{"role", "content"}`` or the ShareGPT keys ``{"from", "value"}`` (roles
 ``human``/``gpt`` become ``user``/``assistant``); with ``system_column`` set, a non-empty
@@ -73,8 +88,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import ascii_uppercase
@@ -208,58 +224,87 @@ def _string(value: Any, column: str, index: int, source: DataSource) -> str:
     return value
 
 
+def _messages(value: Any, column: str, index: int, source: DataSource) -> list[dict[str, str]]:
+    """A column's chat list as ``{"role", "content"}`` messages (ShareGPT keys and roles read too)."""
+    if not isinstance(value, list) or not value:
+        raise DataError(
+            f"{source.description}, row {index}: {column!r} must be a non-empty list of "
+            "{'role', 'content'} messages"
+        )
+    conversation = []
+    for message in value:
+        keys = _message_keys(message)
+        if keys is None:
+            raise DataError(
+                f"{source.description}, row {index}: every message needs 'role' and "
+                f"'content' keys (or ShareGPT's 'from' and 'value'), got {message!r}"
+            )
+        role = _string(message[keys[0]], keys[0], index, source)
+        conversation.append(
+            {"role": SHAREGPT_ROLES.get(role, role), "content": _string(message[keys[1]], column, index, source)}
+        )
+    return conversation
+
+
+def _with_system(
+    conversation: list[dict[str, str]], row: Mapping[str, Any], index: int, source: DataSource
+) -> list[dict[str, str]]:
+    """``conversation`` after the row's non-empty system prompt, unless it starts with one."""
+    if source.system_column is None or not row[source.system_column]:
+        return conversation
+    if conversation and conversation[0]["role"] == "system":
+        return conversation
+    system = _string(row[source.system_column], source.system_column, index, source)
+    return [{"role": "system", "content": system}, *conversation]
+
+
 def _conversation(
     row: Mapping[str, Any], index: int, source: DataSource, use_messages: bool
-) -> list[dict[str, str]]:
-    """The row as a chat list whose last message is the assistant's response."""
+) -> tuple[list[dict[str, str]], int, int]:
+    """The row as a chat list whose last message is the assistant's, the index of the first
+    message of its response (the last message, or a conversational prompt/completion pair's
+    first completion message), and the index from which its assistant turns are trained with
+    ``loss_on="all-assistant"`` (0, or the completion's first message)."""
     if use_messages:
-        messages = row[source.messages_column]
-        if not isinstance(messages, list) or not messages:
-            raise DataError(
-                f"{source.description}, row {index}: {source.messages_column!r} must be a "
-                "non-empty list of {'role', 'content'} messages"
-            )
-        conversation = []
-        for message in messages:
-            keys = _message_keys(message)
-            if keys is None:
-                raise DataError(
-                    f"{source.description}, row {index}: every message needs 'role' and "
-                    f"'content' keys (or ShareGPT's 'from' and 'value'), got {message!r}"
-                )
-            role = _string(message[keys[0]], keys[0], index, source)
-            conversation.append(
-                {
-                    "role": SHAREGPT_ROLES.get(role, role),
-                    "content": _string(message[keys[1]], source.messages_column, index, source),
-                }
-            )
-        if source.system_column is not None and row[source.system_column] and conversation[0]["role"] != "system":
-            system = _string(row[source.system_column], source.system_column, index, source)
-            conversation.insert(0, {"role": "system", "content": system})
+        conversation = _with_system(_messages(row[source.messages_column], source.messages_column, index, source), row, index, source)
         if conversation[-1]["role"] != "assistant":
             raise DataError(
                 f"{source.description}, row {index}: the last message is the response and must "
                 f"have role 'assistant', not {conversation[-1]['role']!r}"
             )
-        return conversation
-    conversation = []
-    if source.system_column is not None and row[source.system_column]:
-        system = _string(row[source.system_column], source.system_column, index, source)
-        conversation.append({"role": "system", "content": system})
-    conversation.append(
-        {
-            "role": "user",
-            "content": _string(row[source.prompt_column], source.prompt_column, index, source),
-        }
+        return conversation, len(conversation) - 1, 0
+    response_column = source.response_key(row.keys())
+    prompt, response = row[source.prompt_column], row[response_column]
+    if isinstance(prompt, list) or isinstance(response, list):
+        # TRL's conversational prompt/completion: two chat lists, the completion the assistant's.
+        if not (isinstance(prompt, list) and isinstance(response, list)):
+            raise DataError(
+                f"{source.description}, row {index}: {source.prompt_column!r} and {response_column!r} must both "
+                "be strings or both be lists of {'role', 'content'} messages (conversational prompt/completion)"
+            )
+        prompt_messages = _with_system(_messages(prompt, source.prompt_column, index, source), row, index, source)
+        completion = _messages(response, response_column, index, source)
+        if completion[0]["role"] != "assistant":
+            raise DataError(
+                f"{source.description}, row {index}: {response_column!r} is the response and must start with a "
+                f"message of role 'assistant', not {completion[0]['role']!r}"
+            )
+        if completion[-1]["role"] != "assistant":
+            raise DataError(
+                f"{source.description}, row {index}: {response_column!r} must end with a message of role "
+                f"'assistant', not {completion[-1]['role']!r}"
+            )
+        return [*prompt_messages, *completion], len(prompt_messages), len(prompt_messages)
+    conversation = _with_system(
+        [
+            {"role": "user", "content": _string(prompt, source.prompt_column, index, source)},
+            {"role": "assistant", "content": _string(response, response_column, index, source)},
+        ],
+        row,
+        index,
+        source,
     )
-    conversation.append(
-        {
-            "role": "assistant",
-            "content": _string(row[source.response_column], source.response_column, index, source),
-        }
-    )
-    return conversation
+    return conversation, len(conversation) - 1, 0
 
 
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
@@ -276,34 +321,113 @@ def _message_keys(message: Any) -> tuple[str, str] | None:
     return None
 
 
-def _render_fallback(messages: Iterable[Mapping[str, str]]) -> str:
-    text = "".join(
-        FALLBACK_TEMPLATE.format(Role=m["role"].capitalize(), content=m["content"])
-        for m in messages
-    )
-    return text + FALLBACK_GENERATION_PROMPT
-
-
 def _encode(tokenizer: PreTrainedTokenizerBase, texts: list[str], special: bool) -> list[list[int]]:
     if not texts:
         return []
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=special)["input_ids"]]
 
 
+def _fallback_document(
+    tokenizer: PreTrainedTokenizerBase, turns: tuple[list[dict[str, str]], int, int], loss_on: str
+) -> LMExample:
+    """A conversation rendered with ``FALLBACK_TEMPLATE``, its parts tokenized apart (the first
+    with the tokenizer's special tokens) so the loss boundaries are exact, and EOS after the
+    last message. ``last-assistant``: the loss is on everything after the generation prompt
+    of the response's first message; ``all-assistant``: on the content of every assistant
+    message it trains (with the blank line that ends it, or the EOS of the last)."""
+    conversation, response_start, assistant_start = turns
+    first_loss = response_start if loss_on == "last-assistant" else assistant_start
+    last = len(conversation) - 1
+    parts: list[tuple[str, bool]] = []
+    for i, message in enumerate(conversation):
+        header = f"### {message['role'].capitalize()}:\n"
+        body = message["content"] + ("" if i == last else "\n\n")
+        if loss_on == "last-assistant":
+            parts += [(header, i > first_loss), (body, i >= first_loss)]
+        else:
+            parts += [(header, False), (body, i >= first_loss and message["role"] == "assistant")]
+    groups: list[tuple[str, bool]] = []
+    for text, loss in parts:
+        if groups and groups[-1][1] == loss:
+            groups[-1] = (groups[-1][0] + text, loss)
+        elif text:
+            groups.append((text, loss))
+    ids: list[int] = []
+    labels: list[int] = []
+    for number, (text, loss) in enumerate(groups):
+        encoded = _encode(tokenizer, [text], special=number == 0)[0]
+        ids += encoded
+        labels += encoded if loss else [IGNORE_INDEX] * len(encoded)
+    eos = _eos_token_id(tokenizer)
+    array = np.asarray([*ids, eos], dtype=np.int32)
+    return LMExample(input_ids=array, labels=np.asarray([*labels, eos], dtype=np.int32))
+
+
+def _not_a_prefix(source: DataSource, index: int) -> DataError:
+    return DataError(
+        f"{source.description}, row {index}: the chat template's rendering of the "
+        "prompt with add_generation_prompt=True is not a prefix of its rendering of the "
+        "whole conversation, so the response tokens cannot be located; use a template "
+        "that renders earlier turns the same way, or set tokenizer.chat_template = None "
+        "to use the fallback template"
+    )
+
+
+def _assistant_spans(
+    tokenizer: PreTrainedTokenizerBase, conversation: list[dict[str, str]], first_loss: int, full: str, index: int, source: DataSource
+) -> list[tuple[int, int]]:
+    """The characters of ``full`` (the rendered conversation) of each assistant turn from
+    ``first_loss`` on: from the end of the template's generation prompt before the turn to the
+    end of the turn's rendering (its end-of-turn tokens included)."""
+    spans = []
+    last = len(conversation) - 1
+    for i in range(first_loss, len(conversation)):
+        if conversation[i]["role"] != "assistant":
+            continue
+        before = _apply_template(tokenizer, conversation[:i], generation_prompt=True)
+        through = full if i == last else _apply_template(tokenizer, conversation[: i + 1], generation_prompt=False)
+        if not (full.startswith(before) and full.startswith(through) and len(through) >= len(before)):
+            raise _not_a_prefix(source, index)
+        spans.append((len(before), len(through)))
+    return spans
+
+
+def _span_labels(
+    tokenizer: PreTrainedTokenizerBase, full: str, spans: list[tuple[int, int]], source: DataSource
+) -> LMExample:
+    """``full`` tokenized once; a token carries the loss when it overlaps one of ``spans`` (the
+    rule of ``apply_chat_template(return_assistant_tokens_mask=True)``)."""
+    try:
+        encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:
+        raise DataError(
+            f"{source.description}: loss_on='all-assistant' locates the assistant turns by the tokens' character "
+            "offsets, which only a fast tokenizer gives; load a fast tokenizer (use_fast=True) or use "
+            "loss_on='last-assistant'"
+        ) from None
+    ids = np.asarray(encoded["input_ids"], dtype=np.int32)
+    labels = np.full_like(ids, IGNORE_INDEX)
+    for position, (token_start, token_end) in enumerate(encoded["offset_mapping"]):
+        if any(token_end > begin and token_start < finish for begin, finish in spans):
+            labels[position] = ids[position]
+    return LMExample(input_ids=ids, labels=labels)
+
+
 def _instruction_documents(
     rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource, start: int
 ) -> list[LMExample]:
     use_messages = bool(rows) and source.messages_column in rows[0]
-    conversations = [_conversation(row, start + i, source, use_messages) for i, row in enumerate(rows)]
+    parsed = [_conversation(row, start + i, source, use_messages) for i, row in enumerate(rows)]
     if tokenizer.chat_template is None:
-        prompts = [_render_fallback(c[:-1]) for c in conversations]
-        prompt_ids = _encode(tokenizer, prompts, special=True)
-        response_ids = _encode(tokenizer, [c[-1]["content"] for c in conversations], special=False)
-        eos = _eos_token_id(tokenizer)
-        return [_masked(p, [*r, eos]) for p, r in zip(prompt_ids, response_ids, strict=True)]
+        return [_fallback_document(tokenizer, turns, source.loss_on) for turns in parsed]
 
-    prompts = [_apply_template(tokenizer, c[:-1], generation_prompt=True) for c in conversations]
-    fulls = [_apply_template(tokenizer, c, generation_prompt=False) for c in conversations]
+    fulls = [_apply_template(tokenizer, c, generation_prompt=False) for c, _, _ in parsed]
+    if source.loss_on == "all-assistant":
+        return [
+            _span_labels(tokenizer, full, _assistant_spans(tokenizer, c, first, full, start + i, source), source)
+            for i, ((c, _, first), full) in enumerate(zip(parsed, fulls, strict=True))
+        ]
+    prompts = [_apply_template(tokenizer, c[:first], generation_prompt=True) for c, first, _ in parsed]
     prompt_ids = _encode(tokenizer, prompts, special=False)
     full_ids = _encode(tokenizer, fulls, special=False)
     documents = []
@@ -317,13 +441,7 @@ def _instruction_documents(
             rest = _encode(tokenizer, [full[len(prompt) :]], special=False)[0]
             documents.append(_masked(p_ids, rest))
         else:
-            raise DataError(
-                f"{source.description}, row {start + index}: the chat template's rendering of the "
-                "prompt with add_generation_prompt=True is not a prefix of its rendering of the "
-                "whole conversation, so the response tokens cannot be located; use a template "
-                "that renders earlier turns the same way, or set tokenizer.chat_template = None "
-                "to use the fallback template"
-            )
+            raise _not_a_prefix(source, start + index)
     return documents
 
 
@@ -431,9 +549,7 @@ def _choice_loss_documents(
     prompts: list[str] = []
     answers: list[str] = []
     for index, row in enumerate(rows, start):
-        question = _string(row[source.question_column], source.question_column, index, source)
-        choices, labels = _choices(row[source.choices_column], index, source)
-        correct = _answer_index(row[source.answer_column], labels, len(choices), index, source)
+        question, choices, correct = _question(row, index, source)
         prompts.append(f"{question}\nAnswer:")
         answers.append(" " + choices[correct])
     prompt_ids = _encode(tokenizer, prompts, special=True)
@@ -449,11 +565,8 @@ def _choice_questions(
     choice_counts: list[int] = []
     answers: list[int] = []
     for index, row in enumerate(rows, start):
-        question = _string(row[source.question_column], source.question_column, index, source)
-        choices, labels = _choices(row[source.choices_column], index, source)
-        answers.append(
-            _answer_index(row[source.answer_column], labels, len(choices), index, source)
-        )
+        question, choices, correct = _question(row, index, source)
+        answers.append(correct)
         lines = [
             question,
             *(f"{ascii_uppercase[k]}. {c}" for k, c in enumerate(choices)),
@@ -488,6 +601,26 @@ def _choice_examples(encoded: datasets.Dataset, source: DataSource, sequence_len
         )
         for ids, letters, answer in zip(prompts, encoded["choice_token_ids"], encoded["answer_index"], strict=True)
     ]
+
+
+def _question(row: Mapping[str, Any], index: int, source: DataSource) -> tuple[str, list[str], int]:
+    """A row's question, its choices (shuffled when ``source.shuffle_choices``) and the index
+    of the correct one among them."""
+    question = _string(row[source.question_column], source.question_column, index, source)
+    choices, labels = _choices(row[source.choices_column], index, source)
+    correct = _answer_index(row[source.answer_column], labels, len(choices), index, source)
+    if source.shuffle_choices:
+        order = choice_order(question, choices)
+        choices, correct = [choices[k] for k in order], order.index(correct)
+    return question, choices, correct
+
+
+def choice_order(question: str, choices: list[str]) -> list[int]:
+    """A permutation of ``choices``, seeded by the question and its choices (a SHA-256 of
+    them), so one question is shuffled the same way on every run and every machine."""
+    digest = hashlib.sha256(json.dumps([question, choices], ensure_ascii=False).encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    return [int(k) for k in rng.permutation(len(choices))]
 
 
 def _choices(value: Any, index: int, source: DataSource) -> tuple[list[str], list[str]]:

@@ -24,15 +24,23 @@ All parsing is done by the ``datasets`` library: local ``.jsonl``/``.json`` file
 its ``"json"`` builder, ``.parquet`` through ``"parquet"`` and ``.txt`` through ``"text"``
 (one row per line, in a ``text`` column). A local folder or a hub id goes to
 ``load_dataset`` as its ``path`` argument, so anything ``load_dataset`` reads works there.
+A hub id can be pinned to a ``revision`` (a branch, tag or commit) and read from chosen
+``data_files`` (a repository holding files of several formats and no ``configs`` block,
+such as a ``.csv`` next to a ``.jsonl``); both go to ``load_dataset`` as they are.
 Huge corpora used as unlimited datasets are read as a stream: ``stream_rows=N`` opens the
-split with ``load_dataset(..., streaming=True)`` and keeps its first N rows, so the corpus is
-never downloaded whole (a sliced split such as ``"train[:20000]"`` would download every file
-of the split first). Those rows are written once to ``datasets``' cache
-(``Dataset.from_generator``), keyed by the source (a local path resolved to an absolute one),
-the size and modification time of every local file read (each file of a folder), the hub
+split with ``load_dataset(..., streaming=True)``, shuffles it with ``IterableDataset.shuffle``
+(``stream_seed``, a buffer of ``stream_shuffle_buffer`` rows, and the order of the shards)
+and keeps N rows, so the corpus is never downloaded whole (a sliced split such as
+``"train[:20000]"`` would download every file of the split first) and the rows are not
+merely the corpus's first ones (the first articles of a dump, the first documents of a
+crawl). Those rows are written once to ``datasets``' cache (``Dataset.from_generator``),
+keyed by the source (a local path resolved to an absolute one), the seed and buffer, the
+size and modification time of every local file read (each file of a folder), the hub
 revision when one is given, and ``LOADING_VERSION``, a hash of this module's source, so that a
-change of the reading code reads the stream again: later runs read them from disk. Every row
-loaded is tokenized once, up front.
+change of the reading code reads the stream again: later runs read them from disk.
+``strip_strings`` removes literal strings (a tokenizer's control token written into the
+data, such as Glaive's ``<|endoftext|>``) from every string column. Every row loaded is
+tokenized once, up front.
 """
 
 from __future__ import annotations
@@ -53,6 +61,12 @@ from huggingface_hub import constants as hub_constants
 RowFormat = Literal["text", "instruction", "multiple_choice"]
 ROW_FORMATS: tuple[str, ...] = ("text", "instruction", "multiple_choice")
 ChoiceMetric = Literal["accuracy", "loss"]
+LossOn = Literal["last-assistant", "all-assistant"]
+LOSS_ON: tuple[str, ...] = ("last-assistant", "all-assistant")
+DataFiles = str | list[str] | dict[str, str | list[str]]
+"""``load_dataset``'s ``data_files``: a path or glob, a list of them, or split -> path(s)."""
+STREAM_SHUFFLE_BUFFER = 10_000
+"""Rows of the buffer a stream is shuffled through before ``stream_rows`` are kept."""
 FieldSpec = str | list[str]
 """How ``DataSource.fields`` builds one column: a template with ``{column}`` placeholders
 (``str.format`` syntax, so ``{choices[text]}`` reads a nested key), a column path
@@ -122,6 +136,11 @@ class DataSource:
     """Rows already in memory (a notebook's ``datasets.Dataset``), read instead of a file."""
     config_name: str | None = None
     """The hub dataset's configuration (``load_dataset``'s ``name``), if it has several."""
+    revision: str | None = None
+    """The hub dataset's revision (``load_dataset``'s ``revision``): a branch, tag or commit."""
+    data_files: DataFiles | None = None
+    """Files of a hub dataset or local folder to read (``load_dataset``'s ``data_files``),
+    e.g. the ``.jsonl`` of a repository that also holds a ``.csv`` and no ``configs`` block."""
     split: str = "train"
     """The split to read; slices work (``"train[:20000]"``). A single local file is ``train``."""
     format: RowFormat = "text"
@@ -131,19 +150,33 @@ class DataSource:
     text_column: str = "text"
     """Column of the documents of a ``text`` dataset."""
     prompt_column: str = "prompt"
-    """Column of the user turn of an ``instruction`` dataset given as pairs."""
+    """Column of the user turn of an ``instruction`` dataset given as pairs (a string), or of
+    the prompt's messages of a conversational prompt/completion pair (a list)."""
     response_column: str = "response"
     """Column of the assistant turn of an ``instruction`` dataset given as pairs."""
+    completion_column: str = "completion"
+    """TRL's name of the response column: read instead of ``response_column`` when the rows
+    have it and not the response column. A string (the assistant turn) or, with a
+    conversational prompt, a list of messages starting with the assistant's."""
     system_column: str | None = None
     """Optional column of a per-row system prompt (e.g. OpenOrca's ``system_prompt``)."""
     messages_column: str = "messages"
     """Column of a chat list of ``{"role", "content"}``; used instead of the pair columns
     whenever the rows have it. The last message is the response and must be the assistant's."""
+    loss_on: LossOn = "last-assistant"
+    """Which assistant turns of an ``instruction`` row carry the loss: ``last-assistant``,
+    the response (the last message, or a prompt/completion pair's whole completion, as TRL's
+    ``completion_only_loss``); ``all-assistant``, every assistant turn (of the completion, for
+    a prompt/completion pair), as TRL's ``assistant_only_loss``."""
     question_column: str = "question"
     choices_column: str = "choices"
     """A list of choice texts, or a dict ``{"text": [...], "label": [...]}`` (ARC-style)."""
     answer_column: str = "answer"
     """The correct choice: a 0-based index, a letter (``"B"``), or one of the ARC labels."""
+    shuffle_choices: bool = False
+    """Shuffle each question's choices (a permutation seeded by the question and its choices,
+    so the same on every run) before they are lettered: for a benchmark whose correct choice
+    is always at the same index (TruthfulQA's mc1 lists the true answer first)."""
     budget: int | None = None
     """Training rows taken (a seeded subset, after eval/test are split off); None = all of
     them, as for the paper's unlimited corpora. Without packing a row is one example."""
@@ -164,8 +197,15 @@ class DataSource:
     """Columns whose empty or null rows are dropped (after ``fields``), e.g. a response
     column that some rows leave out."""
     stream_rows: int | None = None
-    """Read the split as a stream and keep its first ``stream_rows`` rows (huge corpora), cached
+    """Read the split as a stream and keep ``stream_rows`` of its rows (huge corpora), cached
     on disk after the first read."""
+    stream_seed: int = 0
+    """Seed of the shuffle of a stream (``IterableDataset.shuffle``) before its rows are kept."""
+    stream_shuffle_buffer: int = STREAM_SHUFFLE_BUFFER
+    """Rows of the shuffle buffer of a stream; 0 keeps the stream's first rows."""
+    strip_strings: tuple[str, ...] = ()
+    """Literal strings removed from every string column of each row (after ``fields``), e.g. a
+    tokenizer's control token written into the data (``<|endoftext|>``)."""
     truncation_side: Literal["right", "left"] = "right"
     """Which end of a too-long ``text``/``instruction`` example is cut (as in ``transformers``
     tokenizers): ``left`` keeps the response and the end of a long prompt (a document before
@@ -208,6 +248,35 @@ class DataSource:
             raise DataError(f"stream_rows={self.stream_rows!r}: use a positive row count, or None to read every row")
         if self.stream_rows is not None and self.rows is not None:
             raise DataError("stream_rows reads a file or hub split as a stream; rows= are already in memory")
+        if isinstance(self.stream_seed, bool) or not isinstance(self.stream_seed, int) or self.stream_seed < 0:
+            raise DataError(f"stream_seed={self.stream_seed!r}: use a seed >= 0")
+        if (
+            isinstance(self.stream_shuffle_buffer, bool)
+            or not isinstance(self.stream_shuffle_buffer, int)
+            or self.stream_shuffle_buffer < 0
+        ):
+            raise DataError(
+                f"stream_shuffle_buffer={self.stream_shuffle_buffer!r}: use a row count >= 0 (0 keeps the "
+                "stream's first rows)"
+            )
+        if self.loss_on not in LOSS_ON:
+            raise DataError(f"loss_on={self.loss_on!r}: use one of {', '.join(LOSS_ON)}")
+        if not isinstance(self.strip_strings, tuple) or not all(isinstance(s, str) and s for s in self.strip_strings):
+            raise DataError(f"strip_strings={self.strip_strings!r}: give a tuple of non-empty strings")
+        if self.revision is not None and (not isinstance(self.revision, str) or not self.revision.strip()):
+            raise DataError(f"revision={self.revision!r}: give a branch, tag or commit of the hub dataset")
+        if self.revision is not None and self.hub_id is None:
+            raise DataError(
+                f"revision={self.revision!r} pins a hub dataset's version; it needs hub_id= (a local path or "
+                "rows in memory have no revision)"
+            )
+        if self.data_files is not None:
+            check_data_files(self.data_files)
+            if self.hub_id is None and (self.path is None or Path(self.path).suffix):
+                raise DataError(
+                    f"data_files={self.data_files!r} chooses files of a hub dataset or of a local folder; it needs "
+                    "hub_id= or a folder path= (a single local file is read as it is)"
+                )
         for name, spec in self.fields.items():
             _check_field_spec(name, spec)
         if self.truncation_side not in ("right", "left"):
@@ -248,9 +317,16 @@ class DataSource:
             if self.messages_column in columns:
                 # A system prompt is read from its own column next to the chat list too.
                 return [self.messages_column] + ([] if self.system_column is None else [self.system_column])
-            pair = [self.prompt_column, self.response_column]
+            pair = [self.prompt_column, self.response_key(columns)]
             return pair if self.system_column is None else [*pair, self.system_column]
         return [self.question_column, self.choices_column, self.answer_column]
+
+    def response_key(self, columns: list[str] | Any) -> str:
+        """The column of a pair's response: ``response_column``, or TRL's ``completion_column``
+        when the rows have it and not the response column."""
+        if self.response_column not in columns and self.completion_column in columns:
+            return self.completion_column
+        return self.response_column
 
 
 def check_columns(rows: datasets.Dataset, source: DataSource) -> None:
@@ -263,7 +339,8 @@ def check_columns(rows: datasets.Dataset, source: DataSource) -> None:
         "text": "set text_column",
         "instruction": (
             f"give the rows a {source.messages_column!r} chat list, or set messages_column, "
-            "or prompt_column/response_column (and system_column) to the pair's columns"
+            "or prompt_column/response_column (and system_column) to the pair's columns (TRL's "
+            "prompt/completion columns are read as they are)"
         ),
         "multiple_choice": "set question_column/choices_column/answer_column",
     }[source.format]
@@ -296,14 +373,14 @@ def load_rows(
     elif source.path is not None:
         path = Path(source.path)
         if path.is_dir():
-            loaded = _load(source, str(path), name=source.config_name, cache_dir=cache)
+            loaded = _load(source, str(path), name=source.config_name, cache_dir=cache, **_file_options(source))
         else:
             builder = LOCAL_BUILDERS[path.suffix.lower()]
             if builder in ("json", "text") and _blank(path):
                 raise _empty(source)
             loaded = _load(source, builder, data_files=str(path), cache_dir=cache)
     else:
-        loaded = _load(source, source.hub_id, name=source.config_name, cache_dir=cache)
+        loaded = _load(source, source.hub_id, name=source.config_name, cache_dir=cache, **_file_options(source))
     if not isinstance(loaded, datasets.Dataset):
         raise DataError(
             f"{source.description}: load_dataset returned a {type(loaded).__name__}, not one "
@@ -312,10 +389,29 @@ def load_rows(
     if len(loaded) == 0:
         raise _empty(source)
     loaded = derive_fields(loaded, source)
+    if source.strip_strings:
+        loaded = strip_strings(loaded, source)
     if source.drop_empty:
         loaded = _drop_empty(loaded, source)
     check_columns(loaded, source)
     return loaded
+
+
+def check_data_files(value: object) -> None:
+    def paths(item: object) -> bool:
+        return (isinstance(item, str) and bool(item.strip())) or (
+            isinstance(item, list) and bool(item) and all(isinstance(p, str) and p.strip() for p in item)
+        )
+
+    if isinstance(value, dict):
+        good = bool(value) and all(isinstance(k, str) and k and paths(v) for k, v in value.items())
+    else:
+        good = paths(value)
+    if not good:
+        raise DataError(
+            f"data_files={value!r}: give a file path or glob ('data.jsonl'), a non-empty list of them, or a "
+            "mapping of split names to them ({'train': 'data.jsonl'})"
+        )
 
 
 def _check_field_spec(name: str, spec: object) -> None:
@@ -405,6 +501,36 @@ def derive_fields(rows: datasets.Dataset, source: DataSource) -> datasets.Datase
     )
 
 
+def _file_options(source: DataSource) -> dict[str, Any]:
+    """``load_dataset``'s ``revision`` and ``data_files`` where the source sets them."""
+    options: dict[str, Any] = {}
+    if source.revision is not None:
+        options["revision"] = source.revision
+    if source.data_files is not None:
+        options["data_files"] = source.data_files
+    return options
+
+
+def _strip_row(row: dict[str, Any], strings: tuple[str, ...], version: str) -> dict[str, Any]:
+    """``Dataset.map`` function of ``strip_strings`` (``version`` only keys its cache)."""
+    stripped = {}
+    for key, value in row.items():
+        if isinstance(value, str):
+            for text in strings:
+                value = value.replace(text, "")
+            stripped[key] = value
+    return stripped
+
+
+def strip_strings(rows: datasets.Dataset, source: DataSource) -> datasets.Dataset:
+    """``rows`` with every ``source.strip_strings`` removed from each string column."""
+    return rows.map(
+        _strip_row,
+        fn_kwargs={"strings": tuple(source.strip_strings), "version": LOADING_VERSION},
+        desc="strip_strings",
+    )
+
+
 def _drop_empty(rows: datasets.Dataset, source: DataSource) -> datasets.Dataset:
     missing = [c for c in source.drop_empty if c not in rows.column_names]
     if missing:
@@ -420,11 +546,21 @@ def _drop_empty(rows: datasets.Dataset, source: DataSource) -> datasets.Dataset:
 
 
 def _first_rows(
-    path: str | None, split: str, rows: int, options: dict[str, Any], stamp: dict[str, Any]
+    path: str | None,
+    split: str,
+    rows: int,
+    options: dict[str, Any],
+    stamp: dict[str, Any],
+    seed: int = 0,
+    buffer_size: int = STREAM_SHUFFLE_BUFFER,
 ) -> Iterator[dict[str, Any]]:
-    """The first ``rows`` rows of a split read with ``load_dataset(..., streaming=True)``, for
-    ``Dataset.from_generator`` (``stamp`` only keys its cache)."""
-    yield from load_dataset(path, split=split, streaming=True, **options).take(rows)
+    """``rows`` rows of a split read with ``load_dataset(..., streaming=True)``, shuffled with
+    ``IterableDataset.shuffle(seed, buffer_size)`` first (the stream's first rows when
+    ``buffer_size`` is 0), for ``Dataset.from_generator`` (``stamp`` only keys its cache)."""
+    stream = load_dataset(path, split=split, streaming=True, **options)
+    if buffer_size > 0:
+        stream = stream.shuffle(seed=seed, buffer_size=buffer_size)
+    yield from stream.take(rows)
 
 
 def _stream_stamp(source: DataSource, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -495,7 +631,15 @@ def _load(source: DataSource, path: str | None, **kwargs: object) -> object:
             options["data_files"] = stamp["path"]
         return datasets.Dataset.from_generator(
             _first_rows,
-            gen_kwargs={"path": path, "split": source.split, "rows": source.stream_rows, "options": options, "stamp": stamp},
+            gen_kwargs={
+                "path": path,
+                "split": source.split,
+                "rows": source.stream_rows,
+                "options": options,
+                "stamp": stamp,
+                "seed": source.stream_seed,
+                "buffer_size": source.stream_shuffle_buffer,
+            },
             cache_dir=kwargs.get("cache_dir"),
         )
     except StopIteration:  # what the json builder raises on a file without rows

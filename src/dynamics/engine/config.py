@@ -26,7 +26,7 @@ from pydantic import (
 
 from dynamics.core.robust import VARIANTS, RobustOptions
 from dynamics.core.schedules import ScheduleError, build_schedule
-from dynamics.data.loading import DataError, DataSource
+from dynamics.data.loading import DataError, DataSource, check_data_files
 
 
 class ConfigError(ValueError):
@@ -246,7 +246,7 @@ class MethodConfig(_Section):
         return RobustOptions(**chosen)
 
 
-COLUMN_KEYS = ("text", "prompt", "response", "system", "messages", "question", "choices", "answer")
+COLUMN_KEYS = ("text", "prompt", "response", "completion", "system", "messages", "question", "choices", "answer")
 
 
 class DatasetConfig(_Section):
@@ -254,12 +254,32 @@ class DatasetConfig(_Section):
     path: str | None = Field(None, description="Local file (jsonl/json/parquet/txt) or dataset folder.")
     hub_id: str | None = Field(None, description="Hugging Face hub dataset id (instead of path).")
     config_name: str | None = Field(None, description="Hub dataset configuration, if it has several.")
+    revision: str | None = Field(
+        None,
+        min_length=1,
+        description="Hub dataset revision to read (a branch, tag or commit; datasets.load_dataset's revision); "
+        "needs hub_id.",
+    )
+    data_files: str | list[str] | dict[str, str | list[str]] | None = Field(
+        None,
+        description="Files of the hub dataset (or local folder) to read, datasets.load_dataset's data_files: a path "
+        "or glob, a list of them, or split -> path(s); e.g. the .jsonl of a repository that also holds a .csv "
+        "and declares no configs.",
+    )
     split: str = Field("train", description="Split to read; slices work, e.g. 'train[:20000]'.")
     role: Literal["target", "non-target", "constraint"] = Field(
         ..., description="target: trained and minimised; non-target: trained only; constraint: evaluated only."
     )
     format: Literal["text", "instruction", "multiple_choice"] = Field(
-        "text", description="Row format: plain text, prompt/response pairs (or messages), or multiple choice."
+        "text",
+        description="Row format: plain text, prompt/response pairs (or messages, or TRL's prompt/completion: "
+        "strings or message lists), or multiple choice.",
+    )
+    loss_on: Literal["last-assistant", "all-assistant"] = Field(
+        "last-assistant",
+        description="Instruction rows: the loss on the response only (the last assistant message, or a "
+        "prompt/completion pair's completion; TRL's completion_only_loss), or on every assistant turn (of the "
+        "completion, for a pair; TRL's assistant_only_loss).",
     )
     metric: Literal["loss", "accuracy"] = Field(
         "loss",
@@ -300,8 +320,26 @@ class DatasetConfig(_Section):
     stream_rows: int | None = Field(
         None,
         ge=1,
-        description="Read the split as a stream (datasets streaming) and keep its first rows, cached on "
-        "disk after the first read: for huge corpora, never downloaded whole.",
+        description="Read the split as a stream (datasets streaming) and keep this many rows, shuffled "
+        "first (stream_seed, stream_shuffle_buffer), cached on disk after the first read: for huge corpora, "
+        "never downloaded whole.",
+    )
+    stream_seed: int = Field(0, ge=0, description="Seed of the shuffle of a stream before its rows are kept.")
+    stream_shuffle_buffer: int = Field(
+        10_000,
+        ge=0,
+        description="Rows of the buffer a stream is shuffled through (IterableDataset.shuffle; the shards' "
+        "order is shuffled too); 0 keeps the stream's first rows.",
+    )
+    shuffle_choices: bool = Field(
+        False,
+        description="Multiple choice: shuffle each question's choices in an order seeded by the question "
+        "(the same on every run), for a benchmark whose correct choice is always at one index.",
+    )
+    strip_strings: list[str] = Field(
+        default_factory=list,
+        description="Literal strings removed from every string column of each row, e.g. a tokenizer's control "
+        "token written into the data ('<|endoftext|>').",
     )
 
     @field_validator("eval_size", "test_size", mode="before")
@@ -312,10 +350,26 @@ class DatasetConfig(_Section):
             raise ValueError(f"a row count (int) or a fraction (float), not {str(value).lower()}")
         return value
 
+    @field_validator("data_files", mode="before")
+    @classmethod
+    def _data_files_shape(cls, value: Any) -> Any:
+        # One message naming the accepted shapes, instead of one error per member of the union.
+        if value is not None:
+            try:
+                check_data_files(value)
+            except DataError as err:
+                raise ValueError(str(err)) from None
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> DatasetConfig:
         if self.path is not None and self.hub_id is not None:
             raise ValueError(f"dataset {self.name!r}: set only one of path (a local file) or hub_id")
+        if self.revision is not None and self.hub_id is None:
+            raise ValueError(
+                f"dataset {self.name!r}: revision {self.revision!r} pins a hub dataset's version; set hub_id, or "
+                "remove revision for a local path"
+            )
         # Neither: the rows are passed in Python (dynamics.run(config, data={name: rows})).
         unknown = sorted(set(self.columns) - set(COLUMN_KEYS))
         if unknown:
@@ -368,8 +422,15 @@ class DatasetConfig(_Section):
             fields=self.fields,
             drop_empty=tuple(self.drop_empty),
             stream_rows=self.stream_rows,
+            stream_seed=self.stream_seed,
+            stream_shuffle_buffer=self.stream_shuffle_buffer,
             truncation_side=self.truncation_side,
             metric=self.metric,
+            revision=self.revision,
+            data_files=self.data_files,
+            loss_on=self.loss_on,
+            shuffle_choices=self.shuffle_choices,
+            strip_strings=tuple(self.strip_strings),
             **columns,
         )
 
