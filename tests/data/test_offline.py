@@ -17,8 +17,10 @@ import datasets
 import pytest
 
 from dynamics.data import ChoiceExample, DataSource, build_examples, load_rows
+from dynamics.data import offline
 from dynamics.data.offline import (
     DOMAIN_FORMATS,
+    STDLIB_MODULES,
     GENERAL_DOMAINS,
     QUIZ_GROUPS,
     DomainSizes,
@@ -175,3 +177,23 @@ def test_quiz_facts_are_unambiguous() -> None:
 def test_sizes_are_validated() -> None:
     with pytest.raises(ValueError, match=r"DomainSizes\.quiz"):
         DomainSizes(quiz=0)
+
+
+def test_the_corpus_is_pinned_and_not_read_from_the_running_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    sources = stdlib_sources()
+    assert [module for module, _ in sources] == list(STDLIB_MODULES)
+    assert all(len(source) > 500 for _, source in sources)
+    # Another interpreter's standard library is never looked at.
+    monkeypatch.setattr("sysconfig.get_paths", lambda: {"stdlib": "/nonexistent"})
+    assert stdlib_sources() == sources
+
+
+def test_a_corpus_that_is_not_the_pinned_one_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    changed = tmp_path / "stdlib_corpus.json.gz"
+    changed.write_bytes(offline.STDLIB_CORPUS.read_bytes() + b"\0")
+    monkeypatch.setattr(offline, "STDLIB_CORPUS", changed)
+    with pytest.raises(ValueError, match="not the pinned"):
+        stdlib_sources()
+    monkeypatch.setattr(offline, "STDLIB_CORPUS", tmp_path / "missing.json.gz")
+    with pytest.raises(FileNotFoundError, match="reinstall"):
+        stdlib_sources()

@@ -94,8 +94,12 @@ def test_cache_key_follows_everything_the_model_depends_on(
         patch.setattr(torch, "__version__", "0.0.0")
         assert DEFAULT_SPEC.cache_key() != key
     with monkeypatch.context() as patch:
-        patch.setattr(sys, "version_info", (3, 99, 0))
+        # Another corpus is another base model; the Python running it is not.
+        patch.setattr(base_model, "STDLIB_CORPUS_SHA256", "0" * 64)
         assert DEFAULT_SPEC.cache_key() != key
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "version_info", (3, 99, 0))
+        assert DEFAULT_SPEC.cache_key() == key
 
 
 def test_quick_base_model_is_built_once_and_reused(

@@ -1,7 +1,10 @@
 """The demo's offline domains: real text from the Python standard library and generated skills.
 
-Nothing here downloads anything or ships third-party text: ``code`` and ``prose`` are read
-from the standard library of the running interpreter, everything else is generated.
+Nothing here downloads anything. ``code``, ``prose`` and the quiz facts come from the sources
+of ``STDLIB_MODULES`` as CPython 3.11.7 ships them, pinned in the package
+(``stdlib_corpus.json.gz``, checked against ``STDLIB_CORPUS_SHA256``; the Python Software
+Foundation License, ``STDLIB-LICENSE.txt`` beside it, allows their redistribution), so every
+machine builds the same rows whatever Python runs it; everything else is generated.
 
 Public API:
 
@@ -48,21 +51,21 @@ The domains (rows per file with the default ``DomainSizes``):
 
 Determinism: every random choice comes from ``random.Random`` seeded with ``f"{seed}:{domain}"``
 (string seeds are hashed with SHA-512, the same on every machine), every collection is
-sorted before it is sampled, and the files are written with a fixed key order. The same
-seed gives byte-identical files on every machine with the same Python minor version; the
-standard library's text changes between minor versions, so caches keyed on these files
-must include ``sys.version_info[:2]``. A different seed draws different generated rows and
-different subsets of ``code``/``prose`` when their sizes are below the available documents.
+sorted before it is sampled, the files are written with a fixed key order, and the standard
+library text is the pinned corpus. The same seed gives byte-identical files on every machine.
+A different seed draws different generated rows and different subsets of ``code``/``prose``
+when their sizes are below the available documents.
 """
 
 from __future__ import annotations
 
 import ast
+import gzip
+import hashlib
 import io
 import json
 import os
 import random
-import sysconfig
 import tempfile
 import tokenize
 from collections.abc import Callable, Iterator, Sequence
@@ -73,6 +76,10 @@ from typing import Any
 
 DATA_VERSION = 1
 """Bumped whenever the generated rows change, so caches keyed on it are rebuilt."""
+
+STDLIB_CORPUS = Path(__file__).with_name("stdlib_corpus.json.gz")
+"""The sources of ``STDLIB_MODULES`` from CPython 3.11.7 (``scripts/build_stdlib_corpus.py``)."""
+STDLIB_CORPUS_SHA256 = "df383d3a2d63e3c11bf1892f64214278462d423ab9eebe53f2b25a9c563dfaef"
 
 # Pure-Python modules of moderate size present in CPython 3.10-3.14 as these files (not
 # packages that moved, e.g. pathlib and zipfile, nor modules removed by PEP 594). Sorted.
@@ -230,23 +237,22 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def stdlib_sources() -> list[tuple[str, str]]:
-    """``(module, source)`` for each of ``STDLIB_MODULES`` found in this interpreter's
-    standard library, in ``STDLIB_MODULES`` order. Raises if none is there (a stripped
-    Python without its ``.py`` files)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    sources = []
-    for module in STDLIB_MODULES:
-        stem = root.joinpath(*module.split("."))
-        for path in (stem.with_suffix(".py"), stem / "__init__.py"):
-            if path.is_file():
-                sources.append((module, path.read_text(encoding="utf-8")))
-                break
-    if not sources:
+    """``(module, source)`` for each of ``STDLIB_MODULES``, in that order, from the pinned
+    corpus. Raises if the file is missing or is not the one this version ships."""
+    try:
+        packed = STDLIB_CORPUS.read_bytes()
+    except FileNotFoundError:
         raise FileNotFoundError(
-            f"none of the standard library's .py sources are under {root}; the offline "
-            "domains need a Python installed with its source files"
+            f"the demo's corpus {STDLIB_CORPUS} is missing: reinstall dynamics (pip install -e .)"
+        ) from None
+    digest = hashlib.sha256(packed).hexdigest()
+    if digest != STDLIB_CORPUS_SHA256:
+        raise ValueError(
+            f"the demo's corpus {STDLIB_CORPUS} has SHA-256 {digest}, not the pinned "
+            f"{STDLIB_CORPUS_SHA256}: reinstall dynamics to restore the file"
         )
-    return sources
+    modules = json.loads(gzip.decompress(packed))["modules"]
+    return [(module, modules[module]) for module in STDLIB_MODULES]
 
 
 def code_documents(sources: list[tuple[str, str]]) -> list[dict[str, str]]:

@@ -71,7 +71,6 @@ import logging
 import math
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -104,6 +103,7 @@ from dynamics.data.offline import (
     DATA_VERSION,
     DOMAIN_FORMATS,
     GENERAL_DOMAINS,
+    STDLIB_CORPUS_SHA256,
     DomainSizes,
     write_offline_domains,
 )
@@ -242,12 +242,12 @@ class BaseModelSpec:
 
     def cache_key(self) -> str:
         """``base-`` and 16 hex digits of a hash of the spec, the data and build versions,
-        the Python minor version (the stdlib text differs) and the torch version."""
+        the pinned corpus's digest and the torch version."""
         content = {
             "spec": asdict(self),
             "data_version": DATA_VERSION,
             "build_version": BUILD_VERSION,
-            "python": list(sys.version_info[:2]),
+            "corpus": STDLIB_CORPUS_SHA256,
             "torch": torch.__version__,
         }
         encoded = json.dumps(content, sort_keys=True).encode()
