@@ -171,3 +171,57 @@ def test_a_local_copy_keeps_the_papers_budget_and_held_out_rows(tmp_path: Path, 
     # The registry's fraction of a benchmark applies to a local copy of any size.
     (tmp_path / "SQ.jsonl").write_text("".join(json.dumps(fixture_rows("SQ")[0]) + "\n" for _ in range(10)))
     assert dataset_entry("SQ", role="constraint", data_root=tmp_path)["eval_size"] == 0.5
+
+
+def test_safetyqa_reads_the_jsonl_of_its_repository_and_scores_the_standard_answer(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    hub = dataset_entry("SQ", role="constraint")
+    assert hub["data_files"] == "chinese_safetyqa.jsonl"
+    assert hub["revision"] == "5edb1435b39eb1e310f3a3729b74d3623026c502"
+    source = DatasetConfig(**hub).data_source()
+    assert (source.data_files, source.revision) == (hub["data_files"], hub["revision"])
+    local = dataset_entry("SQ", role="constraint", data_root=PAPER_FIXTURES)
+    assert "data_files" not in local and "revision" not in local  # the local file is read as it is
+    parts = prepare_examples(DatasetConfig(**local).data_source(), tokenizer, sequence_length=256, packing=False, seed=0)
+    responses = set()
+    for example in [*parts.eval, *parts.test]:
+        assert isinstance(example, LMExample)
+        responses.add(tokenizer.decode(example.input_ids[example.labels != IGNORE_INDEX]))
+    assert responses == {row["standard_answer"] + "<|im_end|>\n" for row in fixture_rows("SQ")}
+
+
+def test_truthfulqa_choices_are_shuffled_so_the_answer_is_not_always_a(tokenizer: PreTrainedTokenizerFast) -> None:
+    rows = fixture_rows("tT")
+    assert all(row["mc1_targets"]["labels"][0] == 1 for row in rows)  # mc1 lists the true answer first
+    entry = dataset_entry("tT", role="constraint", metric="accuracy", data_root=PAPER_FIXTURES)
+    assert entry["shuffle_choices"] is True
+
+    def questions() -> dict[str, tuple[int, str]]:
+        parts = prepare_examples(DatasetConfig(**entry).data_source(), tokenizer, sequence_length=256, packing=False, seed=0)
+        found = {}
+        for example in [*parts.eval, *parts.test]:
+            assert isinstance(example, ChoiceExample)
+            lines = tokenizer.decode(example.input_ids).split("\n")
+            found[lines[0]] = (example.answer_index, lines[1 + example.answer_index][3:])
+        return found
+
+    found = questions()
+    assert {question: text for question, (_, text) in found.items()} == {
+        row["question"]: row["mc1_targets"]["choices"][0] for row in rows
+    }
+    assert len({index for index, _ in found.values()}) > 1
+    assert questions() == found  # the same order on every build
+
+
+def test_glaive_rows_lose_their_literal_end_of_text(tokenizer: PreTrainedTokenizerFast) -> None:
+    eos = tokenizer.eos_token_id
+    assert eos == tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert all("<|endoftext|>" in row["chat"] for row in fixture_rows("GF"))
+    entry = dataset_entry("GF", role="target", data_root=PAPER_FIXTURES)
+    parts = prepare_examples(DatasetConfig(**entry).data_source(), tokenizer, sequence_length=256, packing=False, seed=0)
+    examples = [*parts.train, *parts.eval, *parts.test]
+    assert len(examples) == len(fixture_rows("GF"))
+    for example in examples:
+        ids = example.input_ids.tolist()
+        assert ids.count(eos) == 1 and ids[-1] == eos  # only the document's own EOS

@@ -63,7 +63,17 @@ class PaperDataset:
     drop_empty: tuple[str, ...] = ()
     truncation_side: Literal["right", "left"] = "right"
     stream_rows: int | None = None
-    """Read as a stream and keep this many rows (huge corpora: never downloaded whole)."""
+    """Read as a stream, shuffled through a seeded buffer, and keep this many rows (huge
+    corpora: never downloaded whole)."""
+    data_files: str | None = None
+    """The hub repository's file to read (``load_dataset``'s ``data_files``), where it holds
+    files of several formats and no ``configs`` block."""
+    revision: str | None = None
+    """The hub commit read, where pinned."""
+    shuffle_choices: bool = False
+    """Multiple choice whose correct choice is always at one index: the choices are shuffled."""
+    strip_strings: tuple[str, ...] = ()
+    """Literal strings removed from the rows (a tokenizer's control token in the data)."""
     rows: int | None = None
     """Rows of the split as published (or ``stream_rows``); None when not checked. A budget
     larger than what is left after the held-out rows becomes all of them, with a warning."""
@@ -104,8 +114,11 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
         ),
         PaperDataset(
             "CF", "m-a-p/CodeFeedback-Filtered-Instruction", "train", "instruction",
-            "https://www.huggingface.co/datasets/m-a-p/CodeFeedback-Filtered-Instruction/tree/main (one jsonl "
-            "file, 157k rows); columns query, answer assumed (not visible in the search results)",
+            "https://huggingface.co/datasets/m-a-p/CodeFeedback-Filtered-Instruction/tree/"
+            "e24e63942ad4450639e16ba318130ab841946916 (one file, CodeFeedback-Filtered-Instruction.jsonl, 371 MB; "
+            "README 28 bytes, no configs) and the viewer of its copy https://huggingface.co/datasets/nayohan/"
+            "CodeFeedback-Filtered-Instruction-ko/viewer/default/train (157k rows); columns query, answer not "
+            "verified",
             columns={"prompt": "query", "response": "answer"}, rows=156_526,
         ),
         PaperDataset(
@@ -130,7 +143,8 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
             "4,233,915 train rows in https://huggingface.co/datasets/lchakkei/OpenOrca-Traditional-Chinese/blob/"
             "main/README.md",
             columns={"prompt": "question", "system": "system_prompt"}, stream_rows=40_000, rows=40_000,
-            note="4.2M rows: streamed, the first 40,000 kept (the largest budget, 30k, plus the held-out rows)",
+            note="4.2M rows: streamed, 40,000 kept (the largest budget, 30k, plus the held-out rows) after a seeded "
+            "shuffle",
         ),
         PaperDataset(
             "Ay", "CohereForAI/aya_dataset", "train", "instruction",
@@ -149,17 +163,24 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
         PaperDataset(
             "GF", "glaiveai/glaive-function-calling-v2", "train", "text",
             "https://huggingface.co/datasets/glaiveai/glaive-function-calling-v2/discussions/4 (json, 100K-1M "
-            "rows); columns system, chat assumed from the card (not visible in the search results)",
-            fields={"text": "{system}\n\n{chat}"}, rows=112_960,
+            "rows); the chat column as a public converter reads it, github.com/DikshantDeoli/Share- Write.py "
+            "(row['chat'], its docstring showing 'ASSISTANT: <functioncall> {...} <|endoftext|>' and "
+            "'FUNCTION RESPONSE:' turns); the 112,960 rows from the dataset_info of its ChatML conversion, "
+            "https://github.com/daniel-p-green/alain-ai-learning-platform/blob/main/out/"
+            "research-dphn-dolphin-2-9-1-yi-1-5-34b/sources/datasets/locutusque-function-calling-chatml.README.md; "
+            "the system column itself not verified",
+            fields={"text": "{system}\n\n{chat}"}, rows=112_960, strip_strings=("<|endoftext|>",),
             note="`chat` is one string of USER/ASSISTANT/FUNCTION turns, so the row is read as text (loss on "
-            "every token), after its system prompt with the function definitions",
+            "every token), after its system prompt with the function definitions; the literal `<|endoftext|>` "
+            "ending each assistant turn is removed (Qwen's and GPT-2's tokenizers read it as the end-of-text "
+            "token, which would end the document mid-row); the row's own EOS ends it",
         ),
         PaperDataset(
             "MS", "MegaScience/MegaScience", "train", "instruction",
-            "https://huggingface.co/datasets/MegaScience/MegaScience/tree/main (parquet, 1M-10M rows); columns "
-            "question, answer assumed (not visible in the search results)",
+            "https://huggingface.co/datasets/MegaScience/MegaScience/tree/main (parquet under data/, 1M-10M rows, "
+            "1.88 GB); columns question, answer not verified",
             columns={"prompt": "question", "response": "answer"}, stream_rows=STREAM_ROWS, rows=STREAM_ROWS,
-            note="1M+ rows: streamed, the first 20,000 kept",
+            note="1M+ rows: streamed, 20,000 kept after a seeded shuffle",
         ),
         PaperDataset(
             "BS", "FiscalNote/billsum", "train", "instruction",
@@ -189,7 +210,7 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
             "https://huggingface.co/datasets/teddy-f-47/wikipedia_id_20231201/blame/main/README.md; the config "
             "20231101.en itself assumed",
             config_name="20231101.en", stream_rows=STREAM_ROWS, rows=STREAM_ROWS, held_out=0,
-            note="unlimited: streamed, the first 20,000 articles kept",
+            note="unlimited: streamed, 20,000 articles kept after a seeded shuffle",
         ),
         PaperDataset(
             "FW", "HuggingFaceFW/fineweb", "train", "text",
@@ -198,7 +219,7 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
             "sample-10BT shards of https://huggingface.co/datasets/dododo1234/fineweb/blob/"
             "5a55bce7fc8617b5753f25d110af14ca6172341d/README.md; the config name sample-10BT assumed from the card",
             config_name="sample-10BT", stream_rows=STREAM_ROWS, rows=STREAM_ROWS, held_out=0,
-            note="unlimited: streamed, the first 20,000 documents kept",
+            note="unlimited: streamed, 20,000 documents kept after a seeded shuffle of the shards and rows",
         ),
         _tiny(
             "tM", "tinyBenchmarks/tinyMMLU", "test",
@@ -212,7 +233,9 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
             "multiple_choice: question, mc1_targets{choices, labels}, mc2_targets, input_formatted; validation "
             "100 rows)",
             config="multiple_choice", fields={"choices": "mc1_targets.choices", "answer": "mc1_targets.labels"},
-            note="the single-true-answer targets (mc1): the answer is the choice flagged 1",
+            shuffle_choices=True,
+            note="the single-true-answer targets (mc1): the answer is the choice flagged 1, which mc1 always "
+            "lists first, so the choices are shuffled (an order seeded by the question) for accuracy",
         ),
         _tiny(
             "tH", "tinyBenchmarks/tinyHellaswag", "validation",
@@ -230,19 +253,26 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
         PaperDataset(
             "NS", "nvidia/Aegis-AI-Content-Safety-Dataset-2.0", "test", "instruction",
             "https://huggingface.co/datasets/nvidia/Aegis-AI-Content-Safety-Dataset-2.0/viewer (default config; "
-            "train 30k, validation 1.45k, test 1.96k rows); columns prompt, response assumed from the card "
-            "(not visible in the search results)",
+            "train 30k, validation 1.45k, test 1.96k rows) and the card https://huggingface.co/datasets/nvidia/"
+            "Aegis-AI-Content-Safety-Dataset-2.0/blob/refs%2Fpr%2F6/README.md (prompts from Anthropic HH-RLHF, "
+            "responses elicited from Mistral-7B-v0.1); columns prompt, response not verified",
             drop_empty=("response",), rows=1_964, held_out=0.5,
             note="Aegis 2.0 is NVIDIA's Nemotron Content Safety Dataset V2: the loss of the logged response to "
             "each (often harmful) prompt; rows without a response are dropped",
         ),
         PaperDataset(
             "SQ", "OpenStellarTeam/Chinese-SafetyQA", "train", "instruction",
-            "https://huggingface.co/datasets/OpenStellarTeam/Chinese-SafetyQA/tree/main (one jsonl file, 1K-10K "
-            "rows of short QA pairs, arXiv 2412.15265); columns question, answer assumed (the card does not "
-            "list them)",
-            columns={"prompt": "question", "response": "answer"}, rows=2_000, held_out=0.5,
-            note="the paper cites 'SafetyQA' without a hub id; this is the benchmark of that name on the hub",
+            "https://huggingface.co/datasets/OpenStellarTeam/Chinese-SafetyQA/tree/"
+            "5edb1435b39eb1e310f3a3729b74d3623026c502 (chinese_safetyqa.jsonl 986 kB and chinese_safetyqa.csv "
+            "772 kB, no configs block); the rows of the same 986,312-byte file in "
+            "https://github.com/OpenStellarTeam/ChineseSafetyQA/blob/main/data/chinese_safetyqa.jsonl: 2,000 rows "
+            "of cate, question, standard_answer, standard_source_url, options (a string of a Python dict "
+            "letter -> text), correct_answer (a letter)",
+            columns={"prompt": "question", "response": "standard_answer"}, rows=2_000, held_out=0.5,
+            data_files="chinese_safetyqa.jsonl", revision="5edb1435b39eb1e310f3a3729b74d3623026c502",
+            note="the paper cites 'SafetyQA' without a hub id; this is the benchmark of that name on the hub, "
+            "scored by the loss of its short standard answer; the jsonl is read (the repository also holds a "
+            "csv of the same rows), at the commit that added it",
         ),
         PaperDataset(
             "BQ", "walledai/BBQ",
@@ -292,6 +322,10 @@ def dataset_entry(
         entry["hub_id"] = spec.hub_id
         if spec.config_name is not None:
             entry["config_name"] = spec.config_name
+        if spec.revision is not None:
+            entry["revision"] = spec.revision
+        if spec.data_files is not None:
+            entry["data_files"] = spec.data_files
         entry["split"] = spec.split
         if role != "non-target":
             entry["eval_size"] = entry["test_size"] = spec.held_out
@@ -324,6 +358,10 @@ def dataset_entry(
         entry["truncation_side"] = spec.truncation_side
     if spec.stream_rows is not None:
         entry["stream_rows"] = spec.stream_rows
+    if spec.shuffle_choices:
+        entry["shuffle_choices"] = True
+    if spec.strip_strings:
+        entry["strip_strings"] = list(spec.strip_strings)
     return entry
 
 
@@ -377,8 +415,16 @@ def _transform(spec: PaperDataset) -> str:
         parts.append(f"rows without `{'`, `'.join(spec.drop_empty)}` dropped")
     if spec.truncation_side != "right":
         parts.append(f"truncation {spec.truncation_side}")
+    if spec.strip_strings:
+        parts.append(f"`{'`, `'.join(spec.strip_strings)}` removed")
+    if spec.shuffle_choices:
+        parts.append("choices shuffled")
+    if spec.data_files is not None:
+        parts.append(f"data_files `{spec.data_files}`")
+    if spec.revision is not None:
+        parts.append(f"revision `{spec.revision[:12]}`")
     if spec.stream_rows is not None:
-        parts.append(f"streamed, first {spec.stream_rows:,} rows")
+        parts.append(f"streamed, {spec.stream_rows:,} rows after a seeded shuffle")
     text = "; ".join(parts) if parts else "default columns"
     return text.replace("\n", "\\n").replace("|", "\\|")
 
@@ -402,5 +448,6 @@ def datasets_reference_table() -> str:
         )
     lines += ["", "| abbrev | schema checked against | note |", "| --- | --- | --- |"]
     for abbrev, spec in PAPER_DATASETS.items():
-        lines.append(f"| {abbrev} | {spec.checked_against} | {spec.note or '-'} |")
+        cells = (spec.checked_against, spec.note or "-")
+        lines.append(f"| {abbrev} | " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(lines) + "\n"
