@@ -208,7 +208,7 @@ class MethodConfig(_Section):
     variant: Literal["paper", "robust"] = Field(
         "paper",
         description="DynaMiCS as the paper states it, or with the robustness options chosen in "
-        "docs/beyond-the-paper.md; the five fields below override single options.",
+        "docs/beyond-the-paper.md; the fields below override single options.",
     )
     lp_candidate: bool | None = Field(
         None, description="Add the directly solved constrained optimum to the (lambda, eps) grid's candidates."
@@ -229,6 +229,24 @@ class MethodConfig(_Section):
         description="Diminishing returns: an improvement extrapolated past the probe's length grows as a "
         "power with this exponent instead of linearly (1: linear, as the paper).",
     )
+    metric_floors: bool | None = Field(
+        None,
+        description="No dataset's predicted improvement takes a domain below the lowest value its metric can "
+        "have (a loss of 0, an accuracy of 100%).",
+    )
+    full_step_z: float | None = Field(
+        None,
+        ge=0,
+        description="Move from the mixture in force toward the solver's answer in proportion to its predicted "
+        "target gain in standard errors, all the way at this many (0: always all the way, as the paper).",
+    )
+    target_share: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="Keep at least this share of the mixture on target datasets while every predicted "
+        "constraint still holds (0: none, as the paper).",
+    )
     backtrack: int = Field(
         0,
         ge=0,
@@ -241,7 +259,7 @@ class MethodConfig(_Section):
         preset = VARIANTS[self.variant]
         chosen = {
             name: getattr(self, name) if getattr(self, name) is not None else getattr(preset, name)
-            for name in ("lp_candidate", "noise_margin", "target_noise", "calibration", "gain_exponent")
+            for name in RobustOptions.__dataclass_fields__
         }
         return RobustOptions(**chosen)
 

@@ -91,6 +91,11 @@ METHODS: dict[str, dict[str, Any]] = {
     "no_margin_backtrack": {
         "variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True, "backtrack": 2,
     },
+    # Decisions that noise cannot flip, on the paper's grid and on the robust variant: gains
+    # stop at each metric's floor, steps sized by the target gain's standard errors, and a
+    # tenth of the mixture kept on target data while the constraints allow.
+    "floors_steps_share": {"variant": "paper", "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1},
+    "robust_floors_steps_share": {"variant": "robust", "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1},
 }
 """DynaMiCS settings measured: the paper, each option alone, combinations, and the robust
 variant (whatever :data:`dynamics.core.robust.VARIANTS` holds now)."""
