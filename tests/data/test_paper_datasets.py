@@ -202,7 +202,7 @@ def test_truthfulqa_choices_are_shuffled_so_the_answer_is_not_always_a(tokenizer
         found = {}
         for example in [*parts.eval, *parts.test]:
             assert isinstance(example, ChoiceExample)
-            lines = tokenizer.decode(example.input_ids).split("\n")
+            lines = str(tokenizer.decode(example.input_ids)).split("\n")
             found[lines[0]] = (example.answer_index, lines[1 + example.answer_index][3:])
         return found
 

@@ -121,10 +121,10 @@ def loss_text(tokenizer: PreTrainedTokenizerFast, example: LMExample) -> str:
         if label != IGNORE_INDEX:
             current.append(token)
         elif current:
-            runs.append(tokenizer.decode(current))
+            runs.append(str(tokenizer.decode(current)))
             current = []
     if current:
-        runs.append(tokenizer.decode(current))
+        runs.append(str(tokenizer.decode(current)))
     return "|".join(runs)
 
 
@@ -198,4 +198,4 @@ def test_run_config_reads_completion_columns_and_loss_on() -> None:
     source = config.data_source()
     assert (source.loss_on, source.completion_column) == ("all-assistant", "answer")
     with pytest.raises(ValueError, match="loss_on"):
-        DatasetConfig(name="chat", role="target", format="instruction", loss_on="every-turn")  # type: ignore[arg-type]
+        DatasetConfig(name="chat", role="target", format="instruction", loss_on="every-turn")
