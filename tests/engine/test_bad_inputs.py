@@ -177,6 +177,8 @@ CASES = [
     Case("probe-cap-zero", setting("method.probe_cap", 0), ("method.probe_cap", "greater than or equal to 1")),
     Case("gain-exponent-zero", setting("method.gain_exponent", 0.0), ("method.gain_exponent", "greater than 0")),
     Case("gain-exponent-above-one", setting("method.gain_exponent", 1.5), ("method.gain_exponent", "less than or equal to 1")),
+    Case("full-step-z-negative", setting("method.full_step_z", -1.0), ("method.full_step_z", "greater than or equal to 0")),
+    Case("target-share-one", setting("method.target_share", 1.0), ("method.target_share", "less than 1")),
     Case("accuracy-on-text-format", dataset_setting("mmlu", format="text"), ("datasets.3", "'mmlu'", "metric 'accuracy' needs format 'multiple_choice'")),
     Case("gradient-alignment-with-accuracy", gradient_alignment(2, keep_accuracy=True), ("gradient-alignment", "'mmlu'", "accuracy", "method.name: dynamics")),
     Case("alignment-batches-over-evaluation", gradient_alignment(5, keep_accuracy=False), ("method.alignment_batches (5)", "evaluation.batches (3)")),

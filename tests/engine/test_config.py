@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from dynamics.core.robust import VARIANTS
 from dynamics.engine.config import ConfigError, RunConfig, config_reference_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,3 +163,13 @@ def test_dataset_file_options_are_checked(change, message):
     config["datasets"][0] = {**entry, **change}
     with pytest.raises(ConfigError, match=message):
         RunConfig.from_dict(config)
+
+
+def test_single_robustness_options_override_the_variant():
+    config = minimal()
+    config["method"] = {"name": "dynamics", "variant": "robust", "full_step_z": 3.0, "target_share": 0.1, "metric_floors": True}
+    options = RunConfig.from_dict(config).method.robust_options()
+    assert (options.full_step_z, options.target_share, options.metric_floors) == (3.0, 0.1, True)
+    assert options.gain_exponent == VARIANTS["robust"].gain_exponent  # the rest from the variant
+    config["method"] = {"name": "dynamics"}
+    assert RunConfig.from_dict(config).method.robust_options().is_paper
