@@ -16,13 +16,12 @@ from pathlib import Path
 import datasets
 import pytest
 
-from dynamics.data import ChoiceExample, DataSource, build_examples, load_rows
-from dynamics.data import offline
+from dynamics.data import ChoiceExample, DataSource, build_examples, load_rows, offline
 from dynamics.data.offline import (
     DOMAIN_FORMATS,
-    STDLIB_MODULES,
     GENERAL_DOMAINS,
     QUIZ_GROUPS,
+    STDLIB_MODULES,
     DomainSizes,
     answer_groups,
     choice_prompt,
