@@ -6,8 +6,8 @@ SIGKILL this very process at the N-th (1-based) occurrence of POINT (``none 0``:
 - ``train``: as a stretch of main-run training starts;
 - ``save``: while a resume point is being saved (all files written to the temporary folder,
   not yet swapped in);
-- ``swap``: in the middle of the swap (the previous resume point moved aside, the new one
-  not yet in place).
+- ``swap``: in the middle of the swap (the last resume point renamed to
+  ``previous_checkpoint/``, the new one not yet in place).
 
 A real SIGKILL: no handler, no cleanup, no flush runs, as when a machine is lost.
 """
@@ -56,9 +56,9 @@ def arm(point: str, n: int) -> None:
     elif point == "save":
         run_state._fsync_tree = counted(run_state._fsync_tree, after=True)
     elif point == "swap":
-        # The first of atomic_write_dir's two renames: the old resume point moved aside.
+        # The first of the save's two renames: last_checkpoint/ renamed to previous_checkpoint/.
         rundir.os.replace = counted(
-            os.replace, when=lambda src, dst: str(dst).endswith(f".{run_state.RESUME_DIR}.old"), after=True
+            os.replace, when=lambda src, dst: str(dst).endswith(run_state.PREVIOUS_DIR), after=True
         )
     else:
         raise SystemExit(f"unknown kill point {point!r}")

@@ -145,15 +145,20 @@ def test_resuming_with_another_config_is_refused(reference, capsys):
 def test_a_torn_resume_point_is_detected_and_the_previous_one_used(tmp_path):
     run_folder = tmp_path / "run"
     run_folder.mkdir()
-    for step in (2, 4):
+    for step in (2, 4, 6):
         run_state.write_resume_point(run_folder, step, lambda f, s=step: (f / "loop.json").write_text(f'{{"step": {s}}}'))
     assert run_state.find_resume_point(run_folder) == run_folder / "last_checkpoint"
-    # A crash between the two renames of the next save: only the moved-aside one is left.
-    os.replace(run_folder / "last_checkpoint", run_folder / ".last_checkpoint.old")
-    assert run_state.find_resume_point(run_folder) == run_folder / ".last_checkpoint.old"
+    # Two are kept: the last and the one before it (step 2's was deleted by the save of 6).
+    assert sorted(p.name for p in run_folder.iterdir()) == ["last_checkpoint", "previous_checkpoint"]
+    assert run_state.check_resume_point(run_folder / "previous_checkpoint") == (4, None)
+    # A crash between the two renames of the next save: only the renamed one is left.
+    os.replace(run_folder / "last_checkpoint", tmp_path / "gone")
+    assert run_state.find_resume_point(run_folder) == run_folder / "previous_checkpoint"
     # A torn file (size or content not what the manifest says) is never used.
-    (run_folder / ".last_checkpoint.old" / "loop.json").write_text('{"step": 9}')
-    assert run_state.find_resume_point(run_folder) is None
+    (run_folder / "previous_checkpoint" / "loop.json").write_text('{"step": 9}')
+    choice = run_state.choose_resume_point(run_folder)
+    assert choice.path is None
+    assert choice.damaged == [(run_folder / "previous_checkpoint", "loop.json does not match its SHA-256 in manifest.json")]
 
 
 def test_saved_training_state_loads_without_unpickling(tmp_path):

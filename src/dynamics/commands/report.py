@@ -1,4 +1,5 @@
-"""``dynamics report RUN_DIR [--json]``: what a finished run did, from its files.
+"""``dynamics report RUN_DIR [--json]``: what a run did, from its files (a run still
+training, or stopped, is reported up to its last complete evaluation).
 ``dynamics report PATH... --out REPORT_DIR``: figures, ``report.json`` and ``index.html``
 for one run folder, or the paper's comparison of methods over the run folders of sweeps."""
 
@@ -40,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError("without --out, give one run folder; add --out REPORT_DIR to compare several")
         from dynamics.report.text import run_report
 
-        records = read_run(args.paths[0])
+        records = read_run(args.paths[0], unfinished=not args.json)
     except RunDirError as err:
         raise UsageError(str(err)) from None
     print(json.dumps(records.summary, indent=2) if args.json else run_report(records))

@@ -95,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
 
     from dynamics.data.loading import DataError
     from dynamics.engine.run import RunSetupError, run
-    from dynamics.runs.rundir import SUMMARY_FILE
+    from dynamics.runs.rundir import SUMMARY_FILE, RunStopped
 
     resume = bool(args.resume)
     if resume and (Path(config.output_dir) / SUMMARY_FILE).is_file():
@@ -107,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
         summary = run(config, progress=not args.no_progress, resume=resume)
     except (RunDirError, DataError, RunSetupError) as err:
         raise UsageError(str(err)) from None
-    except Diverged as err:
+    except (Diverged, RunStopped) as err:
         # Not bad input: the run folder keeps what was trained and logged up to here.
         print(f"dynamics run: error: {err}", file=sys.stderr)
         return 1

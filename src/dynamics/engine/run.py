@@ -11,17 +11,20 @@ it); each optimizer step draws one global batch from one dataset and every rank 
 on its own slice of it; the fixed evaluation batches are shared out among the ranks
 (batch b to rank b mod P) and the per-batch values gathered; the policy decides
 on every rank (probes are collective training) and rank 0's decision is broadcast, so
-all ranks hold identical weights and slopes. Only rank 0 writes files.
+all ranks hold identical weights and slopes. Only rank 0 writes files. A refusal that one
+rank finds while the run starts (the output folder, the data, a damaged resume point)
+reaches every rank (:func:`agree_on_refusal`), so no rank is left waiting for the others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +34,8 @@ import numpy as np
 import torch
 import transformers
 import yaml
-from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate import Accelerator, PartialState
+from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -53,6 +56,7 @@ from dynamics.core.problem import SolverGrid
 from dynamics.core.records import EvaluationRecord, UpdateRecord
 from dynamics.core.schedules import UpdateSchedule, build_schedule
 from dynamics.data.formatting import LMExample, pad_token_id
+from dynamics.data.loading import DataError
 from dynamics.data.splits import prepare_examples
 from dynamics.engine import tracking
 from dynamics.engine.batches import Batch, EvalBatches
@@ -65,6 +69,44 @@ from dynamics.runs import rundir
 from dynamics.runs import state as run_state
 
 logger = logging.getLogger(__name__)
+
+# Bad input found while a run starts: one line for the user (the CLI's exit code 2).
+REFUSALS = (RunSetupError, rundir.RunDirError, DataError)
+
+
+def _world_size() -> int:
+    # Before the Accelerator exists: torchrun / accelerate set WORLD_SIZE for every process.
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def agree_on_refusal(error: Exception | None) -> None:
+    """Stop every rank when any rank stopped: each rank's outcome of a setup step (``error``
+    None when it succeeded) is gathered from all ranks; a rank that failed raises its own
+    error, the others raise the first failed rank's (a refusal as the same one line). Every
+    rank must call this at the same point; under one process it just raises ``error``."""
+    if _world_size() == 1:
+        if error is not None:
+            raise error
+        return
+    # Joins the process group (set up as build_run's Accelerator sets it up, which then reuses it).
+    PartialState(cpu=not torch.cuda.is_available())
+    outcome = None if error is None else (isinstance(error, REFUSALS), str(error))
+    outcomes = gather_object([outcome])
+    if error is not None:
+        raise error
+    for rank, other in enumerate(outcomes):
+        if other is not None:
+            refused, message = other
+            if refused:
+                raise RunSetupError(message)
+            raise RuntimeError(f"process {rank} stopped while the run was starting: {message}")
+
+
+def _attempt(step: Callable[[], Any]) -> tuple[Any, Exception | None]:
+    try:
+        return step(), None
+    except Exception as err:  # handed to agree_on_refusal, which raises it again
+        return None, err
 
 
 class RankSlicedSampler:
@@ -280,9 +322,16 @@ def build_run(
         )
     trained = prepare_model(base_model, config.lora, training.gradient_checkpointing)
     # The first process of each machine loads and tokenizes into datasets' cache; the others
-    # then read the cached tokens (dynamics.data.formatting.tokenize_rows).
-    with accelerator.local_main_process_first():
-        run_data = build_data(config, tokenizer, accelerator.num_processes, data)
+    # then read the cached tokens (dynamics.data.formatting.tokenize_rows). A refusal of the
+    # data found by the first reaches the others, which would otherwise wait for it forever.
+    def load() -> RunData:
+        return build_data(config, tokenizer, accelerator.num_processes, data)
+
+    run_data, error = _attempt(load) if accelerator.is_local_main_process else (None, None)
+    agree_on_refusal(error)
+    if not accelerator.is_local_main_process:
+        run_data, error = _attempt(load)
+    agree_on_refusal(error)
     sampler = RankSlicedSampler(
         MixtureSampler(run_data.streams, seed=training.seed), accelerator.process_index, accelerator.num_processes
     )
@@ -383,6 +432,7 @@ class RunFolderWriter:
         self.train_started = time.perf_counter()
         self.train_seconds_before = 0.0  # training time of the sessions before a resume
         self.resumed_at: list[int] = []  # the steps this run was resumed from
+        self.resume_how = f"dynamics run --resume {out}"  # said when a full disk stops the run
         self.bar = tqdm(
             total=built.config.training.total_steps,
             desc=f"{built.policy.name}",
@@ -403,16 +453,39 @@ class RunFolderWriter:
         doing = {"update": "probing + solving" if policy != "fixed" else "update"}.get(phase, phase)
         self.bar.set_description_str(f"{policy} · {doing}")
 
+    @contextlib.contextmanager
+    def writing(self, what: str, path: Path) -> Iterator[None]:
+        """Stop the run with one line (:class:`rundir.RunStopped`) when the disk is full
+        while ``what`` is written to ``path``: every write is atomic, so what was written
+        before stays whole, and the last complete resume point is where the run goes on."""
+        try:
+            yield
+        except Exception as err:
+            if not rundir.out_of_space(err):
+                raise
+            point = run_state.choose_resume_point(self.out)
+            goes_on = (
+                f"it goes on from {point.path.name}/ (step {point.step})"
+                if point.path is not None
+                else "it has no resume point yet and starts again from step 0"
+            )
+            raise rundir.RunStopped(
+                f"no space left on the device while writing {what} ({path}): free space there, then "
+                f"continue the run with {self.resume_how} ({goes_on})"
+            ) from err
+
     def write_updates(self, history: RunHistory) -> None:
         # The previous update's realized losses are known only now, so the whole (small)
         # file is rewritten rather than appended to.
-        self.controller_log.rewrite(
-            {"dataset_names": history.dataset_names, **u.to_dict()} for u in history.updates
-        )
+        with self.writing(rundir.CONTROLLER_FILE, self.controller_log.path):
+            self.controller_log.rewrite(
+                {"dataset_names": history.dataset_names, **u.to_dict()} for u in history.updates
+            )
 
     def on_evaluation(self, record: EvaluationRecord, history: RunHistory) -> None:
         row = self.metrics_row(record, history)
-        self.metrics_log.append(row)
+        with self.writing(rundir.METRICS_FILE, self.metrics_log.path):
+            self.metrics_log.append(row)
         self.built.accelerator.log(tracking.evaluation_values(row), step=record.step)
         if self.best.update(record, history):
             self._save_checkpoint(record.step)
@@ -442,11 +515,13 @@ class RunFolderWriter:
         steps about to be trained again) and put its best checkpoint back."""
         history = state.history
         rows = [self.metrics_row(record, history) for record in history.evaluations]
-        self.metrics_log.rewrite(rows)
+        with self.writing(rundir.METRICS_FILE, self.metrics_log.path):
+            self.metrics_log.rewrite(rows)
         for record in history.evaluations:
             self.best.update(record, history)
         self.write_updates(history)
-        run_state.restore_best_copy(self.out, resume_point)
+        with self.writing("the best checkpoint", self.out / rundir.CHECKPOINT_DIR):
+            run_state.restore_best_copy(self.out, resume_point)
         self.bar.update(state.step)
 
     def on_checkpoint(self, state: LoopState) -> None:
@@ -468,7 +543,8 @@ class RunFolderWriter:
             (folder / run_state.LOOP_FILE).write_text(json.dumps(loop, allow_nan=False))
             run_state.save_best_copy(self.out, folder)
 
-        run_state.write_resume_point(self.out, state.step, write)
+        with self.writing(f"the resume point of step {state.step}", self.out / run_state.RESUME_DIR):
+            run_state.write_resume_point(self.out, state.step, write)
 
     def on_train(self, steps: int, step_now: int) -> None:
         self.bar.update(steps)
@@ -501,7 +577,9 @@ class RunFolderWriter:
             self.built.tokenizer.save_pretrained(folder)
             (folder / "step.txt").write_text(f"{step}\n")
 
-        rundir.atomic_write_dir(self.out / rundir.CHECKPOINT_DIR, write)
+        path = self.out / rundir.CHECKPOINT_DIR
+        with self.writing(f"the best checkpoint of step {step}", path):
+            rundir.atomic_write_dir(path, write)
 
 
 def summarize(built: BuiltRun, history: RunHistory, wall_seconds: float) -> dict[str, Any]:
@@ -613,31 +691,26 @@ def run(
     # weight loading, checkpoint shards) would only interleave with it.
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
-    # Checked before anything is written, so a bad request leaves no half-made run folder.
-    missing = tracking.trackers_missing(config.trackers)
-    if missing:
-        raise RunSetupError(f"trackers {missing} are not installed: pip install {' '.join(missing)}, or remove them")
-    preflight(config, data, model_given=model is not None)  # refusals raise; warnings are logged
     accelerator_main = _is_main_process()
     out = Path(config.output_dir)
-    resume_point: Path | None = None
-    if resume:
-        if (out / rundir.SUMMARY_FILE).is_file():
-            return dict(json.loads((out / rundir.SUMMARY_FILE).read_text()))
-        check_same_config(config, out)
-        resume_point = run_state.find_resume_point(out)
-        if resume_point is None:
-            # Stopped before its first resume point: nothing trained is lost by starting over.
-            logger.warning("%s holds no complete resume point yet: the run starts again from step 0", out)
-    elif accelerator_main:
-        rundir.check_run_dir(out)  # fail before minutes of setup, not after
+    # Checked before anything is written, so a bad request leaves no half-made run folder;
+    # a refusal found by one rank (only rank 0 checks the output folder) stops every rank.
+    choice, error = _attempt(lambda: _check_start(config, data, model is not None, resume, accelerator_main))
+    agree_on_refusal(error)
+    if resume and (out / rundir.SUMMARY_FILE).is_file():
+        return dict(json.loads((out / rundir.SUMMARY_FILE).read_text()))
+    resume_point = choice.path if choice is not None else None
     built = build_run(config, model=model, tokenizer=tokenizer, data=data)
-    if accelerator_main and resume:
-        run_state.clear_unfinished(out, keep=resume_point)
-    elif accelerator_main:
-        # Created only once setup succeeded: a data or model error leaves no folder behind.
-        rundir.prepare_run_dir(out)
-        rundir.atomic_write_text(out / rundir.CONFIG_FILE, config.to_yaml())
+
+    def prepare_folder() -> None:
+        if accelerator_main and resume:
+            run_state.clear_unfinished(out, keep=resume_point, damaged=[path for path, _ in choice.damaged] if choice else [])
+        elif accelerator_main:
+            # Created only once setup succeeded: a data or model error leaves no folder behind.
+            rundir.prepare_run_dir(out)
+            rundir.atomic_write_text(out / rundir.CONFIG_FILE, config.to_yaml())
+
+    agree_on_refusal(_attempt(prepare_folder)[1])
     accelerator = built.accelerator
     if config.trackers:
         tracking.start_trackers(accelerator, config)
@@ -687,11 +760,55 @@ def run(
     summary["skipped_steps"] = built.learner.skipped_steps
     if accelerator.is_main_process:
         writer.write_updates(history)  # the final evaluation closed the last horizon
-        rundir.write_json(out / rundir.SUMMARY_FILE, summary)
+        with writer.writing(rundir.SUMMARY_FILE, out / rundir.SUMMARY_FILE):
+            rundir.write_json(out / rundir.SUMMARY_FILE, summary)
     if config.trackers:
         accelerator.end_training()
     accelerator.wait_for_everyone()
     return summary
+
+
+def _check_start(
+    config: RunConfig,
+    data: Mapping[str, datasets.Dataset] | None,
+    model_given: bool,
+    resume: bool,
+    main: bool,
+) -> run_state.ResumeChoice | None:
+    """The refusals a run checks before its setup (raised), and for a resume the resume
+    point it goes on from (None when the run is finished)."""
+    missing = tracking.trackers_missing(config.trackers)
+    if missing:
+        raise RunSetupError(f"trackers {missing} are not installed: pip install {' '.join(missing)}, or remove them")
+    preflight(config, data, model_given=model_given)  # refusals raise; warnings are logged
+    out = Path(config.output_dir)
+    if not resume:
+        if main:
+            rundir.check_run_dir(out)  # fail before minutes of setup, not after
+        return None
+    if (out / rundir.SUMMARY_FILE).is_file():
+        return None
+    check_same_config(config, out)
+    choice = run_state.choose_resume_point(out)
+    if choice.path is None and choice.damaged:
+        raise rundir.RunDirError(
+            f"{out} has no usable resume point ({choice.describe_damaged()}): its files were changed or "
+            f"cut short after they were written; restore them from a copy, or start the run again in a new "
+            f"folder: dynamics run {out / rundir.CONFIG_FILE} --out NEW_DIR"
+        )
+    if not main:
+        return choice
+    if choice.path is None:
+        # Stopped before its first resume point: nothing trained is lost by starting over.
+        logger.warning("%s holds no complete resume point yet: the run starts again from step 0", out)
+    elif choice.damaged:
+        logger.warning(
+            "%s: %s; resuming from %s/ (step %s) instead, and removing the damaged folder",
+            out, choice.describe_damaged(), choice.path.name, choice.step,
+        )
+    else:
+        logger.info("%s: resuming from %s/ (step %s)", out, choice.path.name, choice.step)
+    return choice
 
 
 def check_same_config(config: RunConfig, out: Path, how: str | None = None) -> None:

@@ -16,14 +16,22 @@ def run_report(records: RunRecords) -> str:
     kinds = dict(zip(names, summary["domain_metrics"], strict=True))
     targets = [names[i] for i in records.targets]
     constraints = [names[i] for i in records.constraints]
-    lines = [
-        f"run: {records.path}",
-        f"method: {summary['method']}  ({summary['num_updates']} mixture updates, "
-        f"{summary['total_steps']} steps, {summary['train_seconds']:.0f} s training, predicted cost "
-        f"{summary['predicted_cost']:.2f}x one fixed run; {summary['cost_assumption']})",
-        f"targets: {', '.join(targets)}   constraints: {', '.join(constraints) or 'none'}",
-        "",
-    ]
+    if records.finished:
+        lines = [
+            f"run: {records.path}",
+            f"method: {summary['method']}  ({summary['num_updates']} mixture updates, "
+            f"{summary['total_steps']} steps, {summary['train_seconds']:.0f} s training, predicted cost "
+            f"{summary['predicted_cost']:.2f}x one fixed run; {summary['cost_assumption']})",
+        ]
+    else:
+        last = records.evaluations[-1]["step"] if records.evaluations else None
+        lines = [
+            f"run: {records.path} (unfinished: no summary.json yet; still training, or stopped)",
+            f"method: {summary['method']}  ({summary['num_updates']} mixture updates so far, "
+            f"{'no main evaluation yet' if last is None else f'evaluated up to step {last}'} "
+            f"of {summary['total_steps']} steps)",
+        ]
+    lines += [f"targets: {', '.join(targets)}   constraints: {', '.join(constraints) or 'none'}", ""]
     header = ["step", *[f"{t} (target)" for t in targets], *constraints, "feasible", "weights"]
     rows = []
     for row in records.evaluations:
@@ -44,6 +52,9 @@ def run_report(records: RunRecords) -> str:
     lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines += ["", "eval split; constraint columns show value (slack = reference - value, >= 0 holds)", ""]
+    lines += [f"note: {note}" for note in records.notes]
+    if not records.finished:
+        return "\n".join(lines).rstrip("\n")
     best = summary["best_checkpoint"]
     if best is None:
         closest = summary.get("closest_to_feasible")

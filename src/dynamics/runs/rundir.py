@@ -4,21 +4,24 @@ A run writes ``config.yaml`` (resolved), ``metrics.jsonl`` (one line per main ev
 ``controller.jsonl`` (one line per mixture update), ``summary.json`` and, when a feasible
 checkpoint exists, ``best_checkpoint/`` (PEFT adapter or full weights, safetensors).
 Every file is written atomically (write to a temporary file, then rename), so a crash
-never leaves a half-written file and a reader never sees one.
+or a full disk never leaves a half-written file and a reader never sees one.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from dynamics.core.metrics import EvalPoint
 
@@ -28,9 +31,30 @@ CONTROLLER_FILE = "controller.jsonl"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_DIR = "best_checkpoint"
 
+logger = logging.getLogger(__name__)
+
 
 class RunDirError(ValueError):
     """A run folder that cannot be written or read; the message says what to do."""
+
+
+class RunStopped(RuntimeError):
+    """A run stopped by its machine, not by bad input (e.g. no space left to write its
+    files): the message says what failed and how to continue; the run folder keeps its last
+    complete resume point."""
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def out_of_space(error: BaseException) -> bool:
+    """Whether ``error`` says the disk (or the quota) is full: an ``OSError`` with ENOSPC or
+    EDQUOT, or a library's wrapper of one (safetensors reports "No space left on device (os
+    error 28)" in a ``SafetensorError``)."""
+    if isinstance(error, OSError) and error.errno in _FULL:
+        return True
+    text = str(error)
+    return any(os.strerror(code) in text or f"os error {code})" in text for code in _FULL)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -48,18 +72,22 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def atomic_write_dir(path: Path, write: Callable[[Path], None]) -> None:
-    """Fill a fresh temporary folder with ``write`` then swap it in place of ``path``."""
+def atomic_write_dir(path: Path, write: Callable[[Path], None], keep_previous: Path | None = None) -> None:
+    """Fill a fresh temporary folder with ``write`` then swap it in place of ``path``. The
+    folder it replaces is deleted, or with ``keep_previous`` renamed to that path (which
+    must not exist). If ``write`` fails (a full disk, say) the temporary folder is removed
+    and ``path`` stays as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     try:
         write(tmp)
-        old = path.with_name(f".{path.name}.old")
+        old = keep_previous or path.with_name(f".{path.name}.old")
         if path.exists():
             shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)
         os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
+        if keep_previous is None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -108,20 +136,60 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class JsonlRows:
+    """The rows of a JSON-lines file, and whether an unfinished last line was left out."""
+
+    rows: list[dict[str, Any]]
+    unfinished_last_line: int | None = None  # its 1-based number, when it was left out
+
+
+def read_jsonl_rows(path: Path) -> JsonlRows:
+    """Every row of ``path``. A last line without its newline that is not valid JSON is the
+    one a writer is still writing (or was writing when it stopped): it is left out. Any
+    other line that is not valid JSON is an error naming the file and the line."""
     if not path.is_file():
-        raise RunDirError(f"{path} is missing: is {path.parent} a finished dynamics run folder?")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        raise RunDirError(f"{path} is missing: is {path.parent} a dynamics run folder?")
+    text = path.read_text()
+    lines = text.split("\n")
+    rows: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as err:
+            if number == len(lines):  # the last line, and no newline after it
+                return JsonlRows(rows, unfinished_last_line=number)
+            raise RunDirError(
+                f"{path}, line {number}: not valid JSON ({err}); the file is damaged: "
+                "restore it from a copy, or remove that line"
+            ) from None
+    return JsonlRows(rows)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of ``path`` (see :func:`read_jsonl_rows`; an unfinished last line is logged)."""
+    read = read_jsonl_rows(path)
+    if read.unfinished_last_line is not None:
+        logger.warning("%s: left out line %d, still being written", path, read.unfinished_last_line)
+    return read.rows
 
 
 @dataclass(frozen=True)
 class RunRecords:
-    """A run folder read back as plain data, for metrics, reports and sweeps."""
+    """A run folder read back as plain data, for metrics, reports and sweeps.
+
+    An unfinished run (``finished`` False: still training, or stopped before its summary
+    was written) has a ``summary`` holding only what its config says (method, datasets,
+    domains, targets, constraints, total steps) and its number of updates so far."""
 
     path: Path
     summary: dict[str, Any]
     evaluations: list[dict[str, Any]]
     updates: list[dict[str, Any]]
+    finished: bool = True
+    notes: tuple[str, ...] = field(default=())  # e.g. an unfinished last line left out
 
     @property
     def domain_names(self) -> list[str]:
@@ -154,17 +222,57 @@ class RunRecords:
         ]
 
 
-def read_run(path: str | Path) -> RunRecords:
-    """Read a run folder written by ``dynamics run``."""
+def _config_summary(folder: Path, num_updates: int) -> dict[str, Any]:
+    """What an unfinished run's summary can say: read from its resolved ``config.yaml``."""
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise RunDirError(f"{folder / SUMMARY_FILE} and {path} are missing: is {folder} a dynamics run folder?")
+    try:
+        config = yaml.safe_load(path.read_text())
+        datasets = config["datasets"]
+        targets = [d for d in datasets if d["role"] == "target"]
+        domains = targets + [d for d in datasets if d["role"] == "constraint"]
+        return {
+            "method": config["method"]["name"],
+            "dataset_names": [d["name"] for d in datasets if d["role"] != "constraint"],
+            "domain_names": [d["name"] for d in domains],
+            "domain_metrics": [d.get("metric", "loss") for d in domains],
+            "targets": list(range(len(targets))),
+            "constraints": list(range(len(targets), len(domains))),
+            "total_steps": int(config["training"]["total_steps"]),
+            "num_updates": num_updates,
+        }
+    except (yaml.YAMLError, KeyError, TypeError, ValueError) as err:
+        raise RunDirError(f"{path} cannot be read as a run config ({err!r}): the run folder is damaged") from None
+
+
+def read_run(path: str | Path, unfinished: bool = False) -> RunRecords:
+    """Read a run folder written by ``dynamics run``. With ``unfinished``, a run without its
+    ``summary.json`` (still training, or stopped) is read too, from its config and logs."""
     folder = Path(path)
     summary_path = folder / SUMMARY_FILE
-    if not summary_path.is_file():
+    finished = summary_path.is_file()
+    if not finished and not unfinished:
         raise RunDirError(f"{summary_path} is missing: is {folder} a finished dynamics run folder?")
+    logs = {}
+    for name in (METRICS_FILE, CONTROLLER_FILE):
+        if not finished and not (folder / name).is_file() and (folder / CONFIG_FILE).is_file():
+            logs[name] = JsonlRows([])  # not written yet: the run has not got that far
+        else:
+            logs[name] = read_jsonl_rows(folder / name)
+    notes = tuple(
+        f"{name}: left out its unfinished last line ({read.unfinished_last_line}), still being written"
+        for name, read in logs.items()
+        if read.unfinished_last_line is not None
+    )
+    updates = logs[CONTROLLER_FILE].rows
     return RunRecords(
         path=folder,
-        summary=json.loads(summary_path.read_text()),
-        evaluations=read_jsonl(folder / METRICS_FILE),
-        updates=read_jsonl(folder / CONTROLLER_FILE),
+        summary=json.loads(summary_path.read_text()) if finished else _config_summary(folder, len(updates)),
+        evaluations=logs[METRICS_FILE].rows,
+        updates=updates,
+        finished=finished,
+        notes=notes,
     )
 
 

@@ -7,11 +7,16 @@ backtracking would return to (``feasible.*``, when there is one), and a copy of
 ``best_checkpoint/`` as it stood (``best/``), so that a resumed run never keeps a best
 checkpoint from steps it is about to train again.
 
-``manifest.json``, written last, lists every file with its size and SHA-256. The folder
-is filled aside and swapped in (:func:`dynamics.runs.rundir.atomic_write_dir`); a crash
-in the middle of the swap leaves the previous state as ``.last_checkpoint.old``, and
-:func:`find_resume_point` falls back to it when ``last_checkpoint/`` is missing or does not
-match its manifest. Only JSON and safetensors are read back: nothing is unpickled.
+``manifest.json``, written last, lists every file with its size and SHA-256. A run folder
+keeps two resume points: ``last_checkpoint/`` and the one before it,
+``previous_checkpoint/``. A save first deletes ``previous_checkpoint/``, fills a fresh
+hidden folder (:func:`dynamics.runs.rundir.atomic_write_dir`), then renames
+``last_checkpoint/`` to ``previous_checkpoint/`` and the new folder to
+``last_checkpoint/``; so at every moment one complete resume point exists, and a save
+that fails (a kill, a full disk) leaves the last one as it was.
+:func:`choose_resume_point` uses the newest folder whose files match its manifest, and
+names the ones that do not (a file truncated or changed after it was written). Only JSON
+and safetensors are read back: nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,7 @@ from dynamics.runs.rundir import (
 )
 
 RESUME_DIR = "last_checkpoint"
+PREVIOUS_DIR = "previous_checkpoint"
 MANIFEST_FILE = "manifest.json"
 LOOP_FILE = "loop.json"
 BEST_COPY = "best"
@@ -57,10 +64,27 @@ def _fsync_tree(folder: Path) -> None:
                 os.fsync(handle.fileno())
 
 
+def _previous(name: str) -> str | None:
+    # A run folder keeps the resume point before the last; a Trainer checkpoint's mixture
+    # state (another ``name``) is one folder: the Trainer keeps its own older checkpoints.
+    return PREVIOUS_DIR if name == RESUME_DIR else None
+
+
+def _remove(folder: Path) -> None:
+    """Delete ``folder``, first renamed to a hidden name, so that a kill in the middle never
+    leaves a half-deleted folder under its own name."""
+    if folder.exists():
+        trash = folder.with_name(f".{folder.name}.removing")
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(folder, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
 def write_resume_point(run_folder: Path, step: int, write: Callable[[Path], None], name: str = RESUME_DIR) -> None:
-    """Fill a fresh folder with ``write``, add the manifest, and swap it in as
-    ``name`` (``last_checkpoint/``); the previous resume point stays until the new one is
-    complete."""
+    """Fill a fresh folder with ``write``, add the manifest, and swap it in as ``name``
+    (``last_checkpoint/``); the resume point it replaces becomes ``previous_checkpoint/``
+    (whose own older one is deleted first, to free its space). If ``write`` fails, the
+    fresh folder is removed and ``name`` is left as it was."""
 
     def fill(folder: Path) -> None:
         write(folder)
@@ -72,39 +96,91 @@ def write_resume_point(run_folder: Path, step: int, write: Callable[[Path], None
         (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
         _fsync_tree(folder)
 
-    atomic_write_dir(run_folder / name, fill)
+    previous = _previous(name)
+    if previous is not None and (run_folder / name).is_dir():
+        _remove(run_folder / previous)
+    atomic_write_dir(run_folder / name, fill, keep_previous=None if previous is None else run_folder / previous)
 
 
-def _verified(folder: Path) -> int | None:
-    """The step of the resume point in ``folder``, or None if it is missing or torn."""
+def check_resume_point(folder: Path) -> tuple[int | None, str | None]:
+    """``(step, None)`` for a resume point whose files all match its manifest, else
+    ``(None, what does not match)``."""
     try:
         manifest = json.loads((folder / MANIFEST_FILE).read_text())
-        for name, expected in manifest["files"].items():
+        files = manifest["files"]
+        step = int(manifest["step"])
+    except OSError:
+        return None, f"{MANIFEST_FILE} is missing"
+    except (ValueError, KeyError, TypeError):
+        return None, f"{MANIFEST_FILE} cannot be read"
+    try:
+        for name, expected in files.items():
             path = folder / name
-            if path.stat().st_size != expected["bytes"] or _sha256(path) != expected["sha256"]:
-                return None
-        return int(manifest["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+            if not path.is_file():
+                return None, f"{name} is missing"
+            size = path.stat().st_size
+            if size != expected["bytes"]:
+                return None, f"{name} has {size} bytes where its manifest says {expected['bytes']}"
+            if _sha256(path) != expected["sha256"]:
+                return None, f"{name} does not match its SHA-256 in {MANIFEST_FILE}"
+    except (OSError, KeyError, TypeError) as err:
+        return None, f"its files cannot be checked ({err})"
+    return step, None
+
+
+@dataclass(frozen=True)
+class ResumeChoice:
+    """The resume point a resume uses (``path`` None when there is none) and the folders
+    that were passed over because their files do not match their manifest."""
+
+    path: Path | None
+    step: int | None
+    damaged: list[tuple[Path, str]] = field(default_factory=list)
+
+    def describe_damaged(self) -> str:
+        return "; ".join(f"{folder.name}/: {why}" for folder, why in self.damaged)
+
+
+def choose_resume_point(run_folder: Path, name: str = RESUME_DIR) -> ResumeChoice:
+    """The newest complete resume point ``name`` of ``run_folder`` (or the one before it),
+    and the damaged ones passed over."""
+    previous = _previous(name)
+    candidates = [run_folder / name, *([run_folder / previous] if previous else []), run_folder / f".{name}.old"]
+    good: list[tuple[int, Path]] = []
+    damaged: list[tuple[Path, str]] = []
+    for folder in candidates:
+        if not folder.is_dir():
+            continue
+        step, problem = check_resume_point(folder)
+        if step is None:
+            damaged.append((folder, problem or "damaged"))
+        else:
+            good.append((step, folder))
+    if not good:
+        return ResumeChoice(None, None, damaged)
+    step, folder = max(good, key=lambda item: item[0])
+    return ResumeChoice(folder, step, damaged)
 
 
 def find_resume_point(run_folder: Path, name: str = RESUME_DIR) -> Path | None:
     """The newest complete resume point ``name`` of ``run_folder`` (None when there is none)."""
-    candidates = [run_folder / name, run_folder / f".{name}.old"]
-    good = [(step, folder) for folder in candidates if (step := _verified(folder)) is not None]
-    return max(good, key=lambda item: item[0])[1] if good else None
+    return choose_resume_point(run_folder, name).path
 
 
-def clear_unfinished(run_folder: Path, keep: Path | None) -> None:
+def clear_unfinished(run_folder: Path, keep: Path | None, damaged: Iterable[Path] = ()) -> None:
     """Before a resume: remove what an interrupted session left half-made (temporary folders
-    of a save or a best checkpoint, and every other resume point than ``keep``). With no
-    resume point to keep, the logs and best checkpoint go too: the run starts over."""
+    of a save or a best checkpoint), the ``damaged`` resume points, and every resume point
+    newer than ``keep``. With no resume point to keep, the logs and best checkpoint go too:
+    the run starts over."""
+    remove = {Path(p).resolve() for p in damaged}
     for path in run_folder.iterdir():
         if keep is not None and path.resolve() == keep.resolve():
             continue
         if path.name.startswith(".") and path.is_dir():
             shutil.rmtree(path)
-        elif path.name == RESUME_DIR:
+        elif path.resolve() in remove or (path.name == RESUME_DIR and (keep is None or keep.name != RESUME_DIR)):
+            shutil.rmtree(path)
+        elif path.name == PREVIOUS_DIR and keep is None:
             shutil.rmtree(path)
     if keep is None:
         for name in (METRICS_FILE, CONTROLLER_FILE):
