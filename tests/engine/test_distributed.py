@@ -99,3 +99,83 @@ def test_two_processes_match_one_process(tmp_path):
         for one, two in zip(evaluations(tmp_path, "single"), evaluations(tmp_path, name), strict=True):
             for part in ("eval", "test"):
                 np.testing.assert_allclose(list(two[part].values()), list(one[part].values()), rtol=1e-5)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_two_ranks(config_path: Path, timeout: float = 120) -> list[tuple[int, str]]:
+    """``dynamics run`` as two processes started one by one, as a cluster scheduler starts
+    them: no launcher stops the other ranks when one exits, so a rank left waiting for a
+    collective would wait until the timeout. Returns each rank's exit code and stderr."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    command = [sys.executable, "-m", "dynamics.cli", "run", str(config_path), "--no-progress"]
+    processes = [
+        subprocess.Popen(
+            command,
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    results = []
+    try:
+        for process in processes:
+            _, err = process.communicate(timeout=timeout)
+            results.append((process.returncode, err))
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+            process.wait()
+        pytest.fail(f"a rank was still running after {timeout} s: a refusal did not reach it")
+    return results
+
+
+def refused_everywhere(results: list[tuple[int, str]], *expected: str) -> None:
+    for rank, (code, err) in enumerate(results):
+        lines = [line for line in err.splitlines() if line.startswith("dynamics run: error: ")]
+        assert code == 2, (rank, err[-3000:])
+        assert len(lines) == 1 and all(text in lines[0] for text in expected), (rank, err[-3000:])
+
+
+def test_a_refusal_of_rank_0_reaches_every_rank(tmp_path):
+    # Only rank 0 checks the output folder, before any setup.
+    tokenizer_dir = tmp_path / "tokenizer"
+    tiny_tokenizer().save_pretrained(tokenizer_dir)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "old.txt").write_text("an earlier run\n")
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config(tokenizer_dir, out, batch_size=2)))
+    refused_everywhere(run_two_ranks(path), f"output folder {out} is not empty")
+    assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
+
+
+def test_a_data_refusal_found_while_rank_0_tokenizes_reaches_every_rank(tmp_path):
+    # Rank 0 reads and tokenizes the data first while rank 1 waits for it.
+    tokenizer_dir = tmp_path / "tokenizer"
+    tiny_tokenizer().save_pretrained(tokenizer_dir)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "a row"}\n{"text": \n')
+    data = config(tokenizer_dir, tmp_path / "run", batch_size=2)
+    data["datasets"][1] = {**data["datasets"][1], "path": str(broken)}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    refused_everywhere(run_two_ranks(path), "dataset 'wikitxt'", "could not be read")
+    assert not (tmp_path / "run").exists()
