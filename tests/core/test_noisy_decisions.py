@@ -22,6 +22,7 @@ from dynamics.core import robust as robust_module
 from dynamics.core.controller import run_mixture_training
 from dynamics.core.learner import DomainKind
 from dynamics.core.policies import DynamicsPolicy
+from dynamics.core.probes import PerturbedEvaluations, ProbeRuns, probe_datasets, probe_in_turn
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
 from dynamics.core.robust import (
     PredictionCalibration,
@@ -281,3 +282,48 @@ def test_target_data_keeps_weight_through_a_noisy_run():
         assert share["wanted"] == 0.25
         assert update.weights[0] >= 0.25 - 1e-9 or share["limited_by_constraints"]
     assert any(not u.extra["robust"]["target_share"]["limited_by_constraints"] for u in history.updates)
+
+
+# ------------------------------------------------------------- perturbed evaluations
+
+
+def test_perturbed_evaluations_multiply_each_value_by_a_seeded_draw():
+    learner = ToyLearner(NOISY_SLOPES, NOISY_INITIAL)
+    plain = learner.evaluate("eval").per_batch
+    first = PerturbedEvaluations(ToyLearner(NOISY_SLOPES, NOISY_INITIAL), 1e-3, seed=5).evaluate("eval").per_batch
+    again = PerturbedEvaluations(ToyLearner(NOISY_SLOPES, NOISY_INITIAL), 1e-3, seed=5).evaluate("eval").per_batch
+    np.testing.assert_array_equal(first, again)
+    ratio = first / plain - 1.0
+    assert 0 < np.abs(ratio).max() < 5e-3 and not np.allclose(ratio, ratio.flat[0])
+    with pytest.raises(ValueError, match="relative"):
+        PerturbedEvaluations(learner, 0.0)
+
+
+def test_a_run_under_perturbed_evaluations_trains_the_wrapped_learner():
+    learner = ToyLearner(NOISY_SLOPES, NOISY_INITIAL)
+    policy = DynamicsPolicy(build_schedule([0, 16], 32, probe_cap=4))
+    history = run_mixture_training(
+        PerturbedEvaluations(learner, 1e-6), policy, targets=[0], constraints=[1], eval_interval=16, reduced_batches=4
+    )
+    assert learner.trained_steps == 32
+    assert history.dataset_names == learner.dataset_names
+
+
+class ProbesItself(ToyLearner):
+    """A toy that runs every probe of an update itself, as the engine's learner does."""
+
+    def probe_all(self, checkpoints, num_batches):
+        snapshot = self.snapshot()
+        evaluations, seconds = probe_in_turn(self, range(len(self.dataset_names)), checkpoints, num_batches, snapshot)
+        self.restore(snapshot)
+        return ProbeRuns(evaluations, seconds, [[0]] * len(seconds))
+
+
+@pytest.mark.parametrize("learner_type", [ToyLearner, ProbesItself])
+def test_probe_evaluations_are_perturbed_too(learner_type):
+    plain = probe_datasets(learner_type(NOISY_SLOPES, NOISY_INITIAL), [4], 4).evaluations
+    wrapped = PerturbedEvaluations(learner_type(NOISY_SLOPES, NOISY_INITIAL), 1e-3)
+    perturbed = probe_datasets(wrapped, [4], 4).evaluations
+    assert perturbed.shape == plain.shape
+    assert 0 < np.abs(perturbed / plain - 1).max() < 5e-3
+    assert wrapped.learner.trained_steps == 0  # back where it started

@@ -128,3 +128,4 @@ class AlignmentLearner(Learner, Protocol):
         bias-corrected Adam direction of dataset j, each averaged over ``num_batches``
         batches; shape (M, N). Must not change training state."""
         ...
+

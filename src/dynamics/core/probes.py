@@ -11,6 +11,8 @@ Public API:
 - ``probe_datasets(learner, checkpoints, num_batches)``: all N probes of one update,
   through ``ProbingLearner.probe_all`` when the learner has it, else in turn; the learner
   is back at its starting state afterwards.
+- ``PerturbedEvaluations(learner, relative, seed)``: the learner with every evaluation,
+  probes' included, multiplied by ``1 + relative N(0, 1)``, for sensitivity checks.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dynamics.core.learner import Diverged, Learner
+from dynamics.core.learner import Diverged, Evaluation, Learner
 
 
 @dataclass(frozen=True)
@@ -103,3 +105,40 @@ def probe_datasets(learner: Learner, checkpoints: Sequence[int], num_batches: in
     evaluations, seconds = probe_in_turn(learner, datasets, checkpoints, num_batches, snapshot)
     learner.restore(snapshot)
     return ProbeRuns(evaluations, seconds, [[0] for _ in datasets])
+
+
+class PerturbedEvaluations:
+    """A learner whose evaluations are multiplied by ``1 + relative N(0, 1)``, one draw per
+    value, for sensitivity checks: how far do a run's decisions move under a perturbation
+    the size of what separates two machines or two builds (``relative`` ~ 1e-6)?
+
+    Everything else is the wrapped learner's (attributes are looked up on it). The draws
+    come from one generator seeded with ``seed``, in evaluation order, so a run is
+    repeatable; a resumed run draws anew from its start.
+    """
+
+    def __init__(self, learner: Learner, relative: float, seed: int = 0) -> None:
+        if not (relative > 0 and np.isfinite(relative)):
+            raise ValueError(f"relative must be a positive number, got {relative}")
+        self.learner = learner
+        self.relative = relative
+        self._rng = np.random.default_rng(seed)
+
+    def evaluate(self, split: str, num_batches: int | None = None) -> Evaluation:
+        per_batch = self.learner.evaluate(split, num_batches).per_batch
+        return Evaluation(per_batch * (1.0 + self.relative * self._rng.standard_normal(per_batch.shape)))
+
+    def probe_all(self, checkpoints: Sequence[int], num_batches: int) -> ProbeRuns:
+        """The wrapped learner's probes, their evaluations perturbed like any other."""
+        if isinstance(self.learner, ProbingLearner):
+            runs = self.learner.probe_all(checkpoints, num_batches)
+            noise = self._rng.standard_normal(runs.evaluations.shape)
+            return ProbeRuns(runs.evaluations * (1.0 + self.relative * noise), runs.seconds, runs.ranks)
+        snapshot = self.learner.snapshot()
+        datasets = range(len(self.learner.dataset_names))
+        evaluations, seconds = probe_in_turn(self, datasets, checkpoints, num_batches, snapshot)
+        self.learner.restore(snapshot)
+        return ProbeRuns(evaluations, seconds, [[0] for _ in datasets])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.learner, name)
