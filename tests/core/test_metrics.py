@@ -16,6 +16,7 @@ from dynamics.core.metrics import (
     best_at_k_monte_carlo,
     best_feasible_checkpoint,
     checkpoint_feasible,
+    chosen_at_k,
     constrained_perplexity_reduction,
     constraint_slack,
     feasible_at_k,
@@ -209,3 +210,20 @@ def test_best_at_k_is_monotone_and_bounded(pool: list[float], k: int) -> None:
 def test_feasible_at_k_is_a_monotone_probability(pool: list[bool], k: int) -> None:
     now, later = feasible_at_k(pool, k), feasible_at_k(pool, k + 1)
     assert 0.0 <= now <= later <= 1.0
+
+
+def test_chosen_at_k_matches_sampling_and_the_pool_extremes():
+    rng = np.random.default_rng(0)
+    selection = np.array([0.3, 0.1, 0.5, 0.2, 0.4])
+    reported = np.array([0.25, 0.3, 0.45, 0.1, 0.5])  # the best on eval is not the best on test
+    for k in (1, 2, 3.0):
+        draws = rng.integers(0, 5, size=(200_000, int(k)))
+        kept = draws[np.arange(len(draws)), selection[draws].argmax(axis=1)]
+        assert chosen_at_k(selection, reported, k) == pytest.approx(reported[kept].mean(), abs=3e-3)
+    assert chosen_at_k(selection, reported, 1) == pytest.approx(reported.mean())
+    assert chosen_at_k(selection, reported, 500) == pytest.approx(0.45, abs=1e-6)  # the eval-best run
+    # Fractional k lies between its neighbours.
+    low, mid, high = (chosen_at_k(selection, selection, k) for k in (2, 2.5, 3))
+    assert low < mid < high
+    with pytest.raises(ValueError, match="k must"):
+        chosen_at_k(selection, reported, 0.5)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from dynamics.experiments import robustness
 from dynamics.experiments.base_model import QUICK_SPEC, ensure_base_model
 from dynamics.experiments.demo import DemoSettings
 from dynamics.experiments.robustness import (
@@ -80,3 +81,26 @@ def test_smollm2_folder_is_the_gguf_model_as_an_ordinary_folder(tmp_path):
         loss = model(ids, labels=ids).loss.item()
     # Measured 2.04 nats; a random 49k-vocabulary model is near ln(49152) = 10.8.
     assert loss < 3.0
+
+
+def test_methods_are_compared_with_the_fixed_sweep_at_equal_compute(tmp_path, monkeypatch):
+    # Synthetic results: three fixed runs of 10 s each and one DynaMiCS run of 25 s.
+    results = {
+        "fixed-w0": {"feasible": True, "reduction_test": 0.02, "reduction_eval": 0.03, "train_seconds": 10.0},
+        "fixed-w0.5": {"feasible": True, "reduction_test": 0.40, "reduction_eval": 0.45, "train_seconds": 10.0},
+        "fixed-w1": {"feasible": False, "reduction_test": 0.0, "reduction_eval": 0.0, "train_seconds": 10.0},
+        "paper": {"feasible": True, "reduction_test": 0.30, "reduction_eval": 0.35, "train_seconds": 25.0},
+    }
+    for label in results:
+        folder = tmp_path / "demo" / "seed0" / label
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text("{}")
+    monkeypatch.setattr(robustness, "run_result", lambda folder: {**results[folder.name], "checkpoint": 8})
+    paper = robustness.aggregate(tmp_path)["demo"]["methods"]["paper"]
+    assert paper["median_cost"] == pytest.approx(2.5)
+    # 2.5 draws from (w1: infeasible, w0, w0.5) ranked on eval: keep w0.5 unless every draw misses it.
+    miss = (2 / 3) ** 2.5
+    w0_kept = miss - (1 / 3) ** 2.5
+    expected = 0.40 * (1 - miss) + 0.02 * w0_kept
+    assert paper["median_equal_compute_fixed"] == pytest.approx(expected)
+    assert "fixed sweep at equal cost" in markdown(robustness.aggregate(tmp_path))

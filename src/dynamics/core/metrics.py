@@ -229,6 +229,31 @@ def best_at_k(pool: Sequence[float] | np.ndarray, k: int) -> float:
     return float(values[-1] - gaps @ below)
 
 
+def chosen_at_k(selection: Sequence[float] | np.ndarray, reported: Sequence[float] | np.ndarray, k: float) -> float:
+    """Expected ``reported`` value of the run a user would keep from ``k`` draws with
+    replacement from a baseline pool: the draw with the highest ``selection`` score (chosen
+    on the eval split, reported on the test split). ``k`` may be fractional, for comparing
+    at a method's measured cost (k = 2.4 runs).
+
+    With the pool sorted by selection score (ties in pool order), the kept run is the i-th
+    of n with probability (i/n)^k - ((i-1)/n)^k, the chance that all k draws rank at most i
+    minus the chance that they all rank below it.
+    """
+    scores = np.asarray(selection, dtype=float).ravel()
+    values = np.asarray(reported, dtype=float).ravel()
+    if scores.shape != values.shape or scores.size == 0:
+        raise ValueError("selection and reported need one finite value per run of a non-empty pool")
+    if not (np.all(np.isfinite(scores)) and np.all(np.isfinite(values))):
+        raise ValueError("selection and reported must hold finite numbers")
+    if isinstance(k, bool) or not np.isfinite(k) or k < 1:
+        raise ValueError(f"k must be a number of runs >= 1, got {k!r}")
+    order = np.argsort(scores, kind="stable")
+    n = scores.size
+    ranks = np.arange(1, n + 1) / n
+    chance = ranks**k - (ranks - 1 / n) ** k
+    return float(values[order] @ chance)
+
+
 def best_at_k_monte_carlo(
     pool: Sequence[float] | np.ndarray, k: int, rng: np.random.Generator, num_samples: int = 100_000
 ) -> float:
