@@ -239,3 +239,16 @@ def test_report_of_a_run_still_writing_skips_only_an_unfinished_last_line(refere
     metrics.write_text("\n".join(lines) + "\n")
     assert cli_main(["report", str(out)]) == 2
     assert f"controller.jsonl, line {len(updates)}: not valid JSON" in capsys.readouterr().err
+
+
+def test_report_of_a_run_before_its_first_evaluation_and_of_no_run_folder(reference, tmp_path, capsys):
+    _, reference_folder, _ = reference
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copy(reference_folder / "config.yaml", out / "config.yaml")  # set up, nothing logged yet
+    assert cli_main(["report", str(out)]) == 0
+    assert "(0 mixture updates so far, no main evaluation yet of 8 steps)" in capsys.readouterr().out
+    (out / "config.yaml").unlink()
+    assert cli_main(["report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'summary.json'} and {out / 'config.yaml'} are missing: is {out} a dynamics run folder?" in err

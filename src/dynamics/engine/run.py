@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import datasets
 import numpy as np
@@ -69,6 +69,7 @@ from dynamics.runs import rundir
 from dynamics.runs import state as run_state
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Bad input found while a run starts: one line for the user (the CLI's exit code 2).
 REFUSALS = (RunSetupError, rundir.RunDirError, DataError)
@@ -102,7 +103,7 @@ def agree_on_refusal(error: Exception | None) -> None:
             raise RuntimeError(f"process {rank} stopped while the run was starting: {message}")
 
 
-def _attempt(step: Callable[[], Any]) -> tuple[Any, Exception | None]:
+def _attempt(step: Callable[[], T]) -> tuple[T | None, Exception | None]:
     try:
         return step(), None
     except Exception as err:  # handed to agree_on_refusal, which raises it again
@@ -332,6 +333,7 @@ def build_run(
     if not accelerator.is_local_main_process:
         run_data, error = _attempt(load)
     agree_on_refusal(error)
+    assert run_data is not None  # else agree_on_refusal raised
     sampler = RankSlicedSampler(
         MixtureSampler(run_data.streams, seed=training.seed), accelerator.process_index, accelerator.num_processes
     )
@@ -702,9 +704,11 @@ def run(
     resume_point = choice.path if choice is not None else None
     built = build_run(config, model=model, tokenizer=tokenizer, data=data)
 
+    damaged = [path for path, _ in choice.damaged] if choice is not None else []
+
     def prepare_folder() -> None:
         if accelerator_main and resume:
-            run_state.clear_unfinished(out, keep=resume_point, damaged=[path for path, _ in choice.damaged] if choice else [])
+            run_state.clear_unfinished(out, keep=resume_point, damaged=damaged)
         elif accelerator_main:
             # Created only once setup succeeded: a data or model error leaves no folder behind.
             rundir.prepare_run_dir(out)

@@ -225,8 +225,6 @@ class RunRecords:
 def _config_summary(folder: Path, num_updates: int) -> dict[str, Any]:
     """What an unfinished run's summary can say: read from its resolved ``config.yaml``."""
     path = folder / CONFIG_FILE
-    if not path.is_file():
-        raise RunDirError(f"{folder / SUMMARY_FILE} and {path} are missing: is {folder} a dynamics run folder?")
     try:
         config = yaml.safe_load(path.read_text())
         datasets = config["datasets"]
@@ -254,9 +252,13 @@ def read_run(path: str | Path, unfinished: bool = False) -> RunRecords:
     finished = summary_path.is_file()
     if not finished and not unfinished:
         raise RunDirError(f"{summary_path} is missing: is {folder} a finished dynamics run folder?")
+    if not finished and not (folder / CONFIG_FILE).is_file():
+        raise RunDirError(
+            f"{summary_path} and {folder / CONFIG_FILE} are missing: is {folder} a dynamics run folder?"
+        )
     logs = {}
     for name in (METRICS_FILE, CONTROLLER_FILE):
-        if not finished and not (folder / name).is_file() and (folder / CONFIG_FILE).is_file():
+        if not finished and not (folder / name).is_file():
             logs[name] = JsonlRows([])  # not written yet: the run has not got that far
         else:
             logs[name] = read_jsonl_rows(folder / name)
