@@ -683,7 +683,8 @@ def format_validation_error(err: ValidationError) -> str:
     """All problems on one line: ``field.path: message; ...``."""
     lines = []
     for problem in err.errors():
-        location = ".".join(str(p) for p in problem["loc"])
+        # A key with a line break or other unprintable characters is shown escaped.
+        location = ".".join(str(p) if str(p).isprintable() else repr(str(p)) for p in problem["loc"])
         message = problem["msg"].removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
             message = "unknown field; check the spelling (see docs/config.md for every field)"
