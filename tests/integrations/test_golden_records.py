@@ -1,0 +1,124 @@
+"""Golden records: what the tiny runs write into ``metrics.jsonl`` and ``controller.jsonl``,
+byte for byte (wall times left out), for the paper and robust variants, a backtracking run,
+a run stopped and resumed, and a run driven by a transformers Trainer with the callback.
+
+A change of the loop, the drivers or the learner that is meant to leave behaviour alone
+must leave these files alone. A change meant to alter behaviour regenerates them:
+
+    DYNAMICS_WRITE_GOLDEN=1 .venv/bin/python -m pytest tests/integrations/test_golden_records.py
+
+and the diff of ``tests/fixtures/golden/`` shows what it altered. One thread, so that
+floating-point sums are reduced in the same order on every machine of the same kind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from dynamics.engine import learner as engine_learner
+from dynamics.engine.config import RunConfig
+from dynamics.engine.run import run
+from tests.engine.test_run import tiny_config
+from tests.integrations.test_trainer import train_with_callback
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
+WRITE = os.environ.get("DYNAMICS_WRITE_GOLDEN") == "1"
+
+
+def stripped(path: Path) -> str:
+    """The JSON lines of ``path`` without their wall times, keys sorted."""
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in sorted(value.items()) if not k.endswith("seconds")}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return "".join(json.dumps(strip(json.loads(line)), sort_keys=True) + "\n" for line in path.read_text().splitlines())
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def paper(tokenizer_dir: Path, out: Path) -> None:
+    run(RunConfig.from_dict(tiny_config(tokenizer_dir, out)), progress=False)
+
+
+def robust(tokenizer_dir: Path, out: Path) -> None:
+    run(RunConfig.from_dict(tiny_config(tokenizer_dir, out, variant="robust")), progress=False)
+
+
+def backtrack(tokenizer_dir: Path, out: Path) -> None:
+    data = tiny_config(tokenizer_dir, out, backtrack=1)
+    data["optimizer"]["lr"] = 1.0  # breaks the orca constraint after step 4 (see test_run)
+    run(RunConfig.from_dict(data), progress=False)
+
+
+class Stop(Exception):
+    pass
+
+
+def resumed(tokenizer_dir: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Robust with backtracking and a resume point every 2 steps, stopped in its fifth
+    stretch of training and resumed from its last resume point."""
+    data = tiny_config(tokenizer_dir, out, variant="robust", backtrack=1)
+    data["method"]["schedule"] = [0, 2, 4, 8]
+    data["training"].update(total_steps=12, checkpoint_interval=2)
+    config = RunConfig.from_dict(data)
+    train = engine_learner.HFLearner.train
+    calls = {"n": 0}
+
+    def stopping(self, steps, weights):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise Stop
+        return train(self, steps, weights)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine_learner.HFLearner, "train", stopping)
+        with pytest.raises(Stop):
+            run(config, progress=False)
+    assert not (out / "summary.json").exists() and (out / "last_checkpoint").is_dir()
+    run(config, progress=False, resume=True)
+
+
+def trainer(tokenizer_dir: Path, out: Path) -> None:
+    train_with_callback(RunConfig.from_dict(tiny_config(tokenizer_dir, out)), out.parent / f"{out.name}-hf")
+
+
+CASES: dict[str, Callable[..., None]] = {
+    "paper": paper,
+    "robust": robust,
+    "backtrack": backtrack,
+    "resumed": resumed,
+    "trainer": trainer,
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_run_files_match_the_golden_records(case: str, tokenizer_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / case
+    make = CASES[case]
+    if case == "resumed":
+        make(tokenizer_dir, out, monkeypatch)
+    else:
+        make(tokenizer_dir, out)
+    for name in ("metrics.jsonl", "controller.jsonl"):
+        written = stripped(out / name)
+        golden = GOLDEN / case / name
+        if WRITE:
+            golden.parent.mkdir(parents=True, exist_ok=True)
+            golden.write_text(written)
+        assert written == golden.read_text(), f"{case}/{name} differs from its golden record"
