@@ -192,6 +192,8 @@ CASES = [
     Case("unknown-attention", setting("model.attn_implementation", "flash"), ("model.attn_implementation", "'sdpa'")),
     Case("flash-attention-on-cpu", setting("model.attn_implementation", "flash_attention_2"), ("model.attn_implementation flash_attention_2", "CUDA GPU", "sdpa")),
     Case("unknown-packing", setting("training.packing", "documents"), ("training.packing", "'per-document'")),
+    Case("quantization-of-init-config", setting("model.quantization", {"bits": 4}), ("model.quantization", "model.init_config", "remove model.quantization")),
+    Case("quantization-bits-unknown", setting("model.quantization", {"bits": 3}), ("model.quantization.bits", "4 or 8")),
     Case("adam-beta-out-of-range", setting("optimizer.betas", [0.9, 1.5]), ("optimizer.betas", "[0, 1)")),
     Case("learning-rate-infinite", setting("optimizer.lr", math.inf), ("optimizer.lr", "finite")),
     Case("eval-size-zero-for-a-target", dataset_setting("math", eval_size=0), ("datasets.0", "'math'", "eval_size", "evaluated")),

@@ -39,6 +39,13 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+class QuantizationConfig(_Section):
+    bits: Literal[4, 8] = Field(
+        ...,
+        description="4: NF4 with double quantization and bfloat16 compute (QLoRA); 8: LLM.int8().",
+    )
+
+
 class ModelConfig(_Section):
     name_or_path: str | None = Field(None, description="Hub id or local folder of a causal LM.")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
@@ -59,6 +66,13 @@ class ModelConfig(_Section):
             "(sdpa where the model supports it). flash_attention_2/3 need a CUDA GPU and the flash-attn package.",
         )
     )
+    quantization: QuantizationConfig | None = Field(
+        None,
+        description="Load the base weights quantized through bitsandbytes and train a LoRA adapter on them "
+        "(QLoRA): {bits: 4} is NF4 with double quantization and bfloat16 compute, {bits: 8} is LLM.int8(). "
+        "Needs lora, model.name_or_path, a CUDA GPU and the bitsandbytes package (pip install "
+        "'dynamics[qlora]'); null loads the weights in model.dtype.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -74,6 +88,11 @@ class ModelConfig(_Section):
             raise ValueError("model.init_config holds NaN or infinity; give finite numbers")
         if self.init_config is not None and self.tokenizer is None:
             raise ValueError("model.tokenizer is required with model.init_config (a tokenizer folder or hub id)")
+        if self.quantization is not None and self.init_config is not None:
+            raise ValueError(
+                "model.quantization quantizes weights loaded from model.name_or_path; a model built from "
+                "model.init_config has none to load: remove model.quantization"
+            )
         return self
 
 

@@ -4,9 +4,16 @@ The paper fine-tunes with LoRA (rank 32, no warmup, constant LR; section 4.2 and
 E) but nothing in the method depends on it, so full fine-tuning is the same code with
 ``lora=None``. The optimizer only ever sees trainable parameters, which is also what a
 probe snapshots and restores.
+
+QLoRA (``model.quantization``) loads the base weights quantized by bitsandbytes, frozen,
+and trains a LoRA adapter on them: the adapter is still all that is trainable, so probes
+move only the adapter and its optimizer state, as with LoRA on full-precision weights.
 """
 
 from __future__ import annotations
+
+import os
+from typing import Any
 
 import peft
 import torch
@@ -15,12 +22,13 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    BitsAndBytesConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     get_scheduler,
 )
 
-from dynamics.engine.config import LoraConfig, ModelConfig, OptimizerConfig
+from dynamics.engine.config import LoraConfig, ModelConfig, OptimizerConfig, QuantizationConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -40,13 +48,41 @@ def load_causal_lm(config: ModelConfig) -> PreTrainedModel:
         )
         return model
     assert config.name_or_path is not None  # the config validates that exactly one source is set
+    quantized: dict[str, Any] = {}
+    if config.quantization is not None:
+        # bitsandbytes layers live on one GPU: each process loads its whole (quantized) copy
+        # onto its own device, which is also where accelerate expects a k-bit model to be.
+        quantized = {
+            "quantization_config": bnb_config(config.quantization),
+            "device_map": {"": int(os.environ.get("LOCAL_RANK", "0"))},
+        }
     return AutoModelForCausalLM.from_pretrained(
         config.name_or_path,
         revision=config.revision,
         dtype=dtype,
         trust_remote_code=config.trust_remote_code,
         attn_implementation=config.attn_implementation,
+        **quantized,
     )
+
+
+def bnb_config(quantization: QuantizationConfig) -> BitsAndBytesConfig:
+    """transformers' bitsandbytes settings for ``model.quantization``: QLoRA's 4-bit NF4 with
+    double quantization (the quantization constants quantized again) and bfloat16 compute,
+    or LLM.int8(). Building it needs neither bitsandbytes nor a GPU; loading with it needs both."""
+    if quantization.bits == 4:
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether ``model`` was loaded with bitsandbytes 4-bit or 8-bit weights."""
+    return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -65,7 +101,15 @@ def prepare_model(
     model: PreTrainedModel, lora: LoraConfig | None, gradient_checkpointing: bool = False
 ) -> nn.Module:
     """Wrap ``model`` with a LoRA adapter (``lora`` given) or leave every weight trainable
-    (``lora=None``, full fine-tuning). The base model is modified in place by PEFT."""
+    (``lora=None``, full fine-tuning). The base model is modified in place by PEFT. A model
+    loaded quantized (``model.quantization``) is first prepared for k-bit training: every
+    base weight frozen, the unquantized ones (norms, embeddings) cast to float32."""
+    quantized = is_quantized(model)
+    if quantized and lora is None:
+        raise ValueError(
+            "the model is loaded quantized (model.quantization), so its weights cannot be trained: set lora "
+            "to train an adapter on them, or remove model.quantization for full fine-tuning"
+        )
     if gradient_checkpointing:
         # Non-reentrant checkpointing lets gradients reach LoRA weights even though the
         # frozen embedding output does not require grad, and it replays the saved RNG
@@ -77,6 +121,10 @@ def prepare_model(
     if lora is None:
         model.requires_grad_(True)
         return model
+    if quantized:
+        # Checkpointing, when asked for, is the non-reentrant kind enabled above, which needs
+        # no input gradients; PEFT's own (reentrant by default) is left off.
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     target_modules = (
         lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
     )

@@ -12,6 +12,8 @@ What is checked, cheapest first (docs/errors.md lists every refusal with its mes
 
 - the launch: FSDP, DeepSpeed or Megatron-LM through accelerate (``ACCELERATE_USE_*``);
 - precision: full fine-tuning of float16 weights under fp16 mixed precision is refused;
+- quantization (``model.quantization``): only with a LoRA adapter, not under a sharded
+  launch, and only where a CUDA GPU and the bitsandbytes package are there;
 - the output folder: a folder, or creatable in its nearest existing parent, and writable
   (whether it is empty is ``run``'s own check, which a resumed run skips);
 - every local dataset file: present, a known extension, not empty;
@@ -64,6 +66,7 @@ def preflight(config: RunConfig, data: Mapping[str, Any] | None = None, model_gi
     passed in Python by dataset name; ``model_given``: the model was passed in Python."""
     check_launch()
     check_precision(config)
+    check_quantization(config)
     check_output_dir(config.output_dir)
     check_sources(config, data or {})
     if not model_given:  # the caller's own model and tokenizer need no resolving
@@ -295,6 +298,40 @@ def _check_lora_targets(built: PretrainedConfig, targets: list[str], config: Run
 
 
 # --- precision ------------------------------------------------------------------------------
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def check_quantization(config: RunConfig) -> None:
+    """``model.quantization`` freezes the base weights in bitsandbytes' 4-bit or 8-bit
+    layers: only a LoRA adapter can be trained on them, each process holds its own copy (no
+    sharding), and the layers compute on a CUDA GPU with the bitsandbytes package."""
+    quantization = config.model.quantization
+    if quantization is None:
+        return
+    if config.lora is None:
+        raise RunSetupError(
+            f"model.quantization (bits: {quantization.bits}) with lora: null: quantized weights cannot be "
+            "fine-tuned in full; set lora to train an adapter on them (QLoRA), or remove model.quantization"
+        )
+    launch = sharded_launch()
+    if launch is not None:
+        raise RunSetupError(
+            f"model.quantization under {launch}: a quantized model is not sharded; launch with torchrun "
+            "(each process holds the quantized model and its adapter), or remove model.quantization"
+        )
+    if not _cuda_available():
+        raise RunSetupError(
+            "model.quantization needs a CUDA GPU and bitsandbytes; remove it to train in full precision "
+            "on this machine"
+        )
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise RunSetupError(
+            "model.quantization needs the bitsandbytes package, which is not installed: pip install "
+            "'dynamics[qlora]' (or bitsandbytes), or remove model.quantization to train in full precision"
+        )
 
 
 def _loaded_dtype(config: RunConfig, loaded_dtype: torch.dtype | None) -> torch.dtype:
