@@ -23,6 +23,7 @@ def test_every_command_builds_its_parser():
         args = {
             "solve": ["x.json"], "run": ["c.yaml"], "report": ["r"], "scenarios": ["list"],
             "sweep": ["s.yaml", "--out", "o"],
+            "push": ["r", "my-org/my-model"],
         }.get(name, [])
         assert parser.parse_known_args([name, *args])[0].command == name
 

@@ -1,0 +1,336 @@
+"""The model card of a run's best checkpoint: ``best_checkpoint/README.md`` in the Hugging
+Face Hub's format (YAML metadata, then Markdown), written from the run folder's files only
+(``config.yaml``, ``summary.json``, ``metrics.jsonl``, ``controller.jsonl``), so any driver
+that wrote the folder, and ``dynamics push``, can write it.
+
+It says what the checkpoint was trained for (targets, constraints and their metrics), how
+the mixture moved (the weights chosen at each update), what it achieved at the chosen step
+(the targets' test perplexity reduction and the worst constraint slack), how to load it and
+how it was trained.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dynamics.runs.rundir import (
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    RunDirError,
+    RunRecords,
+    atomic_write_text,
+    read_run,
+)
+
+CARD_FILE = "README.md"
+# The first line of the body: how a card this module wrote is told from one written by hand.
+MARKER = "<!-- model card written by dynamics from the run folder (dynamics.runs.model_card) -->"
+# What PEFT's and transformers' save_pretrained leave when no card is given: an empty template.
+_TEMPLATE_SIGN = "[More Information Needed]"
+_METHOD_TAGS = {"fixed": "fixed-mixture", "gradient-alignment": "gradient-alignment"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def write_model_card(run_folder: Path, repo_id: str | None = None) -> Path:
+    """Write ``best_checkpoint/README.md`` of the finished run in ``run_folder`` (atomically)
+    and return its path. ``repo_id``: the Hub repository the checkpoint goes to, named in the
+    loading snippet (by default the snippet loads the local folder)."""
+    folder = Path(run_folder)
+    records = read_run(folder)
+    checkpoint = folder / CHECKPOINT_DIR
+    if records.summary.get("best_checkpoint") is None or not checkpoint.is_dir():
+        raise RunDirError(
+            f"{folder} has no {CHECKPOINT_DIR}/: no evaluation of the run was feasible, so there is no "
+            "checkpoint to describe (dynamics report shows how close it came)"
+        )
+    try:
+        config = yaml.safe_load((folder / CONFIG_FILE).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise RunDirError(f"{folder / CONFIG_FILE} cannot be read ({err}): the run folder is damaged") from None
+    path = checkpoint / CARD_FILE
+    atomic_write_text(path, model_card_text(records, config, repo_id or str(checkpoint)))
+    return path
+
+
+def card_is_missing(path: Path) -> bool:
+    """Whether ``path`` lacks a model card of its own: absent, PEFT's empty template, or one
+    this module wrote (rewriting it changes nothing but the repository it names). A card
+    written by hand is kept."""
+    if not path.is_file():
+        return True
+    text = path.read_text(errors="replace")
+    return MARKER in text or _TEMPLATE_SIGN in text
+
+
+# --- the text ----------------------------------------------------------------------------------
+
+
+def _display(value: float, metric: str) -> str:
+    # Values are lower-is-better: accuracy is stored as -accuracy.
+    return f"accuracy {0.0 - value:.3f}" if metric == "accuracy" else f"loss {value:.4f}"
+
+
+def _slack(value: float, metric: str) -> str:
+    # slack = reference - value: nats for a loss, accuracy points (above the base) for accuracy.
+    return f"{value:+.3f} accuracy" if metric == "accuracy" else f"{value:+.4f} nats"
+
+
+def _source(dataset: dict[str, Any]) -> str:
+    if dataset.get("hub_id"):
+        split = dataset.get("split") or "train"
+        config_name = f" ({dataset['config_name']})" if dataset.get("config_name") else ""
+        return f"[{dataset['hub_id']}](https://huggingface.co/datasets/{dataset['hub_id']}){config_name}, split {split}"
+    if dataset.get("lm_eval_task"):
+        return f"lm-evaluation-harness task {dataset['lm_eval_task']}"
+    if dataset.get("path"):
+        return f"local file {Path(str(dataset['path'])).name}"
+    return "rows passed in Python"
+
+
+def _base_model(config: dict[str, Any]) -> str | None:
+    """The base model's hub id, when the run loaded one (a local folder is not a hub id)."""
+    name = (config.get("model") or {}).get("name_or_path")
+    if isinstance(name, str) and _HUB_ID.match(name) and not Path(name).expanduser().is_dir():
+        return name
+    return None
+
+
+def metadata(records: RunRecords, config: dict[str, Any]) -> dict[str, Any]:
+    """The card's YAML metadata (the Hub's model-card fields)."""
+    lora = config.get("lora") is not None
+    quantization = (config.get("model") or {}).get("quantization")
+    data: dict[str, Any] = {}
+    base = _base_model(config)
+    if base is not None:
+        data["base_model"] = base
+    data["library_name"] = "peft" if lora else "transformers"
+    hub_ids = list(dict.fromkeys(d["hub_id"] for d in config.get("datasets", []) if d.get("hub_id")))
+    if hub_ids:
+        data["datasets"] = hub_ids
+    method = str(records.summary.get("method", (config.get("method") or {}).get("name", "")))
+    tags = ["dynamics", "data-mixture", "constrained-fine-tuning"]
+    tags += [_METHOD_TAGS[method]] if method in _METHOD_TAGS else []
+    if lora:
+        tags += ["lora", "qlora"] if quantization else ["lora"]
+    else:
+        tags.append("full-fine-tuning")
+    data["tags"] = list(dict.fromkeys(tags))
+    data["pipeline_tag"] = "text-generation"
+    return data
+
+
+def _evaluation_at(records: RunRecords, step: int) -> dict[str, Any] | None:
+    rows = [r for r in records.evaluations if int(r["step"]) == step and not r.get("backtracked", False)]
+    return rows[-1] if rows else None
+
+
+def _domains_section(records: RunRecords, config: dict[str, Any], step: int) -> list[str]:
+    summary = records.summary
+    names = records.domain_names
+    metrics = dict(zip(names, summary["domain_metrics"], strict=True))
+    roles = {d["name"]: d for d in config.get("datasets", [])}
+    targets = {names[i] for i in records.targets}
+    start = _evaluation_at(records, 0)
+    chosen = _evaluation_at(records, step)
+    lines = [
+        "## Targets and constraints",
+        "",
+        "Targets are trained on and their loss minimised; constraints are evaluated only and must "
+        "not end worse than the base model (step 0). Values on the eval split; slack = base - value "
+        "for a loss, value - base for accuracy (>= 0: the constraint holds).",
+        "",
+        "| domain | role | metric | data | base (step 0) | chosen step | slack |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name in names:
+        metric = metrics[name]
+        base = _display(start["eval"][name], metric) if start else "-"
+        now = _display(chosen["eval"][name], metric) if chosen else "-"
+        slack = (
+            _slack(chosen["constraint_slack"][name], metric)
+            if chosen and name not in targets and name in chosen.get("constraint_slack", {})
+            else ""
+        )
+        role = "target" if name in targets else "constraint"
+        lines.append(f"| {name} | {role} | {metric} | {_source(roles.get(name, {}))} | {base} | {now} | {slack} |")
+    others = [d for d in config.get("datasets", []) if d.get("role") == "non-target"]
+    if others:
+        lines += ["", "Also trained on (non-target): " + "; ".join(f"{d['name']} ({_source(d)})" for d in others) + "."]
+    return lines
+
+
+def _results_section(records: RunRecords, step: int) -> list[str]:
+    summary = records.summary
+    names = records.domain_names
+    metrics = dict(zip(names, summary["domain_metrics"], strict=True))
+    constraints = [names[i] for i in records.constraints]
+    chosen = _evaluation_at(records, step)
+    lines = [
+        "## Results",
+        "",
+        f"- Chosen checkpoint: step {step} of {summary['total_steps']}, the feasible main evaluation after "
+        "step 0 with the lowest summed target loss (eval split).",
+        f"- Target perplexity reduction against the base model (test split): "
+        f"{100 * float(summary['constrained_ppl_reduction']):.1f}%.",
+    ]
+    if constraints and chosen is not None:
+        slack = chosen["constraint_slack"]
+        worst = min(constraints, key=lambda c: slack[c])
+        lines.append(
+            f"- Worst constraint slack at step {step}: {worst}, {_slack(slack[worst], metrics[worst])} "
+            "(eval split)."
+        )
+    elif not constraints:
+        lines.append("- No constraints.")
+    return lines
+
+
+def _trajectory_section(records: RunRecords, config: dict[str, Any]) -> list[str]:
+    datasets = records.dataset_names
+    lines = ["## Mixture trajectory", ""]
+    if not records.updates:
+        start = _evaluation_at(records, 0)
+        weights = start["weights"] if start else (config.get("method") or {}).get("weights") or {}
+        shown = ", ".join(f"{k} {float(v):.3f}" for k, v in weights.items()) or "as configured"
+        return [*lines, f"Fixed weights over the whole run: {shown}."]
+    lines += [
+        "The training mixture chosen at each update (from controller.jsonl); it holds until the next one.",
+        "",
+        "| step | " + " | ".join(datasets) + " | |",
+        "| --- | " + " | ".join("---" for _ in datasets) + " | --- |",
+    ]
+    for update in records.updates:
+        weights = [f"{float(w):.3f}" for w in update["weights"]]
+        note = "abandoned by a backtrack" if update.get("abandoned") else ""
+        lines.append(f"| {update['step']} | " + " | ".join(weights) + f" | {note} |")
+    return lines
+
+
+def _loading_section(config: dict[str, Any], where: str) -> list[str]:
+    lora = config.get("lora") is not None
+    quantization = (config.get("model") or {}).get("quantization")
+    base = _base_model(config)
+    lines = ["## How to load", ""]
+    if lora and base is not None:
+        lines += [
+            "```python",
+            "from peft import AutoPeftModelForCausalLM",
+            "from transformers import AutoTokenizer",
+            "",
+            f'model = AutoPeftModelForCausalLM.from_pretrained("{where}")  # loads {base}, then the adapter',
+            f'tokenizer = AutoTokenizer.from_pretrained("{where}")',
+            "```",
+        ]
+        if quantization:
+            lines += [
+                "",
+                f"The adapter was trained on the base weights quantized to {quantization['bits']} bits "
+                "(bitsandbytes; 4 bits: NF4, double quantization, bfloat16 compute); pass the same "
+                "`quantization_config` to load the base as it was trained, or load it in full precision.",
+            ]
+    elif lora:
+        lines += [
+            "```python",
+            "from peft import PeftModel",
+            "",
+            "base = ...  # the base model the run trained (its config.yaml, model section)",
+            f'model = PeftModel.from_pretrained(base, "{where}")',
+            "```",
+        ]
+    else:
+        lines += [
+            "```python",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'model = AutoModelForCausalLM.from_pretrained("{where}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{where}")',
+            "```",
+        ]
+    return lines
+
+
+def _training_section(records: RunRecords, config: dict[str, Any]) -> list[str]:
+    summary = records.summary
+    method = config.get("method") or {}
+    training = config.get("training") or {}
+    optimizer = config.get("optimizer") or {}
+    model = config.get("model") or {}
+    lora = config.get("lora")
+    name = str(method.get("name", summary.get("method")))
+    if name == "dynamics":
+        how = (
+            f"DynaMiCS, variant {method.get('variant', 'paper')}, schedule {method.get('schedule')}, "
+            f"predictor {method.get('predictor', 'linear')}"
+        )
+        if method.get("backtrack"):
+            how += f", backtracking {method['backtrack']}"
+    elif name == "fixed":
+        how = "a fixed mixture"
+    else:
+        how = name
+    if lora is not None:
+        targets = lora.get("target_modules")
+        shown = targets if isinstance(targets, str) else ", ".join(targets or [])
+        adapter = f"LoRA rank {lora.get('rank')}, alpha {lora.get('alpha')}, on {shown}"
+        if model.get("quantization"):
+            adapter = f"QLoRA ({model['quantization']['bits']}-bit base weights), " + adapter
+    else:
+        adapter = "full fine-tuning"
+    base = _base_model(config) or (
+        "a model built from model.init_config" if model.get("init_config") else "a local model"
+    )
+    batch = f"{training.get('batch_size')} x {training.get('gradient_accumulation', 1)} sequences"
+    lines = [
+        "## How it was trained",
+        "",
+        f"- Method: {how} ({summary.get('num_updates', len(records.updates))} mixture updates).",
+        f"- Model: {base}, {adapter}.",
+        f"- Steps: {summary['total_steps']} optimizer steps of {batch} of {training.get('sequence_length')} "
+        f"tokens, AdamW at learning rate {optimizer.get('lr')} ({optimizer.get('lr_schedule', 'constant')} "
+        f"schedule), seed {training.get('seed')}.",
+    ]
+    if summary.get("predicted_cost") is not None:
+        lines.append(f"- Compute: {float(summary['predicted_cost']):.2f}x one fixed-mixture run ({summary.get('cost_assumption', '')}).")
+    lines.append(
+        "- Trained with dynamics, which fine-tunes on a dynamic data mixture under performance "
+        "constraints (DynaMiCS); the run folder's config.yaml holds every setting."
+    )
+    return lines
+
+
+def model_card_text(records: RunRecords, config: dict[str, Any], where: str) -> str:
+    """The card of ``records``' best checkpoint; ``where``: what the loading snippet loads."""
+    step = int(records.summary["best_checkpoint"]["step"])
+    base = _base_model(config)
+    title = f"{base} fine-tuned with dynamics" if base else "A model fine-tuned with dynamics"
+    names = records.domain_names
+    targets = [names[i] for i in records.targets]
+    constraints = [names[i] for i in records.constraints]
+    intro = (
+        f"Trained to improve {', '.join(targets)} while keeping "
+        f"{', '.join(constraints) if constraints else 'no constraint'} no worse than in the base model, "
+        "on a training mixture re-chosen during the run."
+    )
+    body = [
+        MARKER,
+        "",
+        f"# {title}",
+        "",
+        intro,
+        "",
+        *_domains_section(records, config, step),
+        "",
+        *_results_section(records, step),
+        "",
+        *_trajectory_section(records, config),
+        "",
+        *_loading_section(config, where),
+        "",
+        *_training_section(records, config),
+    ]
+    front = yaml.safe_dump(metadata(records, config), sort_keys=False, allow_unicode=True)
+    return f"---\n{front}---\n\n" + "\n".join(body) + "\n"

@@ -1,0 +1,193 @@
+"""The model card of a real tiny run folder, and ``dynamics push`` offline: ``--dry-run``,
+and an upload through a stand-in ``HfApi`` that records what would reach the Hub."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import yaml
+from huggingface_hub import ModelCard
+
+from dynamics.cli import main as cli_main
+from dynamics.engine.config import RunConfig
+from dynamics.engine.run import run
+from dynamics.runs.model_card import MARKER, card_is_missing, write_model_card
+from dynamics.runs.rundir import RunDirError, read_jsonl
+from tests.engine.test_run import tiny_config
+
+# What a tiny LoRA run's best_checkpoint/ holds, and so what push uploads (the card included).
+CHECKPOINT_FILES = [
+    "README.md",
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    "chat_template.jinja",
+    "step.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tokenizer_dir, tmp_path_factory) -> Path:
+    """A tiny finished run (8 steps, updates at 0, 2, 4, one feasible checkpoint); each test
+    works on its own copy."""
+    out = tmp_path_factory.mktemp("model-card") / "run"
+    run(RunConfig.from_dict(tiny_config(tokenizer_dir, out)), progress=False)
+    return out
+
+
+@pytest.fixture
+def run_folder(finished_run, tmp_path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(finished_run, copy)
+    return copy
+
+
+def front_matter(text: str) -> dict:
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n", 2)[1])
+
+
+def test_the_card_describes_the_run_from_its_files(run_folder):
+    summary = json.loads((run_folder / "summary.json").read_text())
+    step = summary["best_checkpoint"]["step"]
+    path = write_model_card(run_folder)
+
+    assert path == run_folder / "best_checkpoint" / "README.md"
+    text = path.read_text()
+    meta = front_matter(text)
+    assert meta["library_name"] == "peft"
+    assert meta["tags"][:2] == ["dynamics", "data-mixture"] and "lora" in meta["tags"]
+    assert "base_model" not in meta  # built from init_config: no hub id to name
+    assert "license" not in meta and "datasets" not in meta  # neither is known
+    card = ModelCard(text)  # the Hub's own parser reads the metadata
+    assert card.data.library_name == "peft"
+
+    assert MARKER in text
+    # Targets and constraints, with their metrics.
+    assert "| math | target | loss |" in text
+    assert "| orca | constraint | loss |" in text and "| mmlu | constraint | accuracy |" in text
+    # The mixture trajectory: one row per update of controller.jsonl, its weights as chosen.
+    for update in read_jsonl(run_folder / "controller.jsonl"):
+        weights = " | ".join(f"{w:.3f}" for w in update["weights"])
+        assert f"| {update['step']} | {weights} |" in text
+    # The reduction and the worst slack at the chosen step.
+    assert f"step {step} of {summary['total_steps']}" in text
+    assert f"{100 * summary['constrained_ppl_reduction']:.1f}%" in text
+    row = next(r for r in read_jsonl(run_folder / "metrics.jsonl") if r["step"] == step)
+    worst = min(row["constraint_slack"], key=row["constraint_slack"].get)
+    assert f"Worst constraint slack at step {step}: {worst}," in text
+    # How to load it, and how it was trained.
+    assert 'PeftModel.from_pretrained(base, "' + str(run_folder / "best_checkpoint") + '")' in text
+    assert "DynaMiCS, variant paper, schedule [0, 2, 4]" in text and "8 optimizer steps" in text
+    assert "LoRA rank 4, alpha 8.0, on q_proj, v_proj" in text
+
+
+def test_hub_names_reach_the_metadata_and_the_loading_snippet(run_folder):
+    config = yaml.safe_load((run_folder / "config.yaml").read_text())
+    config["model"] = {**config["model"], "name_or_path": "some-org/base-model", "init_config": None}
+    config["model"]["quantization"] = {"bits": 4}
+    config["datasets"][1].update(path=None, hub_id="some-org/wiki-data")
+    (run_folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    text = write_model_card(run_folder, repo_id="me/tuned").read_text()
+    meta = front_matter(text)
+    assert meta["base_model"] == "some-org/base-model"
+    assert meta["datasets"] == ["some-org/wiki-data"]
+    assert "qlora" in meta["tags"]
+    assert 'AutoPeftModelForCausalLM.from_pretrained("me/tuned")' in text
+    assert "QLoRA (4-bit base weights)" in text
+
+
+def test_full_fine_tuning_is_a_transformers_card(run_folder):
+    config = yaml.safe_load((run_folder / "config.yaml").read_text())
+    config["lora"] = None
+    (run_folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    text = write_model_card(run_folder).read_text()
+    assert front_matter(text)["library_name"] == "transformers"
+    assert "AutoModelForCausalLM.from_pretrained(" in text and "full fine-tuning" in text
+
+
+def test_a_run_without_a_feasible_checkpoint_has_no_card(run_folder):
+    summary = json.loads((run_folder / "summary.json").read_text())
+    summary["best_checkpoint"] = None
+    (run_folder / "summary.json").write_text(json.dumps(summary))
+    shutil.rmtree(run_folder / "best_checkpoint")
+    with pytest.raises(RunDirError, match="no best_checkpoint/"):
+        write_model_card(run_folder)
+
+
+def test_push_dry_run_writes_the_card_and_lists_the_files(run_folder, capsys):
+    card = run_folder / "best_checkpoint" / "README.md"
+    assert card_is_missing(card)  # PEFT's empty template
+
+    code = cli_main(["push", str(run_folder), "my-org/my-model", "--dry-run"])
+
+    out = capsys.readouterr().out
+    assert code == 0
+    assert MARKER in card.read_text()
+    assert 'PeftModel.from_pretrained(base, "my-org/my-model")' in card.read_text()
+    listed = [line.strip() for line in out.splitlines() if line.startswith("  ")]
+    assert listed == CHECKPOINT_FILES
+    assert "would upload 7 files" in out and "my-org/my-model (public)" in out
+
+
+class RecordingApi:
+    """A stand-in for ``huggingface_hub.HfApi``: records the calls, touches no network."""
+
+    calls: ClassVar[list[tuple[str, dict]]] = []
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
+        return f"https://huggingface.co/{repo_id}"
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", kwargs))
+
+
+def test_push_creates_the_repo_and_uploads_the_checkpoint_with_its_card(run_folder, capsys, monkeypatch):
+    import huggingface_hub
+
+    RecordingApi.calls = []
+    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingApi)
+
+    code = cli_main(["push", str(run_folder), "my-org/my-model", "--private"])
+
+    assert code == 0, capsys.readouterr().err
+    (create, created), (upload, uploaded) = RecordingApi.calls
+    assert create == "create_repo" and created == {
+        "repo_id": "my-org/my-model", "private": True, "exist_ok": True, "repo_type": "model"
+    }
+    assert upload == "upload_folder"
+    assert uploaded["repo_id"] == "my-org/my-model" and uploaded["repo_type"] == "model"
+    assert Path(uploaded["folder_path"]) == run_folder / "best_checkpoint"
+    assert uploaded["allow_patterns"] == CHECKPOINT_FILES
+    text = (run_folder / "best_checkpoint" / "README.md").read_text()
+    assert 'AutoPeftModelForCausalLM' not in text  # the tiny base has no hub id: PeftModel on a built base
+    assert MARKER in text
+
+
+def test_push_keeps_a_card_written_by_hand(run_folder, capsys):
+    card = run_folder / "best_checkpoint" / "README.md"
+    card.write_text("---\nlicense: mit\n---\n# My own card\n")
+    assert cli_main(["push", str(run_folder), "my-org/my-model", "--dry-run"]) == 0
+    assert card.read_text() == "---\nlicense: mit\n---\n# My own card\n"
+    assert "kept: written by hand" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        (["push", "RUN", "not a repo id!"], "REPO_ID 'not a repo id!' is not a Hub repository id"),
+        (["push", "NOWHERE", "my-org/my-model"], "summary.json is missing"),
+    ],
+)
+def test_push_refuses_bad_input_in_one_line(argv, expect, run_folder, tmp_path, capsys):
+    argv = [a.replace("RUN", str(run_folder)).replace("NOWHERE", str(tmp_path / "none")) for a in argv]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.rstrip("\n")
+    assert "\n" not in err and err.startswith("dynamics push: error: ") and expect in err
