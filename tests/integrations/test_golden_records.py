@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from threadpoolctl import threadpool_limits
 
 from dynamics.engine import learner as engine_learner
 from dynamics.engine.config import RunConfig
@@ -46,9 +47,12 @@ def stripped(path: Path) -> str:
 
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
+    # torch's threads and the BLAS/OpenMP threads scipy's solvers use: SLSQP's answer moves
+    # in its last digits with their number.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    with threadpool_limits(limits=1):
+        yield
     torch.set_num_threads(threads)
 
 
