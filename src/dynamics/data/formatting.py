@@ -54,6 +54,13 @@ Formats (``DataSource.format``):
   ``" {correct choice}"``: the loss of the correct answer, as the paper constrains its tiny
   benchmarks in scenarios 1-50. The choices are not listed (the loss is of the answer's text,
   not of a letter). It is truncated like an instruction example.
+- an lm-eval task's rows (``source.lm_eval_task``; ``lm_eval_tasks`` builds them with the
+  task's own prompts, and ``lm_eval_tasks.encode_pairs`` tokenizes each (context,
+  continuation) pair as lm-eval's ``hf`` model does): scored by accuracy, a ``ChoiceExample``
+  holding each choice's context and continuation (lm-eval's ``acc``: the choice whose
+  continuation is likeliest; each sequence keeps its last ``sequence_length`` tokens); scored
+  by loss, an ``LMExample`` of the context with the correct choice's continuation as the
+  response, truncated on the left.
 
 Answers (``answer_column``): a 0-based index, a letter (``"B"``), one of the choices' own
 labels (ARC's ``"A"``/``"1"``), a decimal string (HellaSwag's ``"2"``), or a list of 0/1
@@ -156,11 +163,20 @@ class LMExample:
 @dataclass(frozen=True, eq=False)
 class ChoiceExample:
     """A multiple-choice question: the prediction is the argmax of the next-token logits
-    after the last prompt token, restricted to ``choice_token_ids`` (one letter per choice)."""
+    after the last prompt token, restricted to ``choice_token_ids`` (one letter per choice).
+
+    A question of an lm-eval task (``sequence_lengths`` set) is scored by continuation, as
+    lm-eval's ``acc``: ``input_ids`` holds its K choices' token sequences (context and
+    continuation) one after another, ``sequence_lengths`` their lengths and
+    ``continuation_lengths`` how many tokens at the end of each are the continuation; the
+    prediction is the choice whose continuation tokens have the largest summed
+    log-likelihood, and ``choice_token_ids`` is empty."""
 
     input_ids: np.ndarray  # int32, shape (T,)
     choice_token_ids: np.ndarray  # int32, shape (K,)
     answer_index: int
+    sequence_lengths: np.ndarray | None = None  # int32, shape (K,)
+    continuation_lengths: np.ndarray | None = None  # int32, shape (K,)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -603,6 +619,70 @@ def _choice_examples(encoded: datasets.Dataset, source: DataSource, sequence_len
     ]
 
 
+def _continuation_pairs(
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource
+) -> list[list[tuple[list[int], list[int]]]]:
+    """Each lm-eval row's (context ids, continuation ids) per choice, encoded as lm-eval encodes them."""
+    from dynamics.data.lm_eval_tasks import encode_pairs
+
+    contexts = [c for row in rows for c in row["contexts"]]
+    continuations = [c for row in rows for c in row["continuations"]]
+    encoded = encode_pairs(tokenizer, contexts, continuations)
+    pairs, start = [], 0
+    for row in rows:
+        pairs.append(encoded[start : start + len(row["contexts"])])
+        start += len(row["contexts"])
+    return pairs
+
+
+def _continuation_questions(
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource
+) -> dict[str, list[Any]]:
+    """Each lm-eval row's K token sequences, their continuations' lengths and its answer."""
+    pairs = _continuation_pairs(rows, tokenizer, source)
+    return {
+        "sequences": [[context + continuation for context, continuation in row] for row in pairs],
+        "continuation_lengths": [[len(continuation) for _, continuation in row] for row in pairs],
+        "answer_index": [int(row["answer"]) for row in rows],
+    }
+
+
+def _continuation_documents(
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource
+) -> list[LMExample]:
+    """Each lm-eval row's correct choice: its context, then its continuation carrying the loss."""
+    pairs = _continuation_pairs(rows, tokenizer, source)
+    return [_masked(*row_pairs[int(row["answer"])]) for row, row_pairs in zip(rows, pairs, strict=True)]
+
+
+def _continuation_examples(
+    encoded: datasets.Dataset, source: DataSource, sequence_length: int
+) -> list[ChoiceExample]:
+    """Tokenized lm-eval questions as examples; a sequence longer than ``sequence_length``
+    keeps its last tokens (lm-eval cuts its model's max_length the same way)."""
+    examples = []
+    for index, (sequences, lengths, answer) in enumerate(
+        zip(encoded["sequences"], encoded["continuation_lengths"], encoded["answer_index"], strict=True)
+    ):
+        if max(lengths) >= sequence_length:
+            raise DataError(
+                f"{source.description}, question {index}: a continuation of {max(lengths)} tokens does not fit "
+                f"after a context within sequence_length={sequence_length}; raise sequence_length "
+                "(training.sequence_length in a run config)"
+            )
+        kept = [np.asarray(ids[-sequence_length:], dtype=np.int32) for ids in sequences]
+        examples.append(
+            ChoiceExample(
+                input_ids=np.concatenate(kept),
+                choice_token_ids=np.zeros(0, dtype=np.int32),
+                answer_index=int(answer),
+                sequence_lengths=np.asarray([len(ids) for ids in kept], dtype=np.int32),
+                continuation_lengths=np.asarray(lengths, dtype=np.int32),
+            )
+        )
+    return examples
+
+
 def _question(row: Mapping[str, Any], index: int, source: DataSource) -> tuple[str, list[str], int]:
     """A row's question, its choices (shuffled when ``source.shuffle_choices``) and the index
     of the correct one among them."""
@@ -683,6 +763,13 @@ _CHOICE_FEATURES = datasets.Features(
         "answer_index": datasets.Value("int32"),
     }
 )
+_CONTINUATION_FEATURES = datasets.Features(
+    {
+        "sequences": datasets.Sequence(datasets.Sequence(datasets.Value("int32"))),
+        "continuation_lengths": datasets.Sequence(datasets.Value("int32")),
+        "answer_index": datasets.Value("int32"),
+    }
+)
 
 
 def _encode_batch(
@@ -696,9 +783,13 @@ def _encode_batch(
     ``version``, ``TOKENIZATION_VERSION``, only keys the cache)."""
     rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
     start = indices[0] if indices else 0
+    if source.lm_eval_task is not None and source.metric == "accuracy":
+        return _continuation_questions(rows, tokenizer, source)
     if source.format == "multiple_choice" and source.metric == "accuracy":
         return _choice_questions(rows, tokenizer, source, start)
-    if source.format == "multiple_choice":
+    if source.lm_eval_task is not None:
+        documents = _continuation_documents(rows, tokenizer, source)
+    elif source.format == "multiple_choice":
         documents = _choice_loss_documents(rows, tokenizer, source, start)
     elif source.format == "text":
         documents = _text_documents(rows, tokenizer, source, start)
@@ -721,6 +812,9 @@ def tokenize_rows(
     reads the tokens instead of tokenizing again. Rows in memory are tokenized in memory.
     """
     choice = source.format == "multiple_choice" and source.metric == "accuracy"
+    features = _CHOICE_FEATURES if choice else _LM_FEATURES
+    if choice and source.lm_eval_task is not None:
+        features = _CONTINUATION_FEATURES
     return rows.map(
         _encode_batch,
         batched=True,
@@ -733,7 +827,7 @@ def tokenize_rows(
             "version": TOKENIZATION_VERSION,
         },
         remove_columns=rows.column_names,
-        features=_CHOICE_FEATURES if choice else _LM_FEATURES,
+        features=features,
         desc=f"tokenizing {source.name or 'rows'}",
     )
 
@@ -759,6 +853,8 @@ def build_examples(
         raise DataError(f"sequence_length={sequence_length}: must be >= 1")
     check_columns(rows, source)
     encoded = tokenize_rows(rows, tokenizer, source)
+    if source.lm_eval_task is not None and source.metric == "accuracy":
+        return _continuation_examples(encoded, source, sequence_length)
     if source.format == "multiple_choice" and source.metric == "accuracy":
         return _choice_examples(encoded, source, sequence_length)
     documents = [
@@ -767,6 +863,8 @@ def build_examples(
     ]
     # A question scored by loss stays one example, as one scored by accuracy does.
     pack = packing and source.format != "multiple_choice"
+    if source.lm_eval_task is not None:
+        source = dataclasses.replace(source, truncation_side="left")  # a long context keeps its continuation
     examples = (
         _pack(documents, sequence_length, per_document=packing == "per-document")
         if pack

@@ -211,18 +211,31 @@ class DataSource:
     tokenizers): ``left`` keeps the response and the end of a long prompt (a document before
     a short question and answer) and the prompt's leading special tokens (BOS), ``right``
     keeps the start."""
+    lm_eval_task: str | None = None
+    """An lm-evaluation-harness multiple-choice task whose documents are the rows, built by
+    the task's own code (``lm_eval_tasks``; ``format`` is ``multiple_choice``): ``accuracy`` is
+    lm-eval's ``acc`` (the choice whose continuation is likeliest), ``loss`` the loss of the
+    correct choice's continuation after the task's context."""
+    lm_eval_include_path: str | None = None
+    """A folder of lm-eval task YAMLs searched for ``lm_eval_task`` (``TaskManager(include_path=)``)."""
     origin: str | None = field(default=None, compare=False, repr=False)
     """How messages name where the rows come from, when none of ``path``/``hub_id``/``rows``
     says it (``tokenize_rows`` leaves the in-memory rows out of its cache key but keeps
     their description)."""
 
     def __post_init__(self) -> None:
-        given = [name for name in ("path", "hub_id", "rows") if getattr(self, name) is not None]
+        given = [name for name in ("path", "hub_id", "rows", "lm_eval_task") if getattr(self, name) is not None]
         if len(given) > 1:
             raise DataError(
-                f"a DataSource reads one of path= (a local file or folder), hub_id= (a hub dataset id) "
-                f"or rows= (a datasets.Dataset); got {' and '.join(given)}"
+                f"a DataSource reads one of path= (a local file or folder), hub_id= (a hub dataset id), "
+                f"rows= (a datasets.Dataset) or lm_eval_task= (an lm-eval task); got {' and '.join(given)}"
             )
+        if self.lm_eval_task is not None and self.format != "multiple_choice":
+            raise DataError(
+                f"lm_eval_task={self.lm_eval_task!r} reads a multiple-choice task: set format='multiple_choice'"
+            )
+        if self.lm_eval_include_path is not None and self.lm_eval_task is None:
+            raise DataError("lm_eval_include_path is searched for lm_eval_task; set lm_eval_task= too")
         if self.rows is not None and not isinstance(self.rows, datasets.Dataset):
             raise DataError(f"rows= must be a datasets.Dataset, got {type(self.rows).__name__}")
         if self.format not in ROW_FORMATS:
@@ -298,6 +311,8 @@ class DataSource:
         """How error messages name this dataset."""
         if self.path is not None:
             where = f"file {self.path}" if Path(self.path).suffix else f"folder {self.path}"
+        elif self.lm_eval_task is not None:
+            where = f"lm-eval task {self.lm_eval_task}"
         elif self.hub_id is None:
             if self.rows is not None:
                 where = "rows in memory"
@@ -311,6 +326,8 @@ class DataSource:
     def required_columns(self, columns: list[str]) -> list[str]:
         """The columns this format needs, given the columns the rows actually have (an
         instruction dataset reads ``messages_column`` when present, else the pair)."""
+        if self.lm_eval_task is not None:
+            return ["contexts", "continuations", "answer"]  # what lm_eval_tasks.task_rows builds
         if self.format == "text":
             return [self.text_column]
         if self.format == "instruction":
@@ -363,6 +380,10 @@ def load_rows(
     """
     cache = None if cache_dir is None else str(cache_dir)
     check_path(source)
+    if source.lm_eval_task is not None:
+        from dynamics.data.lm_eval_tasks import task_rows
+
+        return task_rows(source)
     if source.rows is not None:
         loaded = source.rows
     elif source.path is None and source.hub_id is None:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from dynamics.data.formatting import IGNORE_INDEX, ChoiceExample, LMExample
+from dynamics.engine.continuations import collate_continuations
 
 Batch = dict[str, torch.Tensor]
 Metric = Literal["loss", "accuracy"]
@@ -72,7 +73,10 @@ def model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 
 
 def collate_choice(examples: Sequence[ChoiceExample], pad_id: int) -> Batch:
-    """Right-padded multiple-choice batch (see the module docstring for the choice columns)."""
+    """Right-padded multiple-choice batch (see the module docstring for the choice columns);
+    questions of an lm-eval task are collated by ``continuations.collate_continuations``."""
+    if examples[0].sequence_lengths is not None:
+        return collate_continuations(examples, pad_id)
     input_ids, attention_mask = _right_pad([e.input_ids for e in examples], pad_id)
     num_choices = max(len(e.choice_token_ids) for e in examples)
     choices = np.empty((len(examples), num_choices), dtype=np.int64)

@@ -378,6 +378,20 @@ class DatasetConfig(_Section):
         description="Literal strings removed from every string column of each row, e.g. a tokenizer's control "
         "token written into the data ('<|endoftext|>').",
     )
+    lm_eval_task: str | None = Field(
+        None,
+        min_length=1,
+        description="An lm-evaluation-harness multiple-choice task (e.g. tinyMMLU) whose documents are the rows, "
+        "built by the task's own prompts, choices, answers, few-shot setting and split (instead of path or "
+        "hub_id; needs the extra lm-eval). metric accuracy is lm-eval's acc (the choice whose continuation is "
+        "likeliest; constraints only), loss the loss of the correct choice's continuation (any role). "
+        "docs/lm-eval.md.",
+    )
+    lm_eval_include_path: str | None = Field(
+        None,
+        min_length=1,
+        description="A folder of lm-eval task YAMLs searched for lm_eval_task (a task over local files).",
+    )
 
     @field_validator("eval_size", "test_size", mode="before")
     @classmethod
@@ -411,9 +425,11 @@ class DatasetConfig(_Section):
         unknown = sorted(set(self.columns) - set(COLUMN_KEYS))
         if unknown:
             raise ValueError(f"dataset {self.name!r}: unknown columns keys {unknown}; use {list(COLUMN_KEYS)}")
-        if self.metric == "accuracy" and self.format != "multiple_choice":
+        if self.lm_eval_task is not None or self.lm_eval_include_path is not None:
+            self._check_lm_eval()
+        elif self.metric == "accuracy" and self.format != "multiple_choice":
             raise ValueError(f"dataset {self.name!r}: metric 'accuracy' needs format 'multiple_choice'")
-        if self.format == "multiple_choice" and self.role != "constraint":
+        if self.format == "multiple_choice" and self.role != "constraint" and self.lm_eval_task is None:
             raise ValueError(
                 f"dataset {self.name!r}: multiple-choice data is evaluated only (by accuracy or by the loss "
                 "of the correct answer) and can only be a constraint: set role: constraint"
@@ -435,6 +451,25 @@ class DatasetConfig(_Section):
             raise ValueError(f"dataset {self.name!r}: {err}") from None
         return self
 
+    def _check_lm_eval(self) -> None:
+        if self.lm_eval_task is None:
+            raise ValueError(f"dataset {self.name!r}: lm_eval_include_path is searched for lm_eval_task; set lm_eval_task")
+        fields = ("path", "hub_id", "config_name", "revision", "data_files", "stream_rows")
+        given = [f for f in fields if getattr(self, f) is not None]
+        given += [f for f in ("columns", "fields", "drop_empty", "strip_strings", "shuffle_choices") if getattr(self, f)]
+        given += ["format"] if "format" in self.model_fields_set and self.format != "multiple_choice" else []
+        if given:
+            raise ValueError(
+                f"dataset {self.name!r}: lm_eval_task {self.lm_eval_task!r} builds its rows with the task's own "
+                f"split, prompts and choices; remove {', '.join(given)}"
+            )
+        if self.metric == "accuracy" and self.role != "constraint":
+            raise ValueError(
+                f"dataset {self.name!r}: accuracy on lm_eval_task {self.lm_eval_task!r} is evaluated only and "
+                "can only be a constraint: set role: constraint, or metric: loss to train on the correct "
+                "continuations"
+            )
+
     def data_source(self, rows: datasets.Dataset | None = None) -> DataSource:
         """The data layer's spec of this dataset, reading ``rows`` (in memory) when given
         instead of its path or hub id. Constraint domains are evaluation-only, so their rows
@@ -443,6 +478,8 @@ class DatasetConfig(_Section):
             rows_source = {"path": None, "hub_id": None, "rows": rows}
         else:
             rows_source = {"path": self.path, "hub_id": self.hub_id}
+        if self.lm_eval_task is not None:
+            rows_source = {"lm_eval_task": self.lm_eval_task, "lm_eval_include_path": self.lm_eval_include_path}
         default_held_out = 0.5 if self.role == "constraint" else 0.1
         columns = {f"{key}_column": value for key, value in self.columns.items()}
         return DataSource(
@@ -452,7 +489,7 @@ class DatasetConfig(_Section):
             **rows_source,
             config_name=self.config_name,
             split=self.split,
-            format=self.format,
+            format="multiple_choice" if self.lm_eval_task is not None else self.format,
             budget=self.budget,
             eval_size=default_held_out if self.eval_size is None else self.eval_size,
             test_size=default_held_out if self.test_size is None else self.test_size,

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from dynamics.data.formatting import IGNORE_INDEX
 from dynamics.engine.batches import model_inputs
+from dynamics.engine.continuations import continuation_scores
 from dynamics.engine.data_contracts import Batch
 
 
@@ -59,7 +60,10 @@ def training_loss(model: nn.Module, batch: Batch, accelerator: Accelerator) -> T
 
 def choice_logits(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
     """Logits of the K choice letters at each prompt's last real token, shape (B, K)
-    (letter-restricted scoring, appendix M). Prompts are right-padded."""
+    (letter-restricted scoring, appendix M). Prompts are right-padded. A batch of lm-eval
+    questions (``choice_rows``) is scored by each choice's continuation log-likelihood instead."""
+    if "choice_rows" in batch:
+        return continuation_scores(model, batch)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     last = batch["attention_mask"].sum(dim=1) - 1
     next_token_logits = logits[torch.arange(logits.shape[0], device=logits.device), last]

@@ -91,7 +91,7 @@ def check_sources(config: RunConfig, data: Mapping[str, Any]) -> None:
         raise RunSetupError(f"data= names {unknown}, which are not datasets of the config ({names})")
     for dataset in config.datasets:
         rows = data.get(dataset.name)
-        if rows is None and dataset.path is None and dataset.hub_id is None:
+        if rows is None and dataset.path is None and dataset.hub_id is None and dataset.lm_eval_task is None:
             raise DataError(
                 f"dataset {dataset.name!r} has no path or hub_id: set one of them (or, from Python, pass its "
                 f"rows: dynamics.run(config, data={{{dataset.name!r}: rows}}))"

@@ -1,0 +1,78 @@
+"""Multiple-choice questions scored by continuation, as lm-evaluation-harness scores ``acc``.
+
+A question of an lm-eval task (a ``ChoiceExample`` with ``sequence_lengths``) is K token
+sequences, a context followed by one choice's continuation each. lm-eval's ``acc`` picks
+the choice whose continuation tokens have the largest summed log-likelihood
+(``np.argmax`` of the per-choice sums, so the first of equal ones); the scores here are
+those sums, and the learner's argmax over them (``torch.argmax`` also returns the first
+maximum) is lm-eval's prediction.
+
+Public API:
+
+- ``collate_continuations(examples, pad_id) -> dict``: the batch's choice sequences as
+  rows: ``input_ids``, ``attention_mask`` and ``labels`` (R, T), right-padded, the labels
+  ``-100`` except on each row's continuation; ``choice_rows`` (B, K) long, the row of each
+  question's choice k (-1 where a question has fewer than K choices); ``answer_index`` (B,).
+- ``continuation_scores(model, batch) -> Tensor``: (B, K) summed log-likelihood of each
+  choice's continuation (float32; ``-inf`` for the missing choices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dynamics.data.formatting import IGNORE_INDEX, ChoiceExample
+
+
+def collate_continuations(examples: Sequence[ChoiceExample], pad_id: int) -> dict[str, Tensor]:
+    """Right-padded rows of every choice of every question (see the module docstring)."""
+    sequences: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
+    width = max(len(e.sequence_lengths) for e in examples if e.sequence_lengths is not None)
+    choice_rows = np.full((len(examples), width), -1, dtype=np.int64)
+    for b, example in enumerate(examples):
+        if example.sequence_lengths is None or example.continuation_lengths is None:
+            raise ValueError("a batch mixes questions scored by letter and by continuation")
+        ends = np.cumsum(example.sequence_lengths)
+        for k, (end, length, continuation) in enumerate(
+            zip(ends, example.sequence_lengths, example.continuation_lengths, strict=True)
+        ):
+            ids = example.input_ids[end - length : end]
+            label = np.full(len(ids), IGNORE_INDEX, dtype=np.int64)
+            label[len(ids) - continuation :] = ids[len(ids) - continuation :]
+            choice_rows[b, k] = len(sequences)
+            sequences.append(ids)
+            labels.append(label)
+    longest = max(len(ids) for ids in sequences)
+    input_ids = np.full((len(sequences), longest), pad_id, dtype=np.int64)
+    padded_labels = np.full((len(sequences), longest), IGNORE_INDEX, dtype=np.int64)
+    mask = np.zeros((len(sequences), longest), dtype=np.int64)
+    for r, (ids, label) in enumerate(zip(sequences, labels, strict=True)):
+        input_ids[r, : len(ids)] = ids
+        padded_labels[r, : len(ids)] = label
+        mask[r, : len(ids)] = 1
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "attention_mask": torch.from_numpy(mask),
+        "labels": torch.from_numpy(padded_labels),
+        "choice_rows": torch.from_numpy(choice_rows),
+        "answer_index": torch.tensor([e.answer_index for e in examples], dtype=torch.long),
+    }
+
+
+def continuation_scores(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+    """(B, K) summed log-likelihood of each choice's continuation tokens (-inf where a
+    question has no choice k)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    targets = batch["labels"][:, 1:]
+    log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)
+    token_scores = log_probs.gather(2, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    row_scores = torch.where(targets != IGNORE_INDEX, token_scores, 0.0).sum(dim=1)
+    rows = batch["choice_rows"]
+    scores = row_scores[rows.clamp(min=0)]
+    return torch.where(rows >= 0, scores, torch.full_like(scores, -torch.inf))
