@@ -24,6 +24,7 @@ def test_every_command_builds_its_parser():
             "solve": ["x.json"], "run": ["c.yaml"], "report": ["r"], "scenarios": ["list"],
             "sweep": ["s.yaml", "--out", "o"],
             "push": ["r", "my-org/my-model"],
+            "eval": ["r", "--tasks", "t"],
         }.get(name, [])
         assert parser.parse_known_args([name, *args])[0].command == name
 

@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "run": "dynamics.commands.run",
     "sweep": "dynamics.commands.sweep",
     "report": "dynamics.commands.report",
+    "eval": "dynamics.commands.eval",
     "push": "dynamics.commands.push",
     "demo": "dynamics.commands.demo",
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dynamics.report.lm_eval import lm_eval_table, read_lm_eval
 from dynamics.runs.rundir import RunRecords
 
 
@@ -74,4 +75,7 @@ def run_report(records: RunRecords) -> str:
             "mean |realized - predicted| at the next update: "
             + ", ".join(f"{k} {v:.4f}" for k, v in errors.items())
         )
+    harness = read_lm_eval(records.path)
+    if harness is not None:
+        lines += ["", *lm_eval_table(harness)]
     return "\n".join(lines)
