@@ -292,7 +292,7 @@ class HFLearner:
         """Algorithm 1's probe: ``steps`` optimizer steps on dataset ``dataset`` alone, its
         batches drawn from the dataset's own probe stream, so probing never changes the
         main run's data order and each update probes on fresh batches."""
-        self._check_dataset(dataset)
+        _check_dataset(dataset, len(self._dataset_names))
         self._steps.take(
             steps, lambda: (dataset, self.sampler.probe_batch(dataset)), self._training_loss, probing=True
         )
@@ -350,7 +350,8 @@ class HFLearner:
             self.restore(snapshot)
             return ProbeRuns(evaluations, seconds, [list(range(world)) for _ in range(count)])
         mine = list(range(self.accelerator.process_index, count, world))
-        local, local_seconds = probe_in_turn(LoneProbes(self), mine, checkpoints, num_batches, snapshot)
+        lone = LoneProbes(self, self._steps, self._evaluator)
+        local, local_seconds = probe_in_turn(lone, mine, checkpoints, num_batches, snapshot)
         self.restore(snapshot)
         return self._shared_probe_runs(mine, local, local_seconds)
 
@@ -421,10 +422,6 @@ class HFLearner:
         through this method."""
         return training_loss(self.model, batch, self.accelerator)
 
-    def _check_dataset(self, dataset: int) -> None:
-        if not 0 <= dataset < len(self._dataset_names):
-            raise ValueError(f"dataset index {dataset} outside [0, {len(self._dataset_names) - 1}]")
-
 
 class LoneProbes:
     """The learner as one process sees it while it probes its own datasets on its own
@@ -432,8 +429,10 @@ class LoneProbes:
     batch in this process, and ``evaluate`` evaluates every batch itself; neither
     exchanges anything with the other processes. It never trains the main run."""
 
-    def __init__(self, learner: HFLearner) -> None:
+    def __init__(self, learner: HFLearner, steps: OptimizerSteps, evaluator: Evaluator) -> None:
         self._learner = learner
+        self._steps = steps
+        self._evaluator = evaluator
 
     @property
     def dataset_names(self) -> list[str]:
@@ -448,14 +447,12 @@ class LoneProbes:
         return self._learner.domain_kinds
 
     def probe(self, steps: int, dataset: int) -> None:
-        learner = self._learner
-        learner._check_dataset(dataset)
-        sampler = cast(SlicingSampler, learner.sampler)
-        learner._steps.take_alone(steps, lambda: (dataset, sampler.probe_slices(dataset)))
+        _check_dataset(dataset, len(self._learner.dataset_names))
+        sampler = cast(SlicingSampler, self._learner.sampler)
+        self._steps.take_alone(steps, lambda: (dataset, sampler.probe_slices(dataset)))
 
     def evaluate(self, split: str, num_batches: int | None = None) -> Evaluation:
-        learner = self._learner
-        return learner._evaluator.evaluate(learner.domains, split, num_batches, alone=True)
+        return self._evaluator.evaluate(self._learner.domains, split, num_batches, alone=True)
 
     def train(self, steps: int, weights: np.ndarray) -> NoReturn:
         raise TypeError("a process probing on its own does not train the main run")
@@ -466,3 +463,7 @@ class LoneProbes:
     def restore(self, snapshot: TrainingSnapshot) -> None:
         self._learner.restore(snapshot)
 
+
+def _check_dataset(dataset: int, count: int) -> None:
+    if not 0 <= dataset < count:
+        raise ValueError(f"dataset index {dataset} outside [0, {count - 1}]")
