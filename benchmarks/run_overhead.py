@@ -43,8 +43,9 @@ from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer  # noqa: E402
 
 from dynamics.core.cost import CostModel, relative_cost  # noqa: E402
 from dynamics.core.schedules import build_schedule  # noqa: E402
+from dynamics.engine.components import build_run  # noqa: E402
 from dynamics.engine.config import RunConfig  # noqa: E402
-from dynamics.engine.run import build_run, run  # noqa: E402
+from dynamics.engine.run import run  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
-from dynamics.core.controller import evaluation_steps, run_mixture_training
+from dynamics.core.controller import SavedLoop, evaluation_steps, run_mixture_training
 from dynamics.core.policies import DynamicsPolicy, FixedWeightsPolicy
 from dynamics.core.schedules import build_schedule
 from tests.core.toy_learner import ToyLearner
@@ -227,12 +229,12 @@ def test_backtracking_returns_to_the_exact_feasible_state_and_keeps_the_constrai
     later_refs = [ref[1] for s, _, ref in policy.states if s >= first["to_step"]][-1]
     assert later_refs <= policy.states[0][2][1] - first["violations"]["e1"] + 1e-12
     # The learner trained the kept updates' steps only: abandoned branches were rolled back.
-    kept = [u for u in history.updates if not u.extra.get("abandoned")]
+    kept = [u for u in history.updates if not u.abandoned]
     ends = [u.step for u in kept[1:]] + [96]  # an update cut short by a backtrack ends early
     steps = sum((end - u.step) * u.weights for u, end in zip(kept, ends, strict=True))
     np.testing.assert_allclose(learner.steps_per_dataset, steps, atol=1e-9)
     assert learner.trained_steps == 96
-    assert any("backtrack" in u.extra for u in kept)
+    assert any(u.backtrack is not None for u in kept)
 
 
 def test_backtracking_stops_after_max_backtracks():
@@ -283,9 +285,10 @@ def test_a_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(crash_afte
 
     saved = {}
 
-    def save(state):
-        # What the engine writes to disk: the loop's state and the learner's, at this point.
-        saved["loop"] = copy.deepcopy(state)
+    def save(controller):
+        # What the engine writes to disk: the loop's state (through JSON, as in a resume
+        # point) and the learner's, at this point.
+        saved["loop"] = SavedLoop(json.loads(json.dumps(controller.state_dict())), copy.deepcopy(controller.feasible_snapshot))
         saved["learner"] = learner_a.snapshot()
 
     def crash(steps, step_now):
@@ -298,7 +301,7 @@ def test_a_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(crash_afte
             learner_a, policy_a, checkpoint_steps=checkpoints,
             callbacks=LoopCallbacks(on_train=crash, on_checkpoint=save), **kwargs,
         )
-    assert saved["loop"].step <= crash_after
+    assert saved["loop"].state["step"] <= crash_after
     learner_b, policy_b = fresh()
     learner_b.restore(saved["learner"])
     resumed = run_mixture_training(learner_b, policy_b, checkpoint_steps=checkpoints, resume=saved["loop"], **kwargs)
@@ -307,7 +310,6 @@ def test_a_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(crash_afte
 
 
 def test_resume_refuses_a_changed_schedule():
-    import copy
 
     from dynamics.core.controller import LoopCallbacks
 
@@ -316,9 +318,9 @@ def test_resume_refuses_a_changed_schedule():
     run_mixture_training(
         learner, DynamicsPolicy(build_schedule([0, 32], 64)), targets=[0], constraints=[1, 2],
         eval_interval=16, reduced_batches=4, checkpoint_steps=[16],
-        callbacks=LoopCallbacks(on_checkpoint=lambda state: saved.append(copy.deepcopy(state))),
+        callbacks=LoopCallbacks(on_checkpoint=lambda controller: saved.append(SavedLoop(controller.state_dict()))),
     )
-    assert [state.step for state in saved] == [16]
+    assert [point.state["step"] for point in saved] == [16]
     with pytest.raises(ValueError, match="checkpoint interval changed"):
         run_mixture_training(
             ToyLearner(SLOPES, INITIAL), DynamicsPolicy(build_schedule([0, 32], 64)), targets=[0],

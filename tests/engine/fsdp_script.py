@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
+from dynamics.engine.components import RankSlicedSampler, RunData, build_data
 from dynamics.engine.config import RunConfig
 from dynamics.engine.learner import HFLearner, load_snapshot, save_snapshot
 from dynamics.engine.model import (
@@ -33,7 +34,6 @@ from dynamics.engine.model import (
     prepare_model,
     trainable_parameters,
 )
-from dynamics.engine.run import RankSlicedSampler, RunData, build_data
 from dynamics.engine.sampler import MixtureSampler
 
 

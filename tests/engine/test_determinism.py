@@ -6,8 +6,9 @@ import json
 
 import torch
 
+from dynamics.engine.components import build_run
 from dynamics.engine.config import RunConfig
-from dynamics.engine.run import build_run, run
+from dynamics.engine.run import run
 from tests.engine.test_run import tiny_config
 
 

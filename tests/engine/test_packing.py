@@ -74,8 +74,8 @@ def test_documents_packed_per_document_score_as_unpacked(attention):
 def test_a_run_trains_on_blocks_packed_per_document(tokenizer_dir, tmp_path):
     import numpy as np
 
+    from dynamics.engine.components import build_run
     from dynamics.engine.config import RunConfig, apply_overrides
-    from dynamics.engine.run import build_run
     from tests.engine.test_run import tiny_config
 
     data = apply_overrides(tiny_config(tokenizer_dir, tmp_path / "run"), ["training.packing=per-document"])

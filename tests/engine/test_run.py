@@ -11,8 +11,9 @@ import yaml
 
 from dynamics.cli import main as cli_main
 from dynamics.core import metrics
+from dynamics.engine.components import build_run
 from dynamics.engine.config import RunConfig
-from dynamics.engine.run import build_run, run
+from dynamics.engine.run import run
 from dynamics.runs.rundir import read_run
 from tests.fixtures.tiny_tokenizer import FIXTURES
 
@@ -224,10 +225,10 @@ def test_under_sharding_every_rank_makes_rank_0s_gathering_calls_in_the_same_ord
     tokenizer_dir, tmp_path, monkeypatch
 ):
     """Under FSDP2 rank 0 gathers the whole model for each new best checkpoint and the whole
-    training state for each resume point, and the other ranks (ShardGathering) must make the
+    training state for each resume point, and the other ranks (ShardedSaves) must make the
     same collective calls in the same order, or the run hangs. Checked in one process: both
     sides follow one run (a feasible best, resume points, a backtrack) and log their calls."""
-    from dynamics.engine import run as run_module
+    from dynamics.engine import run_folder
     from dynamics.engine.learner import HFLearner
 
     calls: dict[str, list[str]] = {"rank 0": [], "other ranks": []}
@@ -237,18 +238,18 @@ def test_under_sharding_every_rank_makes_rank_0s_gathering_calls_in_the_same_ord
     monkeypatch.setattr(HFLearner, "whole_model_state", lambda self: calls[side[0]].append("model") or None)
 
     def both(name: str):
-        original = getattr(run_module.RunFolderWriter, name)
+        original = getattr(run_folder.RunFolderWriter, name)
 
         def call(self, *args):
             side[0] = "rank 0"
             original(self, *args)
             side[0] = "other ranks"
             if not hasattr(self, "gathering"):
-                self.gathering = run_module.ShardGathering(self.built)
+                self.gathering = run_folder.ShardedSaves(self.parts)
             getattr(self.gathering, name)(*args)
             side[0] = "rank 0"
 
-        monkeypatch.setattr(run_module.RunFolderWriter, name, call)
+        monkeypatch.setattr(run_folder.RunFolderWriter, name, call)
 
     both("on_evaluation")
     both("on_checkpoint")

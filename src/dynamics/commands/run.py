@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from dynamics.commands.scenarios import add_data_root_argument
@@ -94,6 +93,7 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(str(err)) from None
 
     from dynamics.data.loading import DataError
+    from dynamics.engine.launch import is_main_process
     from dynamics.engine.run import RunSetupError, run
     from dynamics.runs.rundir import SUMMARY_FILE, RunStopped
 
@@ -111,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
         # Not bad input: the run folder keeps what was trained and logged up to here.
         print(f"dynamics run: error: {err}", file=sys.stderr)
         return 1
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, once
+    if is_main_process():  # under torchrun, once
         keys = ("feasible", "constrained_ppl_reduction", "best_checkpoint", "wall_seconds")
         print(json.dumps({k: summary[k] for k in keys}, indent=2))
         print(f"run folder: {config.output_dir}")

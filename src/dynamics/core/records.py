@@ -12,6 +12,11 @@ from typing import Any
 import numpy as np
 
 
+def _array(values: Any) -> np.ndarray:
+    # JSON holds NaN as null (see _plain); a float array reads null back as NaN.
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
 def _plain(value: Any) -> Any:
     """Convert numpy values (recursively) to JSON-able Python; NaN becomes None."""
     if isinstance(value, np.ndarray):
@@ -42,6 +47,18 @@ class EvaluationRecord:
     def to_dict(self) -> dict[str, Any]:
         return _plain(asdict(self))
 
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> EvaluationRecord:
+        """The inverse of :meth:`to_dict`."""
+        return cls(
+            step=int(row["step"]),
+            eval=_array(row["eval"]),
+            test=_array(row["test"]),
+            weights=_array(row["weights"]),
+            wall_seconds=float(row["wall_seconds"]),
+            backtracked=bool(row["backtracked"]),
+        )
+
 
 @dataclass
 class UpdateRecord:
@@ -50,6 +67,9 @@ class UpdateRecord:
     ``realized_losses`` is filled at the next update (or at the end of training) with the
     reduced-evaluation losses actually reached, so prediction error can be measured as
     ``realized_losses - predicted_losses``.
+
+    The loop's own marks (``abandoned``, ``backtrack``, ``margins``) are stored in the run
+    folder beside the policy's details, under ``extra`` (docs/method.md lists its keys).
     """
 
     policy: str
@@ -66,7 +86,12 @@ class UpdateRecord:
     probe_seconds: float = 0.0
     dataset_probe_seconds: np.ndarray | None = None  # (N,) wall time of each dataset's probe
     probe_ranks: list[list[int]] | None = None  # per dataset, the processes that probed it
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # the policy's details (predictor, errors, ...)
+    abandoned: bool = False  # a later backtrack returned to a state before this update
+    backtrack: dict[str, Any] | None = None  # this update decides again after a backtrack: from, to, ...
+    margins: dict[str, float] | None = None  # the references' margins learned from past backtracks
+
+    _LOOP_MARKS = ("abandoned", "backtrack", "margins")
 
     @property
     def prediction_error(self) -> np.ndarray | None:
@@ -77,6 +102,42 @@ class UpdateRecord:
 
     def to_dict(self) -> dict[str, Any]:
         out = _plain(asdict(self))
+        marks = {name: out.pop(name) for name in self._LOOP_MARKS}
+        if marks["abandoned"]:
+            out["extra"]["abandoned"] = True
+        for name in ("backtrack", "margins"):
+            if marks[name] is not None:
+                out["extra"][name] = marks[name]
         error = self.prediction_error
         out["prediction_error"] = None if error is None else _plain(error)
         return out
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> UpdateRecord:
+        """The inverse of :meth:`to_dict`."""
+
+        def optional(key: str) -> np.ndarray | None:
+            return None if row.get(key) is None else _array(row[key])
+
+        slopes = row["slope_matrix"]
+        extra = dict(row["extra"])
+        return cls(
+            policy=row["policy"],
+            step=int(row["step"]),
+            horizon=int(row["horizon"]),
+            probe_budget=int(row["probe_budget"]),
+            weights=_array(row["weights"]),
+            current_losses=_array(row["current_losses"]),
+            recycled_anchor=bool(row["recycled_anchor"]),
+            slope_matrix=None if slopes is None else np.array([_array(r) for r in slopes]),
+            predicted_losses=optional("predicted_losses"),
+            solver=row["solver"],
+            realized_losses=optional("realized_losses"),
+            probe_seconds=float(row["probe_seconds"]),
+            dataset_probe_seconds=optional("dataset_probe_seconds"),
+            probe_ranks=row.get("probe_ranks"),
+            abandoned=bool(extra.pop("abandoned", False)),
+            backtrack=extra.pop("backtrack", None),
+            margins=extra.pop("margins", None),
+            extra=extra,
+        )

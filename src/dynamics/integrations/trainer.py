@@ -41,8 +41,6 @@ backtracking (a Trainer's step counter cannot be wound back); ``dataloader_num_w
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -61,28 +59,22 @@ from transformers import (
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from dynamics.core.controller import (
-    LoopCallbacks,
-    LoopState,
-    RunHistory,
-    TrainRequest,
-    mixture_training,
-)
+from dynamics.core.controller import Finished, LoopCallbacks, MixtureController, RunHistory
 from dynamics.core.records import EvaluationRecord, UpdateRecord
 from dynamics.engine import tracking
-from dynamics.engine.config import RunConfig
-from dynamics.engine.learner import BatchSampler, HFLearner
-from dynamics.engine.preflight import RunSetupError, check_sources, sharded_launch
-from dynamics.engine.run import (
+from dynamics.engine.components import (
     BroadcastPolicy,
-    BuiltRun,
     RankSlicedSampler,
-    RunFolderWriter,
+    RunComponents,
     build_data,
     build_policy,
-    check_same_config,
-    summarize,
 )
+from dynamics.engine.config import RunConfig
+from dynamics.engine.launch import process_rank, world_size
+from dynamics.engine.learner import BatchSampler, HFLearner
+from dynamics.engine.preflight import RunSetupError, check_sources, sharded_launch
+from dynamics.engine.run import check_same_config
+from dynamics.engine.run_folder import RunFolderWriter
 from dynamics.engine.sampler import MixtureSampler
 from dynamics.runs import rundir
 from dynamics.runs import state as run_state
@@ -191,9 +183,8 @@ class DynamicsCallback(TrainerCallback):
             )
         self.config = config
         self.tokenizer = tokenizer
-        # torchrun / accelerate launch set these before any process group exists.
-        self.world = world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
+        self.world = world = world_size()
+        rank = process_rank()
         check_sources(config, data or {})
         self.data = build_data(config, tokenizer, world, data)
         self.sampler = RankSlicedSampler(MixtureSampler(self.data.streams, seed=config.training.seed), rank, world)
@@ -208,11 +199,9 @@ class DynamicsCallback(TrainerCallback):
         self.policy = build_policy(config, self.data.dataset_names)
         self.history: RunHistory | None = None
         self.summary: dict[str, Any] | None = None
-        self._loop: Any = None
+        self._controller: MixtureController | None = None  # None once training ended
         self._remaining = 0
-        self._started = 0.0
-        self._train_seconds_before = 0.0
-        self._saved: LoopState | None = None  # the loop's state at the last checkpoint step
+        self._saved: dict[str, Any] | None = None  # the controller's state at the last checkpoint step
         self._log_values: dict[str, float] = {}  # the latest weights, slack and feasibility
 
     # --- Trainer events --------------------------------------------------------------
@@ -230,7 +219,7 @@ class DynamicsCallback(TrainerCallback):
         if model is None or optimizer is None or lr_scheduler is None:
             raise RunSetupError("DynamicsCallback needs the Trainer's model, optimizer and LR scheduler at train begin")
         self._check_trainer(args, state)
-        self._started = time.perf_counter()
+        started = time.perf_counter()
         # Shares the process state of the Trainer's accelerator (device, distributed setup).
         accelerator = Accelerator(cpu=not torch.cuda.is_available() or args.use_cpu)
         # Every rank probes (its share of the datasets, or all of them together) and adopts
@@ -250,7 +239,7 @@ class DynamicsCallback(TrainerCallback):
             max_skipped_steps=self.config.training.max_skipped_steps,
         )
         learner.split_probes = self.config.training.split_probes
-        self._built = BuiltRun(
+        parts = RunComponents(
             config=self.config,
             accelerator=accelerator,
             tokenizer=self.tokenizer,
@@ -262,15 +251,17 @@ class DynamicsCallback(TrainerCallback):
             domain_metrics=self.data.domain_metrics,
         )
         out = Path(self.config.output_dir)
-        resume: LoopState | None = None
         if state.global_step == 0 and self._main:
             rundir.check_run_dir(out, allow=[self._trainer_dir(args)])  # the Trainer's own folder may sit inside
             out.mkdir(parents=True, exist_ok=True)
             rundir.atomic_write_text(out / rundir.CONFIG_FILE, self.config.to_yaml())
-        self._writer = RunFolderWriter(self._built, out, progress=False)
-        if state.global_step > 0:
-            resume = self._resume(args, state, out)
-        self._loop = mixture_training(
+        self._writer = RunFolderWriter(
+            parts,
+            out,
+            progress=False,
+            resume_how="trainer.train(resume_from_checkpoint=True) with a DynamicsCallback built from the same config",
+        )
+        self._controller = MixtureController(
             learner,
             policy,
             targets=self.data.targets,
@@ -279,14 +270,16 @@ class DynamicsCallback(TrainerCallback):
             reduced_batches=self.config.evaluation.reduced_batches,
             callbacks=LoopCallbacks(self._on_evaluation, self._on_update, on_checkpoint=self._keep_loop_state),
             checkpoint_steps=self._checkpoint_steps(args, state),
-            resume=resume,
         )
+        if state.global_step > 0:
+            self._resume(args, state)
+        self._writer.train_started = started
         self._advance()
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self._loop is None:
+        if self._controller is None:
             return
         expected = state.global_step * args.gradient_accumulation_steps
         if self.source.drawn != expected:
@@ -305,24 +298,14 @@ class DynamicsCallback(TrainerCallback):
     ) -> None:
         """Put the mixture's state into the checkpoint the Trainer just wrote."""
         saved = self._saved
-        if not self._main or saved is None or saved.step != state.global_step:
+        if not self._main or saved is None or saved["step"] != state.global_step:
             return  # not a step the loop stopped at (the final one, or save_strategy "best")
-        checkpoint = self._checkpoint(args, state)
-        train_seconds = self._train_seconds_before + time.perf_counter() - self._started
-        out = Path(self.config.output_dir)
-
-        def write(folder: Path) -> None:
-            loop = {
-                **run_state.loop_state_to_dict(saved, None),
-                "train_seconds": train_seconds,
-                "sampler": self.sampler.state_dict(),
-                "drawn": self.source.drawn,
-            }
-            (folder / run_state.LOOP_FILE).write_text(json.dumps(loop, allow_nan=False))
-            (folder / rundir.CONFIG_FILE).write_text(self.config.to_yaml())
-            run_state.save_best_copy(out, folder)
-
-        run_state.write_resume_point(checkpoint, state.global_step, write, name=STATE_DIR)
+        self._writer.save_resume_point(
+            saved,
+            self._checkpoint(args, state),
+            STATE_DIR,
+            extra={"sampler": self.sampler.state_dict(), "drawn": self.source.drawn},
+        )
 
     def on_log(
         self,
@@ -371,8 +354,8 @@ class DynamicsCallback(TrainerCallback):
         """The checkpoint folder the Trainer writes (or resumes) at this step."""
         return cls._trainer_dir(args) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
 
-    def _keep_loop_state(self, saved: LoopState) -> None:
-        self._saved = saved
+    def _keep_loop_state(self, controller: MixtureController) -> None:
+        self._saved = controller.state_dict()
 
     @staticmethod
     def _checkpoint_steps(args: TrainingArguments, state: TrainerState) -> list[int]:
@@ -382,9 +365,11 @@ class DynamicsCallback(TrainerCallback):
             return []
         return list(range(int(state.save_steps), int(state.max_steps), int(state.save_steps)))
 
-    def _resume(self, args: TrainingArguments, state: TrainerState, out: Path) -> LoopState:
-        """The loop's state from the Trainer checkpoint being resumed (the Trainer restores
-        the model, optimizer, scheduler and RNG itself)."""
+    def _resume(self, args: TrainingArguments, state: TrainerState) -> None:
+        """Put the controller, the data and the run folder back where the Trainer checkpoint
+        being resumed stands (the Trainer restores the model, optimizer, scheduler and RNG
+        itself)."""
+        assert self._controller is not None
         checkpoint = self._checkpoint(args, state)
         point = checkpoint / STATE_DIR
         if run_state.find_resume_point(checkpoint, name=STATE_DIR) is None:
@@ -395,37 +380,22 @@ class DynamicsCallback(TrainerCallback):
             )
         check_same_config(self.config, point, how="building the callback from it")
         saved = run_state.read_loop_file(point)
-        loop_state = run_state.loop_state_from_dict(saved, lambda name: None)
+        self._controller.load_state_dict(saved["loop"])  # no backtracking here: no feasible snapshot
         self.sampler.load_state_dict(saved["sampler"])
         self.source.drawn = int(saved["drawn"])
-        self._train_seconds_before = float(saved["train_seconds"])
-        if self._main:
-            self._writer.resume(loop_state, point)
-        return loop_state
+        self._writer.resume(self._controller.history, self._controller.step, saved, point)
 
     def _advance(self) -> None:
         """Run the loop to its next training stretch (evaluating and updating on the way)."""
-        try:
-            request: TrainRequest = next(self._loop)
-        except StopIteration as finished:
-            self._loop = None
-            self._finish(finished.value)
+        assert self._controller is not None
+        request = self._controller.next()
+        if isinstance(request, Finished):
+            self._controller = None
+            self.history = request.history
+            self.summary = self._writer.finish(request.history, self._writer.train_seconds(), {"trainer": True})
             return
         self.source.set_weights(request.weights)
         self._remaining = request.steps
-
-    def _finish(self, history: RunHistory) -> None:
-        self.history = history
-        train_seconds = self._train_seconds_before + time.perf_counter() - self._started
-        summary = summarize(self._built, history, train_seconds)
-        summary["train_seconds"] = train_seconds
-        summary["resumed_at"] = []  # resuming a Trainer keeps no list of its sessions
-        summary["skipped_steps"] = []
-        summary["trainer"] = True
-        if self._main:
-            self._writer.write_updates(history)
-            rundir.write_json(Path(self.config.output_dir) / rundir.SUMMARY_FILE, summary)
-        self.summary = summary
 
     def _check_trainer(self, args: TrainingArguments, state: TrainerState) -> None:
         training = self.config.training
@@ -454,9 +424,8 @@ class DynamicsCallback(TrainerCallback):
         sharded = f"launched under {launched}" if launched else "TrainingArguments.fsdp or deepspeed"
         if launched or args.fsdp or args.deepspeed:
             problems.append(
-                f"sharded training ({sharded}) is not supported by DynamicsCallback: saving its run folder "
-                "from shards has never run under a Trainer; train with plain data parallelism, or with "
-                "dynamics run under FSDP2"
+                f"sharded training ({sharded}) is not supported by DynamicsCallback: it saves its run folder "
+                "from whole tensors only; train with plain data parallelism, or with dynamics run under FSDP2"
             )
         if args.dataloader_num_workers:
             problems.append(

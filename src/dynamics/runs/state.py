@@ -30,10 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from dynamics.core.controller import LoopState, RunHistory
-from dynamics.core.records import EvaluationRecord, UpdateRecord
 from dynamics.runs.rundir import (
     CHECKPOINT_DIR,
     CONTROLLER_FILE,
@@ -218,124 +214,10 @@ def restore_best_copy(run_folder: Path, resume_point: Path) -> None:
         shutil.rmtree(best)
 
 
-# --- the loop's state as JSON ---------------------------------------------------------
-
-
-def _array(values: Any) -> np.ndarray:
-    # JSON holds NaN as null (records._plain); a float array reads null back as NaN.
-    return np.array([np.nan if v is None else v for v in values], dtype=float)
-
-
-def evaluation_from_dict(row: dict[str, Any]) -> EvaluationRecord:
-    return EvaluationRecord(
-        step=int(row["step"]),
-        eval=_array(row["eval"]),
-        test=_array(row["test"]),
-        weights=_array(row["weights"]),
-        wall_seconds=float(row["wall_seconds"]),
-        backtracked=bool(row["backtracked"]),
-    )
-
-
-def update_from_dict(row: dict[str, Any]) -> UpdateRecord:
-    def optional(key: str) -> np.ndarray | None:
-        return None if row[key] is None else _array(row[key])
-
-    slopes = row["slope_matrix"]
-    return UpdateRecord(
-        policy=row["policy"],
-        step=int(row["step"]),
-        horizon=int(row["horizon"]),
-        probe_budget=int(row["probe_budget"]),
-        weights=_array(row["weights"]),
-        current_losses=_array(row["current_losses"]),
-        recycled_anchor=bool(row["recycled_anchor"]),
-        slope_matrix=None if slopes is None else np.array([_array(r) for r in slopes]),
-        predicted_losses=optional("predicted_losses"),
-        solver=row["solver"],
-        realized_losses=optional("realized_losses"),
-        probe_seconds=float(row["probe_seconds"]),
-        dataset_probe_seconds=optional("dataset_probe_seconds") if "dataset_probe_seconds" in row else None,
-        probe_ranks=row.get("probe_ranks"),
-        extra=row["extra"],
-    )
-
-
-def loop_state_to_dict(state: LoopState, feasible_snapshot: str | None) -> dict[str, Any]:
-    """``state`` as JSON-able data; the learner snapshot of its feasible state is stored
-    apart, under the name ``feasible_snapshot``."""
-    history = state.history
-    feasible = state.feasible
-    return {
-        "event_index": state.event_index,
-        "step": state.step,
-        "reference_losses": [None if np.isnan(v) else float(v) for v in state.reference_losses],
-        "margins": state.margins.tolist(),
-        "weights": state.weights.tolist(),
-        "last_update": state.last_update,
-        "policy_state": state.policy_state,
-        "history": {
-            "dataset_names": history.dataset_names,
-            "domain_names": history.domain_names,
-            "targets": list(history.targets),
-            "constraints": list(history.constraints),
-            "evaluations": [e.to_dict() for e in history.evaluations],
-            "updates": [u.to_dict() for u in history.updates],
-            "backtracks": history.backtracks,
-        },
-        "feasible": None
-        if feasible is None
-        else {
-            "event_index": feasible.event_index,
-            "step": feasible.step,
-            "evaluation": feasible.evaluation.per_batch.tolist(),
-            "num_updates": feasible.num_updates,
-            "snapshot": feasible_snapshot,
-        },
-    }
-
-
-def loop_state_from_dict(data: dict[str, Any], load_snapshot: Callable[[str], Any]) -> LoopState:
-    """The inverse of :func:`loop_state_to_dict`; ``load_snapshot(name)`` reads the learner
-    snapshot stored under that name."""
-    from dynamics.core.controller import FeasibleState
-    from dynamics.core.learner import Evaluation
-
-    saved = data["history"]
-    history = RunHistory(
-        dataset_names=list(saved["dataset_names"]),
-        domain_names=list(saved["domain_names"]),
-        targets=tuple(saved["targets"]),
-        constraints=tuple(saved["constraints"]),
-        evaluations=[evaluation_from_dict(row) for row in saved["evaluations"]],
-        updates=[update_from_dict(row) for row in saved["updates"]],
-        backtracks=list(saved["backtracks"]),
-    )
-    feasible = data["feasible"]
-    return LoopState(
-        event_index=int(data["event_index"]),
-        step=int(data["step"]),
-        reference_losses=_array(data["reference_losses"]),
-        margins=_array(data["margins"]),
-        weights=_array(data["weights"]),
-        last_update=data["last_update"],
-        history=history,
-        policy_state=data["policy_state"],
-        feasible=None
-        if feasible is None
-        else FeasibleState(
-            event_index=int(feasible["event_index"]),
-            step=int(feasible["step"]),
-            evaluation=Evaluation(np.array(feasible["evaluation"], dtype=float)),
-            snapshot=load_snapshot(feasible["snapshot"]),
-            num_updates=int(feasible["num_updates"]),
-        ),
-    )
-
-
 def read_loop_file(resume_point: Path) -> dict[str, Any]:
-    """``loop.json`` of a resume point: what :func:`loop_state_from_dict` reads, plus the
-    engine's own entries (training time, resume steps)."""
+    """``loop.json`` of a resume point: the controller's state (``"loop"``, what
+    ``MixtureController.load_state_dict`` reads) and the driver's own entries (training
+    time, resume steps)."""
     try:
         data: dict[str, Any] = json.loads((resume_point / LOOP_FILE).read_text())
     except (OSError, ValueError) as err:

@@ -1,0 +1,331 @@
+"""The parts of a run, set up from its config: the tokenized data and evaluation batches
+(:func:`build_data`), the mixture policy (:func:`build_policy`), and the model, learner and
+policy together (:func:`build_run`); and what keeps several processes in step while a run
+starts (:func:`agree_on_refusal`) and trains (:class:`RankSlicedSampler`,
+:class:`BroadcastPolicy`). Both drivers, ``dynamics run`` and the Trainer callback, build
+from here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import datasets
+import numpy as np
+import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import broadcast_object_list, gather_object, set_seed
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from dynamics.core.controller import MixturePolicy, UpdateContext
+from dynamics.core.learner import Learner
+from dynamics.core.policies import DynamicsPolicy, FixedWeightsPolicy, GradientAlignmentPolicy
+from dynamics.core.problem import SolverGrid
+from dynamics.core.records import UpdateRecord
+from dynamics.core.schedules import UpdateSchedule, build_schedule
+from dynamics.data.formatting import LMExample, pad_token_id
+from dynamics.data.loading import DataError
+from dynamics.data.splits import prepare_examples
+from dynamics.engine.batches import Batch, EvalBatches
+from dynamics.engine.config import RunConfig
+from dynamics.engine.launch import world_size
+from dynamics.engine.learner import HFLearner
+from dynamics.engine.model import load_causal_lm, load_tokenizer, prepare_model
+from dynamics.engine.preflight import RunSetupError
+from dynamics.engine.sampler import DatasetStream, MixtureSampler
+from dynamics.runs import rundir
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Bad input found while a run starts: one line for the user (the CLI's exit code 2).
+REFUSALS = (RunSetupError, rundir.RunDirError, DataError)
+
+
+def agree_on_refusal(error: Exception | None) -> None:
+    """Stop every rank when any rank stopped: each rank's outcome of a setup step (``error``
+    None when it succeeded) is gathered from all ranks; a rank that failed raises its own
+    error, the others raise the first failed rank's (a refusal as the same one line). Every
+    rank must call this at the same point; under one process it just raises ``error``."""
+    if world_size() == 1:
+        if error is not None:
+            raise error
+        return
+    # Joins the process group (set up as build_run's Accelerator sets it up, which then reuses it).
+    PartialState(cpu=not torch.cuda.is_available())
+    outcome = None if error is None else (isinstance(error, REFUSALS), str(error))
+    outcomes = gather_object([outcome])
+    if error is not None:
+        raise error
+    for rank, other in enumerate(outcomes):
+        if other is not None:
+            refused, message = other
+            if refused:
+                raise RunSetupError(message)
+            raise RuntimeError(f"process {rank} stopped while the run was starting: {message}")
+
+
+def attempt(step: Callable[[], T]) -> tuple[T | None, Exception | None]:
+    """``step()``'s result and no error, or no result and the error it raised (for
+    :func:`agree_on_refusal`, which every rank calls with its outcome)."""
+    try:
+        return step(), None
+    except Exception as err:  # handed to agree_on_refusal, which raises it again
+        return None, err
+
+
+class RankSlicedSampler:
+    """Each optimizer step draws one *global* batch (from one dataset, the same on every
+    rank since the choice RNG is seeded identically) and this rank keeps its rows, so the
+    union over ranks is exactly the single-process batch of the same global size."""
+
+    def __init__(self, sampler: MixtureSampler, rank: int, world_size: int) -> None:
+        self.sampler = sampler
+        self.rank = rank
+        self.world_size = world_size
+
+    def next_batch(self, weights: np.ndarray) -> tuple[int, Batch]:
+        j, batch = self.sampler.next_batch(weights)
+        return j, self._slice(batch)
+
+    def probe_batch(self, j: int) -> Batch:
+        return self._slice(self.sampler.probe_batch(j))
+
+    def probe_slices(self, j: int) -> list[Batch]:
+        """The next global probe batch of dataset ``j`` as every rank's slice, for a rank
+        that probes ``j`` on its own; the stream moves as under ``probe_batch``."""
+        batch = self.sampler.probe_batch(j)
+        return [self._slice(batch, rank) for rank in range(self.world_size)]
+
+    def _slice(self, batch: Batch, rank: int | None = None) -> Batch:
+        if self.world_size == 1:
+            return batch
+        rank = self.rank if rank is None else rank
+        rows = next(iter(batch.values())).shape[0] // self.world_size
+        return {k: v[rank * rows : (rank + 1) * rows] for k, v in batch.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+
+
+@dataclass
+class BroadcastPolicy:
+    """Run the wrapped policy on every rank (each rank probing its share of the datasets,
+    or all of them together; see ``HFLearner.probe_all``), then adopt rank 0's record
+    everywhere: one decision, identical weights and slopes on all ranks."""
+
+    policy: MixturePolicy
+    accelerator: Accelerator
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    @property
+    def schedule(self) -> UpdateSchedule:
+        return self.policy.schedule
+
+    def decide(self, learner: Learner, context: UpdateContext) -> UpdateRecord:
+        record = self.policy.decide(learner, context)
+        if self.accelerator.num_processes == 1:
+            return record
+        shared = [record]
+        broadcast_object_list(shared, from_process=0)
+        return shared[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.policy.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state)
+
+
+@dataclass
+class RunComponents:
+    """Everything a run trains with, set up from its config: the accelerator, tokenizer,
+    model, learner and policy, and which evaluation domains are targets and constraints."""
+
+    config: RunConfig
+    accelerator: Accelerator
+    tokenizer: PreTrainedTokenizerBase
+    model: torch.nn.Module
+    learner: HFLearner
+    policy: MixturePolicy
+    targets: tuple[int, ...]
+    constraints: tuple[int, ...]
+    domain_metrics: list[str]
+
+
+def build_policy(config: RunConfig, dataset_names: list[str]) -> MixturePolicy:
+    method = config.method
+    total_steps = config.training.total_steps
+    grid = SolverGrid(
+        lambdas=tuple(method.grid.lambdas) if method.grid.lambdas else SolverGrid().lambdas,
+        epsilons=tuple(method.grid.epsilons) if method.grid.epsilons is not None else SolverGrid().epsilons,
+    )
+    if method.name == "fixed":
+        assert method.weights is not None  # validated
+        weights = np.array([method.weights[name] for name in dataset_names], dtype=float)
+        return FixedWeightsPolicy(weights, total_steps=total_steps, label="fixed")
+    schedule = build_schedule(method.schedule, total_steps, method.probe_cap)
+    if method.name == "gradient-alignment":
+        return GradientAlignmentPolicy(schedule, num_batches=method.alignment_batches, grid=grid)
+    return DynamicsPolicy(schedule, predictor=method.predictor, grid=grid, options=method.robust_options())
+
+
+@dataclass
+class RunData:
+    """The tokenized data of a run: one training stream per fine-tuning dataset (in weight
+    order) and the fixed evaluation batches of every target and constraint (targets first,
+    in slope-matrix row order)."""
+
+    streams: list[DatasetStream]
+    dataset_names: list[str]
+    domains: list[EvalBatches]
+    targets: tuple[int, ...]
+    constraints: tuple[int, ...]
+    domain_metrics: list[str]
+
+
+def build_data(
+    config: RunConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    world: int = 1,
+    data: Mapping[str, datasets.Dataset] | None = None,
+) -> RunData:
+    """Tokenize and split every dataset of ``config`` (reading ``data[name]`` for rows passed
+    in Python); ``world`` processes share each global training batch (the streams draw
+    batches of ``batch_size * world`` rows)."""
+    data = data or {}
+    training = config.training
+    pad_id = pad_token_id(tokenizer)
+    eval_batch_size = config.evaluation.batch_size or training.batch_size
+    streams: list[DatasetStream] = []
+    domains: dict[str, EvalBatches] = {}
+    for index, dataset in enumerate(config.datasets):
+        parts = prepare_examples(
+            dataset.data_source(data.get(dataset.name)),
+            tokenizer,
+            sequence_length=training.sequence_length,
+            packing=training.packing,
+            seed=training.data_seed + index,
+        )
+        if dataset.role != "constraint":
+            train_examples = [e for e in parts.train if isinstance(e, LMExample)]
+            if not train_examples:
+                raise RunSetupError(
+                    f"dataset {dataset.name!r} has no training examples left after the eval/test split: "
+                    "add rows or lower its eval_size/test_size"
+                )
+            streams.append(
+                DatasetStream(
+                    train_examples,
+                    batch_size=training.batch_size * world,
+                    pad_id=pad_id,
+                    seed=training.seed * 1000 + index,
+                )
+            )
+        if dataset.role in ("target", "constraint"):
+            domains[dataset.name] = EvalBatches.build(
+                dataset.name,
+                parts.eval,
+                parts.test,
+                num_batches=config.evaluation.batches,
+                batch_size=dataset.eval_batch_size or eval_batch_size,
+                pad_id=pad_id,
+                seed=training.data_seed + 7919 * (index + 1),
+            )
+
+    domain_configs = config.evaluation_domains
+    domain_list = [domains[d.name] for d in domain_configs]
+    for d, built in zip(domain_configs, domain_list, strict=True):
+        if built.metric != d.metric:
+            raise RunSetupError(f"dataset {d.name!r}: metric {d.metric!r} does not fit its rows ({built.metric})")
+    num_targets = sum(1 for d in domain_configs if d.role == "target")
+    return RunData(
+        streams=streams,
+        dataset_names=[d.name for d in config.training_datasets],
+        domains=domain_list,
+        targets=tuple(range(num_targets)),
+        constraints=tuple(range(num_targets, len(domain_configs))),
+        domain_metrics=[d.metric for d in domain_configs],
+    )
+
+
+def build_run(
+    config: RunConfig,
+    accelerator: Accelerator | None = None,
+    *,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    data: Mapping[str, datasets.Dataset] | None = None,
+) -> RunComponents:
+    """Set up the tokenizer, model, data, learner and policy of ``config``; ``model`` and
+    ``tokenizer`` (passed together) replace the config's, ``data`` holds rows by dataset name."""
+    training = config.training
+    if accelerator is None:
+        accelerator = Accelerator(
+            mixed_precision=training.mixed_precision,
+            cpu=not torch.cuda.is_available(),
+            gradient_accumulation_steps=1,  # the learner accumulates itself
+            log_with=list(config.trackers) or None,
+            project_dir=config.output_dir,
+        )
+    set_seed(training.seed)
+    if (model is None) != (tokenizer is None):
+        raise RunSetupError("pass model= and tokenizer= together (the model's own tokenizer), or neither")
+    if tokenizer is None:
+        tokenizer = load_tokenizer(config.model)
+    base_model = model if model is not None else load_causal_lm(config.model)
+    vocab = int(base_model.config.vocab_size)
+    if len(tokenizer) > vocab:
+        raise RunSetupError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {vocab}: "
+            "use the model's own tokenizer (model.tokenizer) or a larger vocab_size in model.init_config"
+        )
+    trained = prepare_model(base_model, config.lora, training.gradient_checkpointing)
+    # The first process of each machine loads and tokenizes into datasets' cache; the others
+    # then read the cached tokens (dynamics.data.formatting.tokenize_rows). A refusal of the
+    # data found by the first reaches the others, which would otherwise wait for it forever.
+    def load() -> RunData:
+        return build_data(config, tokenizer, accelerator.num_processes, data)
+
+    run_data, error = attempt(load) if accelerator.is_local_main_process else (None, None)
+    agree_on_refusal(error)
+    if not accelerator.is_local_main_process:
+        run_data, error = attempt(load)
+    agree_on_refusal(error)
+    assert run_data is not None  # else agree_on_refusal raised
+    sampler = RankSlicedSampler(
+        MixtureSampler(run_data.streams, seed=training.seed), accelerator.process_index, accelerator.num_processes
+    )
+    learner = HFLearner(
+        trained,
+        sampler,
+        run_data.dataset_names,
+        run_data.domains,
+        config.optimizer,
+        total_steps=training.total_steps,
+        gradient_accumulation=training.gradient_accumulation,
+        accelerator=accelerator,
+        max_skipped_steps=training.max_skipped_steps,
+    )
+    learner.split_probes = training.split_probes
+    policy: MixturePolicy = BroadcastPolicy(build_policy(config, run_data.dataset_names), accelerator)
+    return RunComponents(
+        config=config,
+        accelerator=accelerator,
+        tokenizer=tokenizer,
+        model=trained,
+        learner=learner,
+        policy=policy,
+        targets=run_data.targets,
+        constraints=run_data.constraints,
+        domain_metrics=run_data.domain_metrics,
+    )

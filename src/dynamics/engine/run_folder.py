@@ -1,0 +1,376 @@
+"""The run folder both drivers write (docs/method.md, "The run folder"): ``metrics.jsonl``
+and ``controller.jsonl`` as the loop goes, the best feasible checkpoint, resume points, and
+``summary.json`` with the paper's metrics and the cost model's prediction at the end.
+Only rank 0 writes; under sharding the other ranks take part in gathering what it writes
+(:class:`ShardedSaves`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from dynamics.core import metrics
+from dynamics.core.controller import LoopCallbacks, MixtureController, RunHistory, evaluation_steps
+from dynamics.core.cost import CostModel, recorded_relative_cost
+from dynamics.core.records import EvaluationRecord, UpdateRecord
+from dynamics.engine import tracking
+from dynamics.engine.components import RunComponents
+from dynamics.engine.learner import HFLearner, TrainingSnapshot, save_snapshot
+from dynamics.runs import rundir
+from dynamics.runs import state as run_state
+
+
+def is_feasible(record: EvaluationRecord, history: RunHistory) -> bool:
+    """Whether a main evaluation is a feasible checkpoint (the paper's definition)."""
+    reference = history.evaluations[0]
+    return record.step > 0 and metrics.checkpoint_feasible(
+        record, reference, history.targets, history.constraints
+    )
+
+
+class BestCheckpoint:
+    """The best checkpoint so far: the feasible evaluation with the lowest target loss sum."""
+
+    def __init__(self) -> None:
+        self.record: EvaluationRecord | None = None
+
+    def update(self, record: EvaluationRecord, history: RunHistory) -> bool:
+        """Whether ``record`` is the new best (and then remember it)."""
+        targets = list(history.targets)
+        if is_feasible(record, history) and (
+            self.record is None or record.eval[targets].sum() < self.record.eval[targets].sum()
+        ):
+            self.record = record
+            return True
+        return False
+
+
+class ShardedSaves:
+    """Under sharding (FSDP2), the other ranks' side of rank 0's saves: every rank takes part
+    in gathering the whole model for each new best checkpoint and the whole training state
+    for each resume point, which rank 0's :class:`RunFolderWriter` then writes."""
+
+    def __init__(self, parts: RunComponents) -> None:
+        self.parts = parts
+        self.best = BestCheckpoint()
+
+    def callbacks(self) -> LoopCallbacks:
+        return LoopCallbacks(on_evaluation=self.on_evaluation, on_checkpoint=self.on_checkpoint)
+
+    def resume(self, history: RunHistory) -> None:
+        for record in history.evaluations:
+            self.best.update(record, history)
+
+    def on_evaluation(self, record: EvaluationRecord, history: RunHistory) -> None:
+        if self.best.update(record, history):
+            self.parts.learner.whole_model_state()
+
+    def on_checkpoint(self, controller: MixtureController) -> None:
+        whole_training_state(self.parts.learner, controller)
+
+
+def whole_training_state(
+    learner: HFLearner, controller: MixtureController
+) -> tuple[TrainingSnapshot, TrainingSnapshot | None]:
+    """The learner's state and the controller's feasible snapshot, as a resume point stores
+    them (shards gathered; every rank calls this under sharding)."""
+    feasible = controller.feasible_snapshot
+    return learner.whole(learner.snapshot()), None if feasible is None else learner.whole(feasible)
+
+
+class RunFolderWriter:
+    """The run folder of either driver, and its progress bar (rank 0 only): the logs as the
+    loop goes, the best checkpoint, resume points, and the summary at the end.
+
+    ``resume_how`` is the command that continues the run, said when a full disk stops it.
+    """
+
+    def __init__(self, parts: RunComponents, out: Path, progress: bool, resume_how: str) -> None:
+        self.parts = parts
+        self.out = out
+        self.metrics_log = rundir.JsonlLog(out / rundir.METRICS_FILE)
+        self.controller_log = rundir.JsonlLog(out / rundir.CONTROLLER_FILE)
+        self.best = BestCheckpoint()
+        self.loss = float("nan")
+        self.train_started = time.perf_counter()
+        self.train_seconds_before = 0.0  # training time of the sessions before a resume
+        self.resumed_at: list[int] = []  # the steps this run was resumed from
+        self.resume_how = resume_how
+        self.bar = tqdm(
+            total=parts.config.training.total_steps,
+            desc=f"{parts.policy.name}",
+            unit="step",
+            disable=not progress,
+            dynamic_ncols=True,
+        )
+
+    def callbacks(self) -> LoopCallbacks:
+        """The loop's callbacks that keep the folder and the bar up to date (``dynamics
+        run``'s; the Trainer callback uses the evaluation and update ones)."""
+        return LoopCallbacks(self.on_evaluation, self.on_update, self.on_train, self.on_checkpoint, self.on_phase)
+
+    def train_seconds(self) -> float:
+        """Training wall time so far, without model and data setup, summed over the
+        sessions before a resume: what the cost model's multiples compare."""
+        return self.train_seconds_before + time.perf_counter() - self.train_started
+
+    def on_update(self, update: UpdateRecord, history: RunHistory) -> None:
+        self.write_updates(history)
+        self.parts.accelerator.log(tracking.update_values(update, history.dataset_names), step=update.step)
+        self.bar.set_postfix_str(self._postfix(update.weights, history), refresh=False)
+
+    def on_phase(self, phase: str, step: int) -> None:
+        """Show what the run is doing now: training, a main evaluation, or an update (the
+        probes and the solver; no probes under a fixed mixture)."""
+        policy = self.parts.policy.name
+        doing = {"update": "probing + solving" if policy != "fixed" else "update"}.get(phase, phase)
+        self.bar.set_description_str(f"{policy} · {doing}")
+
+    @contextlib.contextmanager
+    def writing(self, what: str, path: Path) -> Iterator[None]:
+        """Stop the run with one line (:class:`rundir.RunStopped`) when the disk is full
+        while ``what`` is written to ``path``: every write is atomic, so what was written
+        before stays whole, and the last complete resume point is where the run goes on."""
+        try:
+            yield
+        except Exception as err:
+            if not rundir.out_of_space(err):
+                raise
+            point = run_state.choose_resume_point(self.out)
+            goes_on = (
+                f"it goes on from {point.path.name}/ (step {point.step})"
+                if point.path is not None
+                else "it has no resume point yet and starts again from step 0"
+            )
+            raise rundir.RunStopped(
+                f"no space left on the device while writing {what} ({path}): free space there, then "
+                f"continue the run with {self.resume_how} ({goes_on})"
+            ) from err
+
+    def write_updates(self, history: RunHistory) -> None:
+        # The previous update's realized losses are known only now, so the whole (small)
+        # file is rewritten rather than appended to.
+        with self.writing(rundir.CONTROLLER_FILE, self.controller_log.path):
+            self.controller_log.rewrite(
+                {"dataset_names": history.dataset_names, **u.to_dict()} for u in history.updates
+            )
+
+    def on_evaluation(self, record: EvaluationRecord, history: RunHistory) -> None:
+        row = self.metrics_row(record, history)
+        with self.writing(rundir.METRICS_FILE, self.metrics_log.path):
+            self.metrics_log.append(row)
+        self.parts.accelerator.log(tracking.evaluation_values(row), step=record.step)
+        if self.best.update(record, history):
+            self._save_checkpoint(record.step)
+        if self.parts.config.training.total_steps and record.weights.size:
+            self.bar.set_postfix_str(self._postfix(record.weights, history), refresh=False)
+
+    def metrics_row(self, record: EvaluationRecord, history: RunHistory) -> dict[str, Any]:
+        """The ``metrics.jsonl`` row of one main evaluation (also what trackers are shown)."""
+        names = history.domain_names
+        reference = history.evaluations[0]
+        feasible = is_feasible(record, history)
+        slack = metrics.constraint_slack(record, reference, history.constraints)
+        return {
+            "step": record.step,
+            "eval": rundir.named(record.eval, names),
+            "test": rundir.named(record.test, names),
+            "weights": rundir.named(record.weights, history.dataset_names) if record.weights.size else {},
+            "target_loss_sum": float(record.eval[list(history.targets)].sum()),
+            "constraint_slack": rundir.named(slack, [names[i] for i in history.constraints]),
+            "feasible": bool(feasible),
+            "backtracked": record.backtracked,
+            "wall_seconds": record.wall_seconds,
+        }
+
+    def resume(self, history: RunHistory, step: int, saved: dict[str, Any], resume_point: Path) -> None:
+        """Go on from a resume point of ``step`` (``saved`` its loop file): the training time
+        so far (every rank), and the files (rank 0): the logs rewritten as they stood there (a
+        crash may have left rows of steps about to be trained again), its best checkpoint put
+        back."""
+        self.train_seconds_before = float(saved["train_seconds"])
+        self.resumed_at = [*saved.get("resumed_at", []), step]
+        if not self.parts.accelerator.is_main_process:
+            return  # the files are rank 0's
+        rows = [self.metrics_row(record, history) for record in history.evaluations]
+        with self.writing(rundir.METRICS_FILE, self.metrics_log.path):
+            self.metrics_log.rewrite(rows)
+        for record in history.evaluations:
+            self.best.update(record, history)
+        self.write_updates(history)
+        with self.writing("the best checkpoint", self.out / rundir.CHECKPOINT_DIR):
+            run_state.restore_best_copy(self.out, resume_point)
+        self.bar.update(step)
+
+    def on_checkpoint(self, controller: MixtureController) -> None:
+        """``dynamics run``'s resume point: the controller's state, the learner's (shards
+        gathered), and the best checkpoint, in ``last_checkpoint/``."""
+        learner_state, feasible_state = whole_training_state(self.parts.learner, controller)
+        self.save_resume_point(
+            controller.state_dict(), self.out, run_state.RESUME_DIR, learner_state=learner_state, feasible_state=feasible_state
+        )
+
+    def save_resume_point(
+        self,
+        loop: dict[str, Any],
+        root: Path,
+        name: str,
+        *,
+        learner_state: TrainingSnapshot | None = None,
+        feasible_state: TrainingSnapshot | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Write the resume point ``root/name`` of the controller state ``loop``: its loop file
+        (with the training time so far and the driver's ``extra`` entries), the config, the
+        learner's training state and feasible snapshot when given (a Trainer's checkpoint
+        holds the model and optimizer itself), and a copy of the best checkpoint."""
+        train_seconds = self.train_seconds()
+        config = self.parts.config
+
+        def write(folder: Path) -> None:
+            if learner_state is not None:
+                save_snapshot(learner_state, folder, "learner")
+            if feasible_state is not None:
+                save_snapshot(feasible_state, folder, "feasible")
+            saved = {"loop": loop, "train_seconds": train_seconds, "resumed_at": self.resumed_at, **(extra or {})}
+            (folder / run_state.LOOP_FILE).write_text(json.dumps(saved, allow_nan=False))
+            (folder / rundir.CONFIG_FILE).write_text(config.to_yaml())
+            run_state.save_best_copy(self.out, folder)
+
+        step = int(loop["step"])
+        with self.writing(f"the resume point of step {step}", root / name):
+            run_state.write_resume_point(root, step, write, name=name)
+
+    def finish(self, history: RunHistory, wall_seconds: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The summary (every rank computes it), written with the final controller log by
+        rank 0; ``extra`` adds the driver's own entries."""
+        self.bar.close()
+        summary = summarize(self.parts, history, wall_seconds)
+        summary["train_seconds"] = self.train_seconds()
+        summary["resumed_at"] = self.resumed_at
+        summary["skipped_steps"] = self.parts.learner.skipped_steps
+        summary.update(extra or {})
+        if self.parts.accelerator.is_main_process:
+            self.write_updates(history)  # the final evaluation closed the last horizon
+            with self.writing(rundir.SUMMARY_FILE, self.out / rundir.SUMMARY_FILE):
+                rundir.write_json(self.out / rundir.SUMMARY_FILE, summary)
+        return summary
+
+    def on_train(self, steps: int, step_now: int) -> None:
+        self.bar.update(steps)
+        learner = self.parts.learner
+        self.loss = learner.last_train_loss
+        self.parts.accelerator.log(
+            tracking.training_values(self.loss, float(learner.lr_scheduler.get_last_lr()[0])), step=step_now
+        )
+
+    def _postfix(self, weights: np.ndarray, history: RunHistory) -> str:
+        parts = [f"loss={self.loss:.3f}", f"w=[{', '.join(f'{w:.2f}' for w in weights)}]"]
+        if history.evaluations:
+            last = history.evaluations[-1]
+            parts.append(f"target={last.eval[list(history.targets)].sum():.3f}")
+            if history.constraints:
+                slack = metrics.constraint_slack(last, history.evaluations[0], history.constraints)
+                parts.append(f"worst slack={slack.min():+.3f}")
+        return " ".join(parts)
+
+    def _save_checkpoint(self, step: int) -> None:
+        model = self.parts.accelerator.unwrap_model(self.parts.model)
+        # Under sharding, gathered from every rank (a state dict of shards would save parts).
+        whole = self.parts.learner.whole_model_state()
+
+        def write(folder: Path) -> None:
+            # PEFT models save only the adapter (adapter_model.safetensors +
+            # adapter_config.json); full fine-tuning saves model.safetensors. No state dict
+            # (unsharded): the model's own.
+            model.save_pretrained(folder, state_dict=whole)
+            self.parts.tokenizer.save_pretrained(folder)
+            (folder / "step.txt").write_text(f"{step}\n")
+
+        path = self.out / rundir.CHECKPOINT_DIR
+        with self.writing(f"the best checkpoint of step {step}", path):
+            rundir.atomic_write_dir(path, write)
+
+
+def summarize(parts: RunComponents, history: RunHistory, wall_seconds: float) -> dict[str, Any]:
+    """summary.json: the paper's metrics on this run, plus cost and prediction error.
+
+    ``predicted_cost`` is the run's compute as a multiple of one fixed-mixture run with the
+    same settings, counted in forward passes from what the run recorded
+    (:func:`dynamics.core.cost.recorded_relative_cost`: training, main evaluations on both
+    splits, probes or alignment gradients, reduced evaluations, retrained steps), with one
+    training step assumed to cost ``cost_assumption``'s forward passes. ``train_seconds``
+    is the measured training wall time (setup excluded), summed over resumed sessions.
+    """
+    points = history.kept_evaluations
+    targets, constraints = history.targets, history.constraints
+    best = metrics.best_feasible_checkpoint(points, targets, constraints)
+    feasible = best is not None
+    closest = (
+        metrics.max_violation_closest_to_feasibility(points, constraints)
+        if constraints and len(points) > 1
+        else None
+    )
+    config = parts.config
+    schedule = parts.policy.schedule
+    cost_model = dataclasses.replace(
+        CostModel.for_predictor(config.method.predictor),
+        eval_interval=config.evaluation.interval,
+        main_eval_batches=config.evaluation.batches,
+        reduced_eval_batches=config.evaluation.reduced_batches,
+    )
+    cost = recorded_relative_cost(
+        history.updates,
+        n_datasets=len(history.dataset_names),
+        n_domains=len(history.domain_names),
+        total_steps=schedule.total_steps,
+        trained_steps=schedule.total_steps + sum(b["retrained_steps"] for b in history.backtracks),
+        evaluations=len(history.evaluations),
+        plain_evaluations=len(evaluation_steps(schedule.total_steps, config.evaluation.interval)),
+        test_eval_batches=config.evaluation.batches,
+        model=cost_model,
+        alignment_batches=config.method.alignment_batches if config.method.name == "gradient-alignment" else None,
+    )
+    errors = [u.prediction_error for u in history.updates if u.prediction_error is not None]
+    return {
+        "method": config.method.name,
+        "policy": parts.policy.name,
+        "dataset_names": history.dataset_names,
+        "domain_names": history.domain_names,
+        "domain_metrics": parts.domain_metrics,
+        "metric_convention": "lower is better: losses in nats, accuracy stored as -accuracy",
+        "targets": list(targets),
+        "constraints": list(constraints),
+        "total_steps": schedule.total_steps,
+        "feasible": feasible,
+        "best_checkpoint": None
+        if best is None
+        else {
+            "step": best.step,
+            "eval": rundir.named(best.eval, history.domain_names),
+            "test": rundir.named(best.test, history.domain_names),
+            "path": rundir.CHECKPOINT_DIR,
+        },
+        "constrained_ppl_reduction": metrics.constrained_perplexity_reduction(points, targets, constraints),
+        "closest_to_feasible": None if closest is None else {"step": closest[0], "max_violation": closest[1]},
+        "num_updates": len(history.updates),
+        "backtracks": history.backtracks,
+        "probe_seconds": float(sum(u.probe_seconds for u in history.updates)),
+        "wall_seconds": wall_seconds,
+        "predicted_cost": cost,
+        "cost_assumption": f"one training step = {cost_model.train_fwd_ratio:g} forward passes; "
+        "counts training, main evaluations on eval and test, probes or gradient-alignment "
+        "gradients, reduced evaluations and steps retrained after a backtrack",
+        "mean_abs_prediction_error": rundir.named(np.abs(np.array(errors)).mean(axis=0), history.domain_names)
+        if errors
+        else None,
+    }
