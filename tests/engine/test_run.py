@@ -14,6 +14,7 @@ from dynamics.core import metrics
 from dynamics.engine.components import build_run
 from dynamics.engine.config import RunConfig
 from dynamics.engine.run import run
+from dynamics.runs.model_card import MARKER
 from dynamics.runs.rundir import read_run
 from tests.fixtures.tiny_tokenizer import FIXTURES
 
@@ -101,6 +102,9 @@ def test_dynamics_run_writes_a_complete_run_folder(tokenizer_dir, tmp_path):
     step = summary["best_checkpoint"]["step"]
     assert (out / "best_checkpoint" / "adapter_model.safetensors").is_file()
     assert (out / "best_checkpoint" / "step.txt").read_text().strip() == str(step)
+    # The best checkpoint carries its model card (what it was trained on, with which mixture).
+    card = (out / "best_checkpoint" / "README.md").read_text()
+    assert card.startswith("---\n") and MARKER in card and f"step {step}" in card
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert RunConfig.model_validate(saved) == config
 

@@ -27,6 +27,7 @@ from dynamics.engine.components import RunComponents
 from dynamics.engine.learner import HFLearner, TrainingSnapshot, save_snapshot
 from dynamics.runs import rundir
 from dynamics.runs import state as run_state
+from dynamics.runs.model_card import write_model_card
 
 
 def is_feasible(record: EvaluationRecord, history: RunHistory) -> bool:
@@ -251,8 +252,8 @@ class RunFolderWriter:
             run_state.write_resume_point(root, step, write, name=name)
 
     def finish(self, history: RunHistory, wall_seconds: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The summary (every rank computes it), written with the final controller log by
-        rank 0; ``extra`` adds the driver's own entries."""
+        """The summary (every rank computes it), written with the final controller log and
+        the best checkpoint's model card by rank 0; ``extra`` adds the driver's own entries."""
         self.bar.close()
         summary = summarize(self.parts, history, wall_seconds)
         summary["train_seconds"] = self.train_seconds()
@@ -263,6 +264,9 @@ class RunFolderWriter:
             self.write_updates(history)  # the final evaluation closed the last horizon
             with self.writing(rundir.SUMMARY_FILE, self.out / rundir.SUMMARY_FILE):
                 rundir.write_json(self.out / rundir.SUMMARY_FILE, summary)
+            if summary["best_checkpoint"] is not None:
+                with self.writing("the model card", self.out / rundir.CHECKPOINT_DIR):
+                    write_model_card(self.out)
         return summary
 
     def on_train(self, steps: int, step_now: int) -> None:
