@@ -335,3 +335,28 @@ def test_a_diverging_probe_is_discarded_and_its_dataset_left_out(tokenizer_dir, 
     assert [u["extra"]["unreliable_datasets"] for u in records.updates] == [["wiki"]] * 3
     assert all(u["weights"] == [1.0, 0.0] for u in records.updates)
     assert summary["skipped_steps"] == []  # the main run itself never saw a bad step
+
+
+def test_relative_noise_perturbs_every_evaluation_repeatably(tokenizer_dir, tmp_path):
+    """The sensitivity check's option: the same seed gives the same perturbed run, another
+    seed another one, and every recorded evaluation and slope moves by about that much."""
+
+    def slopes_and_evals(name: str, **evaluation) -> tuple[np.ndarray, np.ndarray]:
+        data = tiny_config(tokenizer_dir, tmp_path / name)
+        data["evaluation"].update(evaluation)
+        run(RunConfig.from_dict(data), progress=False)
+        records = read_run(tmp_path / name)
+        evals = np.array([list(row["eval"].values()) for row in records.evaluations])
+        return np.array(records.updates[0]["slope_matrix"]), evals
+
+    plain_slopes, plain_evals = slopes_and_evals("plain")
+    slopes, evals = slopes_and_evals("noisy", relative_noise=1e-3)
+    again_slopes, again_evals = slopes_and_evals("again", relative_noise=1e-3)
+    other_slopes, _ = slopes_and_evals("other", relative_noise=1e-3, noise_seed=1)
+    np.testing.assert_array_equal(slopes, again_slopes)
+    np.testing.assert_array_equal(evals, again_evals)
+    assert not np.array_equal(slopes, other_slopes)
+    # Step 0 is evaluated before any training: its values differ only by the perturbation.
+    np.testing.assert_allclose(evals[0], plain_evals[0], rtol=5e-3, atol=0)
+    assert not np.array_equal(evals[0], plain_evals[0])
+    assert not np.array_equal(slopes, plain_slopes)

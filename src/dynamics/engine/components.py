@@ -23,6 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from dynamics.core.controller import MixturePolicy, UpdateContext
 from dynamics.core.learner import Learner
 from dynamics.core.policies import DynamicsPolicy, FixedWeightsPolicy, GradientAlignmentPolicy
+from dynamics.core.probes import PerturbedEvaluations
 from dynamics.core.problem import SolverGrid
 from dynamics.core.records import UpdateRecord
 from dynamics.core.schedules import UpdateSchedule, build_schedule
@@ -160,6 +161,15 @@ class RunComponents:
     targets: tuple[int, ...]
     constraints: tuple[int, ...]
     domain_metrics: list[str]
+
+
+def controlled_learner(parts: RunComponents) -> Learner:
+    """The learner the controller drives: the run's own, or with ``evaluation.relative_noise``
+    its evaluations perturbed (a sensitivity check)."""
+    evaluation = parts.config.evaluation
+    if evaluation.relative_noise > 0:
+        return PerturbedEvaluations(parts.learner, evaluation.relative_noise, evaluation.noise_seed)
+    return parts.learner
 
 
 def build_policy(config: RunConfig, dataset_names: list[str]) -> MixturePolicy:

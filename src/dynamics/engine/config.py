@@ -172,6 +172,13 @@ class EvaluationConfig(_Section):
         50, ge=1, description="Batches per domain in a probe's evaluation, the first of the main ones (paper: 50)."
     )
     batch_size: int | None = Field(None, ge=1, description="Evaluation batch size (default: training.batch_size).")
+    relative_noise: float = Field(
+        0.0,
+        ge=0,
+        description="A sensitivity check, not for training: multiply every evaluated value (probes' too) by "
+        "1 + this x N(0, 1), e.g. 1e-6, the size of what separates two machines (0: off).",
+    )
+    noise_seed: int = Field(0, ge=0, description="Seed of relative_noise's draws.")
 
     @model_validator(mode="after")
     def _reduced_subset(self) -> EvaluationConfig:

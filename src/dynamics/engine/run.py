@@ -34,7 +34,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dynamics.core.controller import Finished, LoopCallbacks, MixtureController
 from dynamics.engine import tracking
-from dynamics.engine.components import RunComponents, agree_on_refusal, attempt, build_run
+from dynamics.engine.components import (
+    RunComponents,
+    agree_on_refusal,
+    attempt,
+    build_run,
+    controlled_learner,
+)
 from dynamics.engine.config import RunConfig
 from dynamics.engine.launch import is_main_process
 from dynamics.engine.learner import load_snapshot
@@ -112,7 +118,7 @@ def run(
     else:
         callbacks = sharded_saves.callbacks() if sharded_saves is not None else LoopCallbacks()
     controller = MixtureController(
-        parts.learner,
+        controlled_learner(parts),
         parts.policy,
         targets=parts.targets,
         constraints=parts.constraints,

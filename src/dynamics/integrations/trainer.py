@@ -68,6 +68,7 @@ from dynamics.engine.components import (
     RunComponents,
     build_data,
     build_policy,
+    controlled_learner,
 )
 from dynamics.engine.config import RunConfig
 from dynamics.engine.launch import process_rank, world_size
@@ -262,7 +263,7 @@ class DynamicsCallback(TrainerCallback):
             resume_how="trainer.train(resume_from_checkpoint=True) with a DynamicsCallback built from the same config",
         )
         self._controller = MixtureController(
-            learner,
+            controlled_learner(parts),
             policy,
             targets=self.data.targets,
             constraints=self.data.constraints,
