@@ -104,3 +104,39 @@ def test_methods_are_compared_with_the_fixed_sweep_at_equal_compute(tmp_path, mo
     expected = 0.40 * (1 - miss) + 0.02 * w0_kept
     assert paper["median_equal_compute_fixed"] == pytest.approx(expected)
     assert "fixed sweep at equal cost" in markdown(robustness.aggregate(tmp_path))
+
+
+def test_sensitivity_reruns_a_method_under_each_perturbation(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    base = ensure_base_model(spec=QUICK_SPEC, progress=False)
+    out = tmp_path / "beyond"
+    logged: list[str] = []
+    robustness.measure_sensitivity(
+        out, "conflict", 0, ["paper"], base_folder=base, settings=SMALL,
+        perturbations=["evaluations-a", "weights-a", "kernels-default"], log=logged.append,
+    )
+    assert logged == [
+        "conflict seed 0 paper",
+        "sensitivity conflict seed 0 paper evaluations-a",
+        "sensitivity conflict seed 0 paper weights-a",
+        "sensitivity conflict seed 0 paper kernels-default",
+    ]
+    # The nudged base model differs from the base by about 1e-6 of each weight, no more.
+    import safetensors.torch
+    import torch
+
+    original = safetensors.torch.load_file(str(base / "model.safetensors"))
+    nudged = safetensors.torch.load_file(str(out / "sensitivity" / "base-weights-a" / "model.safetensors"))
+    ratios = torch.cat([(nudged[k] / original[k] - 1).flatten() for k in original if original[k].abs().min() > 0])
+    assert 0 < ratios.abs().max() < 1e-5
+    import yaml
+
+    perturbed = yaml.safe_load((out / "sensitivity" / "conflict" / "seed0" / "paper" / "evaluations-a" / "config.yaml").read_text())
+    assert perturbed["evaluation"]["relative_noise"] == 1e-6 and perturbed["evaluation"]["noise_seed"] == 1
+    report = robustness.aggregate_sensitivity(out)
+    row = report["conflict"]["runs"]["seed0/paper"]
+    assert set(row["reductions_test"]) == {"none", "evaluations-a", "weights-a", "kernels-default"}
+    values = list(row["reductions_test"].values())
+    assert row["spread"] == pytest.approx(max(values) - min(values))
+    assert report["conflict"]["best_fixed_seed_spread"] is None  # one seed, no fixed sweep
+    assert "| seed0/paper |" in robustness.sensitivity_markdown(report)

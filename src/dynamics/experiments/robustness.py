@@ -319,3 +319,170 @@ def write_report(out: Path, json_path: Path) -> dict[str, Any]:
     report = aggregate(out)
     rundir.atomic_write_text(json_path, json.dumps(report, indent=1) + "\n")
     return report
+
+
+# --- sensitivity: how far a run moves under machine-sized perturbations ----------------
+
+PERTURBATIONS: dict[str, dict[str, Any]] = {
+    "evaluations-a": {"relative_noise": 1e-6, "noise_seed": 1},
+    "evaluations-b": {"relative_noise": 1e-6, "noise_seed": 2},
+    "weights-a": {"weights_seed": 1},
+    "weights-b": {"weights_seed": 2},
+    "kernels-default": {"aten_cpu_capability": "default"},
+}
+"""Perturbations of the size that separates two machines or two builds: every evaluation
+multiplied by 1 + 1e-6 N(0, 1) (``evaluation.relative_noise``), the base model's weights
+multiplied by 1 + 1e-6 N(0, 1) (:func:`nudged_base_model`), and torch's CPU kernels without
+vector instructions (``ATEN_CPU_CAPABILITY=default``, in a fresh process)."""
+
+WEIGHT_NUDGE = 1e-6
+
+
+def nudged_base_model(base_folder: Path, out: Path, seed: int, relative: float = WEIGHT_NUDGE) -> Path:
+    """A copy of the base model folder whose floating-point weights are multiplied by
+    ``1 + relative N(0, 1)`` (one seeded draw per weight); made once."""
+    import safetensors.torch
+    import torch
+
+    if (out / "config.json").is_file():
+        return out
+
+    def write(tmp: Path) -> None:
+        shutil.copytree(base_folder, tmp, dirs_exist_ok=True)
+        weights = safetensors.torch.load_file(str(tmp / "model.safetensors"))
+        generator = torch.Generator().manual_seed(seed)
+        nudged = {
+            name: tensor * (1 + relative * torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype))
+            if tensor.is_floating_point()
+            else tensor
+            for name, tensor in weights.items()
+        }
+        safetensors.torch.save_file(nudged, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+    rundir.atomic_write_dir(out, write)
+    return out
+
+
+def run_in_subprocess(config: dict, folder: Path, env: dict[str, str]) -> None:
+    """One run through the CLI in a fresh process with ``env`` added (torch reads
+    ``ATEN_CPU_CAPABILITY`` when it loads)."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    if (folder / "summary.json").is_file():
+        return
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    config_path = folder.parent / f"{folder.name}.yaml"
+    config_path.write_text(yaml.safe_dump({**config, "output_dir": str(folder)}))
+    done = subprocess.run(
+        [sys.executable, "-m", "dynamics.cli", "run", str(config_path), "--no-progress"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the run in {folder} failed: {done.stderr[-2000:]}")
+
+
+def measure_sensitivity(
+    out: Path,
+    scenario_name: str,
+    seed: int,
+    methods: Sequence[str],
+    *,
+    base_folder: Path,
+    perturbations: Sequence[str] = tuple(PERTURBATIONS),
+    settings: DemoSettings | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] = print,
+) -> None:
+    """Run each method of ``scenario_name`` with ``seed`` once under each perturbation, into
+    ``out/sensitivity/<scenario>/seed<seed>/<method>/<perturbation>``; the unperturbed run
+    is the protocol's own (:func:`measure`), run first if missing."""
+    settings = settings or DemoSettings()
+    measure(out, [scenario_name], [seed], methods, fixed=False, base_folder=base_folder, settings=settings,
+            progress=progress, log=log)
+    files = _files(out / "data", base_folder)
+    scenario = SCENARIOS[scenario_name]
+    for label in methods:
+        for name in perturbations:
+            perturbation = PERTURBATIONS[name]
+            folder = out / "sensitivity" / scenario_name / f"seed{seed}" / label / name
+            if (folder / "summary.json").is_file():
+                continue
+            log(f"sensitivity {scenario_name} seed {seed} {label} {name}")
+            base = base_folder
+            if "weights_seed" in perturbation:
+                base = nudged_base_model(base_folder, out / "sensitivity" / f"base-{name}", perturbation["weights_seed"])
+            config = scenario_config(scenario, base, files, folder, seed, settings)
+            config["method"] = {"name": "dynamics", "schedule": "dense-warmup", **METHODS[label]}
+            if "relative_noise" in perturbation:
+                config["evaluation"].update(
+                    relative_noise=perturbation["relative_noise"], noise_seed=perturbation["noise_seed"]
+                )
+            if "aten_cpu_capability" in perturbation:
+                run_in_subprocess(config, folder, {"ATEN_CPU_CAPABILITY": perturbation["aten_cpu_capability"]})
+            else:
+                run_one(config, folder, progress)
+
+
+def aggregate_sensitivity(out: Path) -> dict[str, Any]:
+    """Per scenario, seed and method: the test reduction unperturbed and under each
+    perturbation, and their spread (largest minus smallest); beside it, the spread across
+    seeds of the best fixed mixture (chosen on eval) where the protocol ran several seeds."""
+    report: dict[str, Any] = {}
+    root = out / "sensitivity"
+    if not root.is_dir():
+        return report
+    protocol = aggregate(out)
+    for scenario_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name in SCENARIOS):
+        rows: dict[str, Any] = {}
+        for seed_dir in sorted(scenario_dir.iterdir()):
+            for method_dir in sorted(p for p in seed_dir.iterdir() if p.is_dir()):
+                reference = out / scenario_dir.name / seed_dir.name / method_dir.name
+                results = {"none": run_result(reference)["reduction_test"]} if (reference / "summary.json").is_file() else {}
+                for run_dir in sorted(method_dir.iterdir()):
+                    if (run_dir / "summary.json").is_file():
+                        results[run_dir.name] = run_result(run_dir)["reduction_test"]
+                values = list(results.values())
+                rows[f"{seed_dir.name}/{method_dir.name}"] = {
+                    "reductions_test": results,
+                    "spread": max(values) - min(values) if values else None,
+                }
+        fixed = protocol.get(scenario_dir.name, {}).get("methods", {}).get("best-fixed (eval)")
+        seeds_spread = (
+            max(fixed["reductions_test"]) - min(fixed["reductions_test"])
+            if fixed is not None and len(fixed["reductions_test"]) > 1
+            else None
+        )
+        report[scenario_dir.name] = {"runs": rows, "best_fixed_seed_spread": seeds_spread}
+    return report
+
+
+def sensitivity_markdown(report: dict[str, Any]) -> str:
+    lines = []
+    for name, data in report.items():
+        spread = data["best_fixed_seed_spread"]
+        lines += [
+            f"### {name}",
+            "",
+            "best fixed mixture's spread across seeds: "
+            + ("not measured (one seed)" if spread is None else f"{100 * spread:.1f} points"),
+            "",
+            "| seed / method | " + " | ".join(["none", *PERTURBATIONS]) + " | spread |",
+            "|---|" + "---|" * (len(PERTURBATIONS) + 2),
+        ]
+        for label, row in data["runs"].items():
+            cells = [
+                f"{100 * row['reductions_test'][k]:.1f}%" if k in row["reductions_test"] else ""
+                for k in ["none", *PERTURBATIONS]
+            ]
+            spread_cell = "" if row["spread"] is None else f"{100 * row['spread']:.1f} points"
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {spread_cell} |")
+        lines.append("")
+    return "\n".join(lines)
