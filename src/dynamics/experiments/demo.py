@@ -1,7 +1,8 @@
 """``dynamics demo``: an offline end-to-end run that shows what the method does that a fixed
-mixture does not (issue 4). Everything comes from this machine: the base model is a tiny
-byte-level Llama pretrained on the standard library's code and prose
-(:mod:`dynamics.experiments.base_model`), the new skills are generated.
+mixture does not. Nothing is downloaded: the base model is a tiny byte-level Llama
+pretrained on the code and prose of a pinned copy of Python standard library modules
+(:mod:`dynamics.experiments.base_model`, :mod:`dynamics.data.offline`), the new skills are
+generated.
 
 The scenario, in the paper's shape (one scenario of appendix D, scaled down):
 

@@ -74,31 +74,33 @@ SCENARIOS: dict[str, Scenario] = {
 
 METHODS: dict[str, dict[str, Any]] = {
     "paper": {"variant": "paper"},
+    # Each option alone.
     "lp_candidate": {"variant": "paper", "lp_candidate": True},
     "noise_margin": {"variant": "paper", "noise_margin": 1.0},
     "target_noise": {"variant": "paper", "target_noise": 1.0},
     "calibration": {"variant": "paper", "calibration": True},
-    "all_four": {"variant": "paper", "lp_candidate": True, "noise_margin": 1.0, "target_noise": 1.0, "calibration": True},
-    "lp_margin": {"variant": "paper", "lp_candidate": True, "noise_margin": 1.0},
-    # The first robust variant (sessions before diminishing returns existed).
-    "no_margin": {"variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True},
-    # Diminishing returns beyond the probe (square-root gains) alone.
-    "tempered": {"variant": "paper", "gain_exponent": 0.5},
-    # The robust variant: no_margin with diminishing returns, chosen on seed 0's eval splits.
+    "diminishing_returns": {"variant": "paper", "gain_exponent": 0.5},
+    # Combinations.
+    "direct_margin": {"variant": "paper", "lp_candidate": True, "noise_margin": 1.0},
+    "direct_pessimistic_calibrated": {"variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True},
+    "direct_margin_pessimistic_calibrated": {
+        "variant": "paper", "lp_candidate": True, "noise_margin": 1.0, "target_noise": 1.0, "calibration": True,
+    },
+    # direct_pessimistic_calibrated with diminishing returns (VARIANTS["robust"]).
     "robust": {"variant": "robust"},
-    # Backtracking (up to two returns per run) on top of the paper and of the first robust variant.
+    # Backtracking (up to two returns per run).
     "backtrack": {"variant": "paper", "backtrack": 2},
-    "no_margin_backtrack": {
+    "direct_pessimistic_calibrated_backtrack": {
         "variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True, "backtrack": 2,
     },
     # Decisions that noise cannot flip, on the paper's grid and on the robust variant: gains
-    # stop at each metric's floor, steps sized by the target gain's standard errors, and a
-    # tenth of the mixture kept on target data while the constraints allow.
+    # stop at each metric's floor, steps sized by the target gain's standard errors (a full
+    # step at 3), and a tenth of the mixture kept on target data while the constraints allow.
     "floors_steps_share": {"variant": "paper", "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1},
     "robust_floors_steps_share": {"variant": "robust", "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1},
 }
-"""DynaMiCS settings measured: the paper, each option alone, combinations, and the robust
-variant (whatever :data:`dynamics.core.robust.VARIANTS` holds now)."""
+"""DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
+method, each option alone, combinations, the robust variant, and backtracking."""
 
 
 def scenario_config(
