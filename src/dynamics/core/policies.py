@@ -35,7 +35,7 @@ from dynamics.core.robust import (
     solve_direct,
 )
 from dynamics.core.schedules import UpdateSchedule, build_schedule
-from dynamics.core.solver import Solution, grid_candidates, solution_of, solve
+from dynamics.core.solver import Solution, grid_candidates, solution_of, solve, to_floored_simplex
 
 PAPER_TARGET_MASSES = (0.0, 0.2, 0.5, 0.8, 1.0)
 
@@ -47,14 +47,18 @@ def _solve_update(
     grid: SolverGrid,
     probe_seconds: float,
     extra: dict | None = None,
+    min_weight: float = 0.0,
 ) -> UpdateRecord:
     """Eq. 3.3 + 3.4 on the given slopes, as an update record."""
-    problem = _problem_at(context, slope_matrix, grid)
+    problem = _problem_at(context, slope_matrix, grid, min_weight)
     return _update_record(name, context, problem, solve(problem), probe_seconds, extra or {})
 
 
-def _problem_at(context: UpdateContext, slope_matrix: np.ndarray, grid: SolverGrid) -> MixtureProblem:
-    """The mixture problem of eqs. 3.3-3.4 at the update described by ``context``."""
+def _problem_at(
+    context: UpdateContext, slope_matrix: np.ndarray, grid: SolverGrid, min_weight: float = 0.0
+) -> MixtureProblem:
+    """The mixture problem of eqs. 3.3-3.4 at the update described by ``context``, every
+    weight held at or above ``min_weight``."""
     return MixtureProblem(
         slopes=slope_matrix,
         current_losses=context.anchor.means(),
@@ -63,6 +67,7 @@ def _problem_at(context: UpdateContext, slope_matrix: np.ndarray, grid: SolverGr
         constraints=context.constraints,
         horizon=context.horizon,
         grid=grid,
+        min_weight=min_weight,
     )
 
 
@@ -120,6 +125,9 @@ class DynamicsPolicy:
     evaluations at several points of each probe and a fitted curve per entry).
     options:   robustness options beyond the paper (:mod:`dynamics.core.robust`); all off
     is the paper's method. Every update records the slopes' standard errors either way.
+    min_weight: the least weight of every dataset the update solves over (``method.min_weight``).
+    A dataset whose probe diverged is left out of that update with weight 0, floor or not:
+    training on it gave non-finite losses.
     """
 
     schedule: UpdateSchedule
@@ -127,6 +135,7 @@ class DynamicsPolicy:
     grid: SolverGrid = field(default_factory=SolverGrid)
     name: str = "dynamics"
     options: RobustOptions = field(default_factory=RobustOptions)
+    min_weight: float = 0.0
     _calibration: PredictionCalibration | None = field(default=None, init=False, repr=False)
     _last_prediction: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False)
 
@@ -172,7 +181,9 @@ class DynamicsPolicy:
         }
         probe_seconds = time.perf_counter() - started
         if self.options.is_paper:
-            record = _solve_update(self.name, context, fit.slope_matrix, self.grid, probe_seconds, extra)
+            record = _solve_update(
+                self.name, context, fit.slope_matrix, self.grid, probe_seconds, extra, self.min_weight
+            )
         else:
             record = self._robust_update(
                 context,
@@ -234,7 +245,10 @@ class DynamicsPolicy:
         """The update with the options of :mod:`dynamics.core.robust` on. ``previous`` is the
         mixture in force over the probed datasets (uniform at the first update);
         ``target_datasets`` the columns of the datasets that are also target domains."""
-        nominal = _problem_at(context, slope_matrix, self.grid)
+        nominal = _problem_at(context, slope_matrix, self.grid, self.min_weight)
+        if self.min_weight > 0:
+            # A dataset left out of an earlier update (its probe diverged) had weight 0 there.
+            previous = to_floored_simplex(previous, self.min_weight)
         problem = nominal
         if self.options.calibration:
             if self._calibration is None:
@@ -350,12 +364,14 @@ class FixedWeightsPolicy:
 
 @dataclass
 class GradientAlignmentPolicy:
-    """Slopes S_ij = -lr <g_i, d_j> from the learner (appendix K), then eq. 3.4."""
+    """Slopes S_ij = -lr <g_i, d_j> from the learner (appendix K), then eq. 3.4 with every
+    weight at or above ``min_weight``."""
 
     schedule: UpdateSchedule
     num_batches: int = 200
     grid: SolverGrid = field(default_factory=SolverGrid)
     name: str = "gradient-alignment"
+    min_weight: float = 0.0
 
     def decide(self, learner: Learner, context: UpdateContext) -> UpdateRecord:
         if not isinstance(learner, AlignmentLearner):
@@ -363,7 +379,12 @@ class GradientAlignmentPolicy:
         started = time.perf_counter()
         slope_matrix = np.asarray(learner.alignment_slopes(self.num_batches), dtype=float)
         return _solve_update(
-            self.name, context, slope_matrix, self.grid, probe_seconds=time.perf_counter() - started
+            self.name,
+            context,
+            slope_matrix,
+            self.grid,
+            probe_seconds=time.perf_counter() - started,
+            min_weight=self.min_weight,
         )
 
     def state_dict(self) -> dict[str, Any]:

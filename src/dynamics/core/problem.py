@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -38,6 +38,14 @@ class MixtureProblem:
     targets:           indices of target domains T (at least one).
     constraints:       indices of constrained domains C (may be empty).
     horizon:           H_t, steps until the next update.
+    min_weight:        m, the least weight of every dataset (0 <= m, N m <= 1): the feasible
+                       mixtures are the simplex points with w >= m.
+
+    With a floor, ``w = m 1 + (1 - N m) v`` maps the simplex of ``v`` one to one onto the
+    mixtures with ``w >= m``, and eqs. 3.3-3.4 in ``v`` are the same problem with slopes
+    ``(1 - N m) S`` and current losses ``L + H_t m S 1`` (:meth:`above_floor`): predictions
+    and violations are equal, the target objective differs by the constant ``m g.1``. The
+    solvers solve that problem on the simplex and map back (:meth:`floored`).
     """
 
     slopes: np.ndarray
@@ -47,6 +55,7 @@ class MixtureProblem:
     constraints: tuple[int, ...]
     horizon: float
     grid: SolverGrid = field(default_factory=SolverGrid)
+    min_weight: float = 0.0
 
     def __post_init__(self) -> None:
         slopes = np.asarray(self.slopes, dtype=float)
@@ -80,10 +89,46 @@ class MixtureProblem:
             raise ValueError("reference_losses must be finite for every constrained domain")
         if not np.isfinite(self.horizon) or self.horizon <= 0:
             raise ValueError(f"horizon must be a positive number, got {self.horizon}")
+        m, n = self.min_weight, slopes.shape[1]
+        if not np.isfinite(m) or m < 0 or n * m > 1.0 + 1e-12:
+            raise ValueError(f"min_weight must be >= 0 with N * min_weight <= 1 (N = {n}), got {m}")
 
     @property
     def num_datasets(self) -> int:
         return int(self.slopes.shape[1])
+
+    @property
+    def free_mass(self) -> float:
+        """1 - N m: the weight the solver distributes above the floor."""
+        return max(0.0, 1.0 - self.num_datasets * self.min_weight)
+
+    def above_floor(self) -> MixtureProblem:
+        """The problem in ``v`` (see the class doc), without a floor; itself when m = 0."""
+        m = self.min_weight
+        if m == 0:
+            return self
+        return replace(
+            self,
+            slopes=self.free_mass * self.slopes,
+            current_losses=self.current_losses + self.horizon * m * self.slopes.sum(axis=1),
+            min_weight=0.0,
+        )
+
+    def floored(self, v: np.ndarray) -> np.ndarray:
+        """The mixture ``w = m 1 + (1 - N m) v`` of a simplex point ``v`` of :meth:`above_floor`."""
+        v = np.asarray(v, dtype=float)
+        if self.min_weight == 0:
+            return v
+        return self.min_weight + self.free_mass * v
+
+    def unfloored(self, w: np.ndarray) -> np.ndarray:
+        """The ``v`` of a mixture ``w >= m`` (uniform when N m = 1, where every v gives the same w)."""
+        w = np.asarray(w, dtype=float)
+        if self.min_weight == 0:
+            return w
+        if self.free_mass == 0:
+            return np.full(w.shape, 1.0 / w.size)
+        return (w - self.min_weight) / self.free_mass
 
     def predicted_losses(self, weights: Sequence[float] | np.ndarray) -> np.ndarray:
         """Eq. 3.3: L_hat_i(w) = L_i(theta_t) + H_t * S_i . w."""

@@ -66,7 +66,7 @@ from scipy.optimize import linprog, minimize
 
 from dynamics.core.learner import DomainKind
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
-from dynamics.core.solver import to_simplex
+from dynamics.core.solver import to_floored_simplex
 
 
 @dataclass(frozen=True)
@@ -296,6 +296,15 @@ class RobustProblem:
             raise ValueError(f"probe_budget must be >= 1, got {self.probe_budget}")
 
     @property
+    def bounds(self) -> list[tuple[float, float]]:
+        """Each weight's bounds for a solver: [min_weight, 1]."""
+        return [(self.problem.min_weight, 1.0)] * self.problem.num_datasets
+
+    def mixture(self, w: np.ndarray) -> np.ndarray:
+        """A solver's answer made an exact mixture: on the simplex, every weight >= min_weight."""
+        return to_floored_simplex(w, self.problem.min_weight)
+
+    @property
     def nonlinear_prediction(self) -> bool:
         """Whether predictions are not linear in w: diminishing returns, or a floor that a
         single dataset's gain can reach."""
@@ -397,14 +406,14 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
         lambda w: rp.objective(w) / scale,
         start,
         method="SLSQP",
-        bounds=[(0.0, 1.0)] * n,
+        bounds=rp.bounds,
         constraints=[
             {"type": "eq", "fun": lambda w: np.array([w.sum() - 1.0])},
             {"type": "ineq", "fun": lambda w: -rp.violations(w)},
         ],
         options={"ftol": 1e-12, "maxiter": 500},
     )
-    weights = to_simplex(result.x)
+    weights = rp.mixture(result.x)
     if not np.isfinite(rp.objective(weights)) or rp.objective(weights) > rp.objective(start):
         weights = start
     weights = _pull_into_feasible(rp, weights, centre)
@@ -428,11 +437,11 @@ def _most_feasible(rp: RobustProblem, nonlinear: bool) -> np.ndarray:
         b_ub=slack,
         A_eq=np.concatenate([np.ones(n), [0.0]])[None, :],
         b_eq=[1.0],
-        bounds=[(0.0, None)] * n + [(None, None)],
+        bounds=[*rp.bounds, (None, None)],
         method="highs",
         options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
     )
-    best = to_simplex(result.x[:n]) if result.status == 0 else np.full(n, 1.0 / n)
+    best = rp.mixture(result.x[:n]) if result.status == 0 else np.full(n, 1.0 / n)
     if not nonlinear:
         return best
     starts = [best, np.full(n, 1.0 / n)]
@@ -443,14 +452,14 @@ def _most_feasible(rp: RobustProblem, nonlinear: bool) -> np.ndarray:
             np.concatenate([start, [t0]]),
             jac=lambda x: np.concatenate([np.zeros(n), [1.0]]),
             method="SLSQP",
-            bounds=[(0.0, 1.0)] * n + [(None, None)],
+            bounds=[*rp.bounds, (None, None)],
             constraints=[
                 {"type": "eq", "fun": lambda x: np.array([x[:n].sum() - 1.0])},
                 {"type": "ineq", "fun": lambda x: x[n] - rp.violations(x[:n])},
             ],
             options={"ftol": 1e-14, "maxiter": 500},
         )
-        candidate = to_simplex(out.x[:n])
+        candidate = rp.mixture(out.x[:n])
         if _worst(rp, candidate) < _worst(rp, best):
             best = candidate
     return best
@@ -471,12 +480,12 @@ def _least_violating(rp: RobustProblem, centre: np.ndarray) -> np.ndarray:
     simplex = {"type": "eq", "fun": lambda x: np.array([x[:n].sum() - 1.0])}
     capped = {"type": "ineq", "fun": lambda x: cap - rp.violations(x[:n])}
     above = {"type": "ineq", "fun": lambda x: x[n:] - rp.violations(x[:n])}
-    bounds = [(0.0, 1.0)] * n + [(0.0, None)] * num_c
+    bounds = rp.bounds + [(0.0, None)] * num_c
     x0 = np.concatenate([centre, np.maximum(rp.violations(centre), 0.0)])
     options = {"ftol": 1e-14, "maxiter": 500}
     total = minimize(lambda x: x[n:].sum(), x0, method="SLSQP", bounds=bounds,
                      constraints=[simplex, capped, above], options=options)
-    first = to_simplex(total.x[:n]) if total.success else centre
+    first = rp.mixture(total.x[:n]) if total.success else centre
     best_total = _total_violation(rp, first)
     if _worst(rp, first) > cap or best_total > _total_violation(rp, centre):
         first, best_total = centre, _total_violation(rp, centre)
@@ -486,7 +495,7 @@ def _least_violating(rp: RobustProblem, centre: np.ndarray) -> np.ndarray:
     x1 = np.concatenate([first, np.maximum(rp.violations(first), 0.0)])
     best = minimize(lambda x: rp.objective(x[:n]) / scale, x1, method="SLSQP", bounds=bounds,
                     constraints=[simplex, capped, above, budget], options=options)
-    candidate = to_simplex(best.x[:n])
+    candidate = rp.mixture(best.x[:n])
     if (
         _worst(rp, candidate) <= cap
         and _total_violation(rp, candidate) <= limit
@@ -518,11 +527,11 @@ def _linear_optimum(rp: RobustProblem) -> np.ndarray | None:
         b_ub=(problem.reference_losses[c] - problem.current_losses[c]) if c else None,
         A_eq=np.ones((1, n)),
         b_eq=[1.0],
-        bounds=(0.0, None),
+        bounds=(problem.min_weight, None),
         method="highs",
         options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
     )
-    return to_simplex(result.x) if result.status == 0 else None
+    return rp.mixture(result.x) if result.status == 0 else None
 
 
 def _pull_into_feasible(rp: RobustProblem, weights: np.ndarray, centre: np.ndarray) -> np.ndarray:
@@ -538,7 +547,7 @@ def _pull_into_feasible(rp: RobustProblem, weights: np.ndarray, centre: np.ndarr
             high = mid
         else:
             low = mid
-    return to_simplex((1 - high) * weights + high * centre)
+    return rp.mixture((1 - high) * weights + high * centre)
 
 
 @dataclass(frozen=True)
@@ -628,7 +637,7 @@ def confident_step(
         fraction = 1.0 if gain > 0 else 0.0
 
     def mixed(a: float) -> np.ndarray:
-        return to_simplex((1 - a) * previous + a * proposed)
+        return rp.mixture((1 - a) * previous + a * proposed)
 
     if rp.max_violation(mixed(fraction)) > FEASIBILITY_TOL:
         low, high = fraction, 1.0  # high is feasible
@@ -663,19 +672,25 @@ def keep_target_share(
     them, the other datasets scaled down together) along the segment toward a mixture with
     exactly ``wanted`` on them, as far as every robust constraint stays satisfied. A mixture
     that already breaks a predicted constraint is left as it is: then the constraints need
-    the whole budget to recover, and the record says so."""
+    the whole budget to recover, and the record says so.
+
+    With a floor ``min_weight`` the other datasets give up only their weight above it, so
+    the targets get at most ``1 - (number of others) min_weight``."""
     weights = np.asarray(weights, dtype=float)
     targets = list(target_datasets)
     mass = float(weights[targets].sum()) if targets else 0.0
-    if not targets or mass >= wanted:
-        return weights, TargetShare(mass, wanted, False)
     others = [j for j in range(len(weights)) if j not in targets]
+    m = rp.problem.min_weight
+    others_floor = m * len(others)
+    goal = min(wanted, 1.0 - others_floor)
+    if not targets or mass >= goal:
+        return weights, TargetShare(mass, wanted, False)
     lifted = weights.copy()
-    lifted[targets] += (wanted - mass) / len(targets)
+    lifted[targets] += (goal - mass) / len(targets)
     other_mass = 1.0 - mass
-    if others and other_mass > 0:
-        lifted[others] *= (1.0 - wanted) / other_mass
-    lifted = to_simplex(lifted)
+    if others and other_mass > others_floor:
+        lifted[others] = m + (lifted[others] - m) * ((1.0 - goal - others_floor) / (other_mass - others_floor))
+    lifted = rp.mixture(lifted)
     if rp.max_violation(weights) > FEASIBILITY_TOL:
         return weights, TargetShare(mass, wanted, True)
     if rp.max_violation(lifted) <= FEASIBILITY_TOL:
@@ -683,9 +698,9 @@ def keep_target_share(
     low, high = 0.0, 1.0  # low is feasible
     for _ in range(60):
         mid = 0.5 * (low + high)
-        if rp.max_violation(to_simplex((1 - mid) * weights + mid * lifted)) <= FEASIBILITY_TOL:
+        if rp.max_violation(rp.mixture((1 - mid) * weights + mid * lifted)) <= FEASIBILITY_TOL:
             low = mid
         else:
             high = mid
-    kept = to_simplex((1 - low) * weights + low * lifted)
+    kept = rp.mixture((1 - low) * weights + low * lifted)
     return kept, TargetShare(float(kept[targets].sum()), wanted, True)

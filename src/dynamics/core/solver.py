@@ -27,6 +27,10 @@ retried with a tighter SLSQP tolerance otherwise.
 Across the grid, neighbouring (lambda, eps) points mostly share their piece, so each
 solve first polishes its neighbour's solution; SLSQP runs only where the piece changes
 (about 8 of the 45 points for N = M = 20), which keeps a full grid near 20 ms.
+
+A floor ``problem.min_weight`` > 0 is respected exactly by solving the problem in ``v``,
+``w = m 1 + (1 - N m) v`` (:meth:`MixtureProblem.above_floor`), on the simplex, and mapping
+the answer back: every weight the solvers return is then at least ``m``.
 """
 
 from __future__ import annotations
@@ -139,6 +143,16 @@ def to_simplex(w: np.ndarray) -> np.ndarray:
     if not np.isfinite(total) or total <= 0:
         return np.full(w.shape, 1.0 / w.size)
     return w / total
+
+
+def to_floored_simplex(w: np.ndarray, min_weight: float) -> np.ndarray:
+    """:func:`to_simplex` for mixtures with every weight >= ``min_weight``: what a solver
+    leaves below the floor is clipped to it and the weight above the floor renormalised to
+    ``1 - N min_weight``. Exactly :func:`to_simplex` when ``min_weight`` is 0."""
+    if min_weight == 0:
+        return to_simplex(w)
+    w = np.asarray(w, dtype=float)
+    return min_weight + max(0.0, 1.0 - w.size * min_weight) * to_simplex(w - min_weight)
 
 
 def _vertex(n: int, j: int) -> np.ndarray:
@@ -264,8 +278,9 @@ def penalized_objective(problem: MixtureProblem, lam: float, eps: float, weights
 
 
 def duality_gap(problem: MixtureProblem, lam: float, eps: float, weights: np.ndarray) -> float:
-    """Certified upper bound on how far ``weights`` is from the minimum of eq. 3.4 (same units)."""
-    return _PenalizedForm.of(problem, lam, eps).duality_gap(np.asarray(weights, dtype=float))
+    """Certified upper bound on how far ``weights`` is from the minimum of eq. 3.4 over the
+    mixtures with every weight >= ``problem.min_weight`` (same units)."""
+    return _PenalizedForm.of(problem.above_floor(), lam, eps).duality_gap(problem.unfloored(weights))
 
 
 def solve_penalized(
@@ -275,13 +290,14 @@ def solve_penalized(
 
     ``eps`` is in loss units: the penalty starts ``eps`` below each reference loss.
     ``x0`` warm-starts the solver (e.g. the solution for the previous lambda). The result
-    lies exactly on the simplex: non-negative, summing to 1.
+    lies exactly on the simplex: every weight >= ``problem.min_weight``, summing to 1.
     """
     if x0 is not None and np.shape(x0) != (problem.num_datasets,):
         raise ValueError(f"x0 must have length N={problem.num_datasets}, got shape {np.shape(x0)}")
+    start = None if x0 is None else problem.unfloored(x0)
     with _blas_controller().limit(limits=1, user_api="blas"):
-        weights, _ = _solve_form(_PenalizedForm.of(problem, lam, eps), x0)
-    return weights
+        weights, _ = _solve_form(_PenalizedForm.of(problem.above_floor(), lam, eps), start)
+    return problem.floored(weights)
 
 
 @dataclass(frozen=True, eq=False)
@@ -302,8 +318,9 @@ class LPResult:
 
 
 def solve_lp(problem: MixtureProblem) -> LPResult:
-    """Solve the linear program of eq. 3.1 with the prediction of eq. 3.3 (HiGHS)."""
-    form = _PenalizedForm.of(problem, lam=1.0, eps=0.0)  # lambda plays no part here
+    """Solve the linear program of eq. 3.1 with the prediction of eq. 3.3 (HiGHS), over the
+    mixtures with every weight >= ``problem.min_weight``."""
+    form = _PenalizedForm.of(problem.above_floor(), lam=1.0, eps=0.0)  # lambda plays no part here
     n = problem.num_datasets
     has_constraints = form.shifted_slack.size > 0
     # Feasible means what it means for a grid candidate: every violation <= FEASIBILITY_TOL.
@@ -325,7 +342,7 @@ def solve_lp(problem: MixtureProblem) -> LPResult:
     )
     if result.status != 0:
         return LPResult(feasible=False, weights=None, objective=None, message=str(result.message))
-    weights = to_simplex(result.x)
+    weights = problem.floored(to_simplex(result.x))
     return LPResult(
         feasible=True,
         weights=weights,
@@ -350,6 +367,8 @@ class Solution:
     num_candidates:   grid points tried (len(lambdas) * len(epsilons)).
     source:           "grid", or "direct" when a robustness option's direct solution of the
                       constrained program was chosen (:mod:`dynamics.core.robust`).
+    min_weight:       the floor every weight was held to (``method.min_weight``); in the
+                      record only when it is above 0.
     """
 
     weights: np.ndarray
@@ -364,6 +383,7 @@ class Solution:
     lp_objective: float | None
     num_candidates: int
     source: str = "grid"
+    min_weight: float = 0.0
 
     def __post_init__(self) -> None:
         # Frozen means frozen: the arrays are read-only copies.
@@ -376,6 +396,7 @@ class Solution:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able python: lists, floats, bools and None."""
+        floor = {"min_weight": float(self.min_weight)} if self.min_weight > 0 else {}
         return {
             "weights": [float(x) for x in self.weights],
             "objective": float(self.objective),
@@ -389,6 +410,7 @@ class Solution:
             "lp_objective": None if self.lp_objective is None else float(self.lp_objective),
             "num_candidates": int(self.num_candidates),
             "source": self.source,
+            **floor,
         }
 
 
@@ -442,11 +464,13 @@ def _grid_candidates(problem: MixtureProblem) -> list[GridCandidate]:
     candidates: list[GridCandidate] = []
     # Each solve is warm-started from its neighbour on the grid: the previous lambda, or
     # for the smallest lambda the same lambda at the previous eps.
+    # Solved in v of MixtureProblem.above_floor (w itself without a floor), recorded in w.
     smallest_lambda_solution: np.ndarray | None = None
+    free = problem.above_floor()
     for eps in problem.grid.epsilons:
         weights: np.ndarray | None = None
         for lam in sorted(problem.grid.lambdas):
-            form = _PenalizedForm.of(problem, lam, eps)
+            form = _PenalizedForm.of(free, lam, eps)
             if weights is None:
                 weights, _ = _solve_form(form, smallest_lambda_solution)
                 smallest_lambda_solution = weights
@@ -454,13 +478,14 @@ def _grid_candidates(problem: MixtureProblem) -> list[GridCandidate]:
                 weights, _ = _solve_form(form, weights)
             # else: a solution that pays no penalty stays optimal for every larger lambda,
             # F_lam'(w) >= F_lam(w) >= F_lam(w*) = F_lam'(w*) for all w.
+            mixture = problem.floored(weights)
             candidates.append(
                 GridCandidate(
                     lam=float(lam),
                     eps=float(eps),
-                    weights=weights,
-                    objective=problem.target_objective(weights),
-                    max_violation=problem.max_violation(weights),
+                    weights=mixture,
+                    objective=problem.target_objective(mixture),
+                    max_violation=problem.max_violation(mixture),
                 )
             )
     return candidates
@@ -485,6 +510,7 @@ def solution_of(
         lp_objective=lp.objective,
         num_candidates=num_candidates,
         source=source,
+        min_weight=problem.min_weight,
     )
 
 
