@@ -185,3 +185,78 @@ def test_state_for_other_data_is_refused() -> None:
 def test_batch_tensors() -> None:
     _, batch = sampler().next_batch([1 / 3] * 3)
     assert batch["input_ids"].shape == (4, 2) and batch["input_ids"].dtype == torch.long
+
+
+# ------------------------------------------------------------- sampling by tokens
+
+
+def varied_pool(n: int, tag: int, lengths: tuple[int, int], seed: int) -> list[LMExample]:
+    """Examples of ``tag`` whose lengths are drawn uniformly from ``lengths`` (inclusive)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        row = np.full(int(rng.integers(lengths[0], lengths[1] + 1)), 1, dtype=np.int32)
+        row[0] = tag * 1000 + i
+        out.append(LMExample(input_ids=row, labels=row.copy()))
+    return out
+
+
+def token_sampler(sampling: str, seed: int = 0) -> MixtureSampler:
+    pools = [varied_pool(40, 0, (2, 6), 1), varied_pool(25, 1, (10, 30), 2), varied_pool(60, 2, (1, 3), 3)]
+    streams = [DatasetStream(p, batch_size=4, pad_id=PAD, seed=20 + j) for j, p in enumerate(pools)]
+    return MixtureSampler(streams, seed=seed, sampling=sampling)
+
+
+def token_shares(s: MixtureSampler, weights: np.ndarray, draws: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each dataset's share of the non-padding tokens and of the batches drawn."""
+    tokens, batches = np.zeros(3), np.zeros(3)
+    for _ in range(draws):
+        j, batch = s.next_batch(weights)
+        tokens[j] += int(batch["attention_mask"].sum())
+        batches[j] += 1
+    return tokens / tokens.sum(), batches / draws
+
+
+def test_mean_tokens_per_batch_is_the_batch_size_times_the_mean_example_length() -> None:
+    examples = varied_pool(25, 1, (10, 30), 2)
+    s = DatasetStream(examples, batch_size=4, pad_id=PAD, seed=0)
+    assert s.mean_tokens_per_batch == pytest.approx(4 * np.mean([len(e) for e in examples]), rel=1e-12)
+    assert s.state_dict() == DatasetStream(examples, batch_size=4, pad_id=PAD, seed=0).state_dict()
+
+
+def test_by_tokens_each_dataset_gets_its_weight_of_the_tokens() -> None:
+    weights = np.array([0.2, 0.5, 0.3])
+    draws = 40_000
+    tokens, batches = token_shares(token_sampler("tokens", seed=7), weights, draws)
+    # Over 12 seeds the token shares' standard deviation was at most 0.0037 (dataset 1: few
+    # batches of widely varying length); 0.02 is more than five of them.
+    assert np.abs(tokens - weights).max() < 0.02
+    # The datasets of short rows (0 and 2) are drawn far more often than their weight.
+    assert batches[2] > 0.6 and batches[1] < 0.15
+    # By batches, the same weights give the long rows of dataset 1 most of the tokens.
+    by_batches, drawn = token_shares(token_sampler("batches", seed=7), weights, 6000)
+    assert np.abs(drawn - weights).max() < 0.03  # binomial sd at most 0.0065
+    assert by_batches[1] > 0.8
+
+
+def test_by_tokens_a_zero_weight_is_never_drawn_and_the_state_round_trips() -> None:
+    s = token_sampler("tokens")
+    assert {s.draw_dataset([0.0, 1.0, 0.0]) for _ in range(100)} == {1}
+    mixtures = np.random.default_rng(5).dirichlet(np.ones(3), size=43)
+    for w in mixtures[:13]:
+        s.next_batch(w)
+    state = json.loads(json.dumps(s.state_dict()))
+    future = [(j, ids(b)) for j, b in (s.next_batch(w) for w in mixtures[13:])]
+    fresh = token_sampler("tokens")
+    fresh.load_state_dict(state)
+    assert [(j, ids(b)) for j, b in (fresh.next_batch(w) for w in mixtures[13:])] == future
+
+
+def test_batches_is_the_default_and_unknown_sampling_is_refused() -> None:
+    streams = [stream(12, 0, seed=10), stream(7, 1, seed=11), stream(30, 2, seed=12)]
+    default = MixtureSampler(streams, seed=3)
+    explicit = MixtureSampler([stream(12, 0, seed=10), stream(7, 1, seed=11), stream(30, 2, seed=12)], seed=3,
+                              sampling="batches")
+    assert run(default, 30) == run(explicit, 30)
+    with pytest.raises(ValueError, match="sampling"):
+        MixtureSampler(streams, seed=0, sampling="rows")

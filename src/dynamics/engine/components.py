@@ -185,8 +185,12 @@ def build_policy(config: RunConfig, dataset_names: list[str]) -> MixturePolicy:
         return FixedWeightsPolicy(weights, total_steps=total_steps, label="fixed")
     schedule = build_schedule(method.schedule, total_steps, method.probe_cap)
     if method.name == "gradient-alignment":
-        return GradientAlignmentPolicy(schedule, num_batches=method.alignment_batches, grid=grid)
-    return DynamicsPolicy(schedule, predictor=method.predictor, grid=grid, options=method.robust_options())
+        return GradientAlignmentPolicy(
+            schedule, num_batches=method.alignment_batches, grid=grid, min_weight=method.min_weight
+        )
+    return DynamicsPolicy(
+        schedule, predictor=method.predictor, grid=grid, options=method.robust_options(), min_weight=method.min_weight
+    )
 
 
 @dataclass
@@ -313,7 +317,9 @@ def build_run(
     agree_on_refusal(error)
     assert run_data is not None  # else agree_on_refusal raised
     sampler = RankSlicedSampler(
-        MixtureSampler(run_data.streams, seed=training.seed), accelerator.process_index, accelerator.num_processes
+        MixtureSampler(run_data.streams, seed=training.seed, sampling=training.sampling),
+        accelerator.process_index,
+        accelerator.num_processes,
     )
     learner = HFLearner(
         trained,

@@ -163,6 +163,12 @@ class TrainingConfig(_Section):
         description="Save the full training state to last_checkpoint/ every this many steps, for --resume "
         "(null: at every main evaluation; 0: never).",
     )
+    sampling: Literal["batches", "tokens"] = Field(
+        "batches",
+        description="What the mixture weights are shares of: batches (each batch is drawn from dataset j with "
+        "probability w_j) or tokens (dataset j is drawn with probability proportional to w_j over its mean "
+        "non-padding tokens per batch, so that over the run it gets a share w_j of the trained tokens).",
+    )
 
 
 class EvaluationConfig(_Section):
@@ -272,6 +278,13 @@ class MethodConfig(_Section):
         lt=1,
         description="Keep at least this share of the mixture on target datasets while every predicted "
         "constraint still holds (0: none, as the paper).",
+    )
+    min_weight: float = Field(
+        0.0,
+        ge=0,
+        description="The least weight of every training dataset at every update (N * min_weight <= 1); the "
+        "solver finds the best mixture among those. With the fixed method, each normalised weight must be at "
+        "least this.",
     )
     backtrack: int = Field(
         0,
@@ -585,6 +598,12 @@ class RunConfig(_Section):
             build_schedule(self.method.schedule, self.training.total_steps, self.method.probe_cap)
         except ScheduleError as err:
             raise ValueError(f"method.schedule: {err}") from None
+        floor, num_trained = self.method.min_weight, len(training_names)
+        if floor * num_trained > 1.0 + 1e-12:
+            raise ValueError(
+                f"method.min_weight ({floor:g}) times the {num_trained} training datasets is "
+                f"{floor * num_trained:g}, more than the whole mixture: lower it to at most {1 / num_trained:g}"
+            )
         if self.method.name == "fixed":
             if not self.method.weights:
                 raise ValueError("method.weights: the fixed method needs a weight per training dataset")
@@ -597,6 +616,13 @@ class RunConfig(_Section):
             if any(w < 0 for w in self.method.weights.values()) or sum(self.method.weights.values()) <= 0:
                 raise ValueError(
                     f"method.weights must be >= 0 with a positive sum (they are normalised), got {self.method.weights}"
+                )
+            total = sum(self.method.weights.values())
+            below = sorted(name for name, w in self.method.weights.items() if w / total < floor - 1e-12)
+            if below:
+                raise ValueError(
+                    f"method.weights give {below} less than method.min_weight ({floor:g}) once normalised: "
+                    "raise their weights or lower method.min_weight"
                 )
         elif self.method.weights is not None:
             raise ValueError("method.weights is only used by the fixed method; remove it or set method.name: fixed")

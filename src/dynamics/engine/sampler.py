@@ -8,10 +8,14 @@ Public API:
   order each time and an unlimited one (no budget) is never exhausted: if it is finite on
   disk it simply cycles the same way. A batch that crosses an epoch boundary takes the end
   of one epoch and the start of the next. ``next_batch()`` returns a ``collate_lm`` batch.
-- ``MixtureSampler(streams, seed)``: ``next_batch(weights) -> (j, batch)`` draws one
-  dataset ``j`` with probability ``weights[j]`` and returns the next batch of its stream:
-  a whole batch comes from one dataset, as in the paper ("a batch is drawn from D_j with
-  proportion w_j"). ``probe_batch(j)`` returns the next batch of dataset ``j``'s *probe
+- ``MixtureSampler(streams, seed, sampling="batches")``: ``next_batch(weights) -> (j, batch)``
+  draws one dataset ``j`` with probability ``weights[j]`` and returns the next batch of its
+  stream: a whole batch comes from one dataset, as in the paper ("a batch is drawn from D_j
+  with proportion w_j"). With ``sampling="tokens"`` the weights are shares of trained tokens
+  instead: ``j`` is drawn with probability proportional to ``weights[j] / t_j``, where
+  ``t_j`` is the stream's mean non-padding tokens per batch (``mean_tokens_per_batch``), so
+  a dataset of shorter rows is drawn more often and over the run each dataset's share of
+  the tokens trained on approaches its weight. ``probe_batch(j)`` returns the next batch of dataset ``j``'s *probe
   stream*, a second stream over the same examples with its own order and position, so
   probing (slope estimation, gradient alignment) never changes the main run's data order.
 - ``state_dict()`` / ``load_state_dict()`` on both: the run state of the data order
@@ -80,6 +84,14 @@ class DatasetStream:
         """Examples of the current epoch's order already taken."""
         return self._position
 
+    @property
+    def mean_tokens_per_batch(self) -> float:
+        """Non-padding tokens of a batch, on average over the run: ``batch_size`` times the
+        mean length of the examples (padding is added only when a batch is collated). Exact
+        for the stream in the long run, since every epoch takes each example once; computed
+        from the examples, so reading it moves nothing."""
+        return self.batch_size * float(np.mean([len(example) for example in self._examples]))
+
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
 
@@ -133,12 +145,21 @@ class DatasetStream:
 class MixtureSampler:
     """Draws each training batch's dataset from the mixture weights (see the module doc)."""
 
-    def __init__(self, streams: Sequence[DatasetStream], seed: int) -> None:
+    def __init__(self, streams: Sequence[DatasetStream], seed: int, sampling: str = "batches") -> None:
         if not streams:
             raise ValueError("a MixtureSampler needs at least one dataset stream")
+        if sampling not in ("batches", "tokens"):
+            raise ValueError(f"sampling={sampling!r}: use 'batches' or 'tokens'")
         self.streams = list(streams)
         self.probe_streams = [stream.probe_stream() for stream in self.streams]
         self._choice_rng = np.random.Generator(np.random.PCG64(seed))
+        self.sampling = sampling
+        # Tokens: each weight is divided by its dataset's mean tokens per batch, measured once.
+        self._tokens_per_batch: np.ndarray | None = None
+        if sampling == "tokens":
+            self._tokens_per_batch = np.array([stream.mean_tokens_per_batch for stream in self.streams])
+            if not np.all(self._tokens_per_batch > 0):
+                raise ValueError(f"every dataset needs tokens to sample by tokens, got {self._tokens_per_batch}")
 
     @property
     def num_datasets(self) -> int:
@@ -151,13 +172,17 @@ class MixtureSampler:
         # Solvers return -1e-17 for an exact zero; anything clearly negative is a bug.
         if (w < -1e-9).any() or abs(w.sum() - 1.0) > 1e-6:
             raise ValueError(f"weights {w} must be non-negative and sum to 1")
-        cumulative = np.cumsum(np.clip(w, 0.0, None))
+        shares = np.clip(w, 0.0, None)
+        if self._tokens_per_batch is not None:
+            shares = shares / self._tokens_per_batch
+        cumulative = np.cumsum(shares)
         # Dividing by the total makes the last non-zero entry exactly 1.0, so a uniform
         # draw in [0, 1) can never land on a zero-weight dataset.
         return cumulative / cumulative[-1]
 
     def draw_dataset(self, weights: ArrayLike) -> int:
-        """Index j drawn with probability ``weights[j]`` (one uniform draw of the choice RNG)."""
+        """Index j drawn with probability ``weights[j]``, or by tokens proportional to
+        ``weights[j] / t_j`` (one uniform draw of the choice RNG either way)."""
         cumulative = self._cumulative(weights)
         return int(np.searchsorted(cumulative, self._choice_rng.random(), side="right"))
 
