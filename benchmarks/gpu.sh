@@ -1,39 +1,117 @@
 #!/usr/bin/env bash
 # The GPU check: the engine on CUDA at a real model's size, in one command, printing one
-# JSON object. No downloads: the model is randomly initialised with the shape of
-# Qwen/Qwen2.5-0.5B (benchmarks/shapes.py), bf16 mixed precision, LoRA rank 32, sequences
-# of 512 tokens, batch 8. It reports:
-#   engine:        engine tokens/s over a plain transformers + PEFT loop, one snapshot +
-#                  restore over one training step, peak GPU memory (benchmarks/engine.py);
-#   run_overhead:  DynaMiCS over a fixed mixture in training wall time at reduced steps,
-#                  beside the cost model's prediction, and each run's peak GPU memory
-#                  (benchmarks/run_overhead.py).
-# Meant to take under 8 minutes on one H100. DYNAMICS_GPU_CHECK_TOY=1 runs the same script at
-# a toy size on a CPU in about a minute (the test suite does, so the script cannot rot).
+# JSON object. No downloads: models are randomly initialised (benchmarks/shapes.py). In
+# order, each under its own time limit, a failure recorded in the JSON and the next one run:
+#   engine:        Qwen2.5-0.5B's shape, bf16 mixed precision, LoRA rank 32, sequences of
+#                  512, batch 8: engine tokens/s over a plain transformers + PEFT loop, one
+#                  snapshot + restore over one training step (goal <= 0.05 for LoRA), peak
+#                  GPU memory; above the goal, the torch profiler's top entries by CUDA time
+#                  over one LoRA snapshot + restore (benchmarks/engine.py --profile above-goal);
+#   run_overhead:  DynaMiCS over a fixed mixture in training wall time (a discarded warm-up
+#                  run first), same shape, 32 steps with the paper's evaluation settings
+#                  scaled by 32/2048 (every step on 3 batches, probes on 1), beside the cost
+#                  model, and each run's peak GPU memory (benchmarks/run_overhead.py
+#                  --paper-evaluation);
+#   paper_shape:   the paper's cost at the paper's shape: Qwen2.5-3B's shape, LoRA 32,
+#                  sequences of 512, batch 8, evaluations every 64 steps on 200 batches and
+#                  probes on 50, dense warm-up, as far as DYNAMICS_PAPER_SECONDS (60) allow;
+#                  measured unit costs and the cost model's 2,048-step prediction from them
+#                  (run_overhead.py --paper-shape; DYNAMICS_PAPER_SCALE shrinks the model);
+#   fsdp_resume:   a LoRA run under FSDP2 stopped and resumed (benchmarks/fsdp_resume.py),
+#                  only with two GPUs or more, else skipped with the reason;
+#   qlora:         the engine row for QLoRA (model.quantization {bits: 4}) at the engine's
+#                  shape: tokens/s, snapshot + restore over one step, peak memory; skipped
+#                  with the reason without a GPU or bitsandbytes. bitsandbytes is installed
+#                  only from wheels carried onto the machine (DYNAMICS_WHEELS, default
+#                  wheels/; pip --no-index), never from the internet.
+# Meant to take under 8 minutes on one H100 (each section's seconds are in the JSON).
+# DYNAMICS_GPU_CHECK_TOY=1 runs the same script at a toy size on a CPU, profiler included,
+# in about a minute (the test suite does, so the script cannot rot).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
+WHEELS="${DYNAMICS_WHEELS:-wheels}"
 if [ "${DYNAMICS_GPU_CHECK_TOY:-0}" = "1" ]; then
   SIZE=(--shape tiny --seq 64 --batch 2 --lora-rank 8 --mixed-precision no)
   ENGINE_STEPS=4
-  RUN_STEPS=16
+  PROFILE=always
+  OVERHEAD=(--steps 16)
+  PAPER=(--scale 0.005 --seq 32 --batch 1 --seconds 3)
 else
   SIZE=(--shape qwen2.5-0.5b --seq 512 --batch 8 --lora-rank 32 --mixed-precision bf16)
   ENGINE_STEPS=20
-  RUN_STEPS=64
+  PROFILE=above-goal
+  OVERHEAD=(--steps 32)
+  PAPER=(--scale "${DYNAMICS_PAPER_SCALE:-1}" --seconds "${DYNAMICS_PAPER_SECONDS:-60}")
 fi
-engine=$("$PYTHON" benchmarks/engine.py "${SIZE[@]}" --steps "$ENGINE_STEPS")
-overhead=$("$PYTHON" benchmarks/run_overhead.py "${SIZE[@]}" --steps "$RUN_STEPS")
-"$PYTHON" - "$engine" "$overhead" <<'PY'
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+started=$SECONDS
+
+# section NAME LIMIT_S COMMAND...: stdout to NAME.json, stderr to NAME.err, seconds and exit
+# status to NAME.meta; a failure or a timeout does not stop the script.
+section() {
+  local name=$1 limit=$2 begin=$SECONDS rc=0
+  shift 2
+  timeout "$limit" "$@" >"$OUT/$name.json" 2>"$OUT/$name.err" || rc=$?
+  echo "$((SECONDS - begin)) $rc $limit" >"$OUT/$name.meta"
+}
+skip() { echo "$2" >"$OUT/$1.skip"; }
+
+section engine 240 "$PYTHON" benchmarks/engine.py "${SIZE[@]}" --steps "$ENGINE_STEPS" --profile "$PROFILE"
+section run_overhead 300 "$PYTHON" benchmarks/run_overhead.py "${SIZE[@]}" "${OVERHEAD[@]}" --paper-evaluation
+section paper_shape 240 "$PYTHON" benchmarks/run_overhead.py --paper-shape "${PAPER[@]}"
+
+gpus=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
+if [ "$gpus" -ge 2 ]; then
+  section fsdp_resume 240 "$PYTHON" benchmarks/fsdp_resume.py --processes "$gpus"
+else
+  skip fsdp_resume "needs two GPUs or more (a real test of gathering shards); this machine has $gpus"
+fi
+
+has_bnb() { "$PYTHON" -c "import bitsandbytes" >/dev/null 2>&1; }
+if [ "$gpus" -lt 1 ]; then
+  skip qlora "needs a CUDA GPU (bitsandbytes' 4-bit layers); this machine has none"
+else
+  if ! has_bnb && [ -d "$WHEELS" ]; then
+    "$PYTHON" -m pip install --quiet --no-index --find-links "$WHEELS" bitsandbytes >"$OUT/pip.log" 2>&1 || true
+  fi
+  if has_bnb; then
+    section qlora 240 "$PYTHON" benchmarks/engine.py "${SIZE[@]}" --steps "$ENGINE_STEPS" --quantization 4
+  else
+    why="bitsandbytes is not installed and could not be installed from $WHEELS (DYNAMICS_WHEELS; pip --no-index): carry its wheel onto the machine"
+    [ -f "$OUT/pip.log" ] && why="$why; pip: $(tail -c 500 "$OUT/pip.log" | tr '\n' ' ')"
+    skip qlora "$why"
+  fi
+fi
+
+"$PYTHON" - "$OUT" "$((SECONDS - started))" <<'PY'
 import json
 import sys
+from pathlib import Path
 
 import torch
 
-print(json.dumps({
+out, total = Path(sys.argv[1]), int(sys.argv[2])
+result = {
     "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+    "gpus": torch.cuda.device_count(),
     "torch": torch.__version__,
-    "engine": json.loads(sys.argv[1]),
-    "run_overhead": json.loads(sys.argv[2]),
-}, indent=2))
+}
+for name in ("engine", "run_overhead", "paper_shape", "fsdp_resume", "qlora"):
+    skipped = out / f"{name}.skip"
+    if skipped.exists():
+        result[name] = {"skipped": skipped.read_text().strip()}
+        continue
+    seconds, rc, limit = (int(v) for v in (out / f"{name}.meta").read_text().split())
+    try:
+        section = json.loads((out / f"{name}.json").read_text())
+    except ValueError:
+        section = None
+    if rc != 0 or section is None:
+        why = f"timed out after {limit} s" if rc == 124 else f"exit status {rc}"
+        section = {"failed": why, "stderr_tail": (out / f"{name}.err").read_text()[-3000:]}
+    result[name] = {**section, "section_seconds": seconds}
+result["total_seconds"] = total
+print(json.dumps(result, indent=2))
 PY

@@ -1,5 +1,6 @@
 """The GPU checks run end to end on the CPU (the GPU check at a toy size, the FSDP resume
-check unsharded), so they are ready (and not rotten) when a GPU machine is available."""
+check unsharded, the paper-shape cost measurement at a toy scale), so they are ready (and
+not rotten) when a GPU machine is available."""
 
 from __future__ import annotations
 
@@ -12,18 +13,24 @@ from pathlib import Path
 
 import pytest
 
+from dynamics.core.cost import CostModel, relative_cost, run_cost
+from dynamics.core.schedules import build_schedule
+
 ROOT = Path(__file__).resolve().parents[1]
+UNITS = ("train_step", "main_evaluation", "probe_step", "reduced_evaluation")
 
 pytestmark = pytest.mark.slow
 
 
-def test_the_gpu_check_prints_one_json_object_with_its_measurements():
-    env = {**os.environ, "DYNAMICS_GPU_CHECK_TOY": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
-    done = subprocess.run(
-        ["bash", "benchmarks/gpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-    )
+def run_json(command: list[str], **env: str) -> dict:
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **env}
+    done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def test_the_gpu_check_prints_one_json_object_with_its_measurements():
+    result = run_json(["bash", "benchmarks/gpu.sh"], DYNAMICS_GPU_CHECK_TOY="1")
     engine, overhead = result["engine"], result["run_overhead"]
     assert engine["model"]["shape"] == "tiny" and overhead["shape"] == "tiny"
     one = overhead["processes"]["1"]
@@ -36,22 +43,87 @@ def test_the_gpu_check_prints_one_json_object_with_its_measurements():
     ]
     assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in values), values
     assert one["dynamics_train_s"] <= one["dynamics_wall_s"]  # setup left out
+    # The paper's evaluation every 64 of 2,048 steps on 200 batches, probes on 50, scaled to 16 steps.
+    assert overhead["evaluation"] == {"interval": 1, "batches": 2, "reduced_batches": 1, "batch_size": 2}
+    # The toy run profiles in any case (on a GPU only above the goal): the top entries by time.
+    profile = engine["profile_snapshot_restore_lora"]
+    assert profile["top"] and all(entry["self_cpu_us"] >= 0 and entry["name"] for entry in profile["top"])
+    assert result["paper_shape"]["benchmark"] == "run_overhead --paper-shape"
+    # No GPU here: what needs one says so instead of failing or reporting nothing.
+    assert result["gpus"] == 0
+    assert "two GPUs or more" in result["fsdp_resume"]["skipped"]
+    assert "CUDA GPU" in result["qlora"]["skipped"]
+    for name in ("engine", "run_overhead", "paper_shape"):
+        assert "failed" not in result[name] and result[name]["section_seconds"] >= 0
+    assert result["total_seconds"] >= 0
+
+
+PAPER_TOY = [sys.executable, "benchmarks/run_overhead.py", "--paper-shape", "--scale", "0.005", "--seq", "32", "--batch", "1"]
+
+
+def test_the_paper_shape_cost_is_the_cost_models_on_the_measured_unit_costs():
+    """At a toy scale the first seconds of the dense-warmup run reach every unit (a main
+    evaluation, probes, reduced evaluations, training steps); both predictions are
+    dynamics.core.cost's on the reported unit costs."""
+    result = run_json([*PAPER_TOY, "--seconds", "5"])
+    assert result["model"]["num_hidden_layers"] == 1 and result["model"]["lora_rank"] == 32
+    assert result["paper_seq_and_batch"] is False
+    assert result["evaluation"]["main_batches"] == 200 and result["evaluation"]["reduced_batches"] == 50
+    measured, predicted = result["measured"], result["predicted_2048_steps"]
+    units = measured["unit_s"]
+    for unit in UNITS:
+        assert measured["counts"][unit] > 0 and units[unit] == measured["total_s"][unit] / measured["counts"][unit]
+    assert measured["reasons"] == {}
+    n, m = result["N_datasets"], result["M_domains"]
+    schedule = build_schedule("dense-warmup", 2048)
+    ratio = units["train_step"] / (units["main_evaluation"] / (m * 200))
+    assert predicted["measured_train_fwd_ratio"] == pytest.approx(ratio, rel=1e-12)
+    model = CostModel(train_fwd_ratio=ratio)
+    assert predicted["measured_train_fwd_ratio_model"]["relative_cost"] == pytest.approx(
+        relative_cost(schedule, n, m, model), rel=1e-12
+    )
+    cost = run_cost(schedule, n, m, model)
+    fixed = sum(h * units["train_step"] + h / 64 * units["main_evaluation"] for h in cost.horizons)
+    added = sum(
+        n * (c * units["probe_step"] + units["reduced_evaluation"]) + (0 if recycled else units["reduced_evaluation"])
+        for c, recycled in zip(cost.probe_budgets, cost.recycled, strict=True)
+    )
+    assert predicted["all_measured_units"]["relative_cost"] == pytest.approx((fixed + added) / fixed, rel=1e-12)
+    assert predicted["paper_relative_cost"] == 1.7
+
+
+def test_the_paper_shape_reports_nothing_it_did_not_measure():
+    """With no time, nothing runs: every unit and every prediction that needs one is null,
+    with the reason."""
+    result = run_json([*PAPER_TOY, "--seconds", "0"])
+    measured, predicted = result["measured"], result["predicted_2048_steps"]
+    assert measured["steps_trained"] == 0 and set(measured["counts"].values()) == {0}
+    for unit in UNITS:
+        assert measured["unit_s"][unit] is None
+        assert "--seconds 0 ran out before the main evaluation at step 0" in measured["reasons"][unit]
+    assert predicted["measured_train_fwd_ratio"] is None and predicted["reason_train_fwd_ratio"]
+    assert predicted["all_measured_units"] is None and "train_step" in predicted["reason_all_measured_units"]
+
+
+def test_the_four_unit_prediction_is_the_cost_model_when_units_follow_its_assumptions():
+    """A probe step costing a training step and a reduced evaluation 50/200 of a main one:
+    the four-unit formula gives cost.py's relative cost (here with C_bp = 3 C_fwd)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import run_overhead
+
+    n, m = 3, 4
+    units = {"train_step": 3.0, "main_evaluation": m * 200.0, "probe_step": 3.0, "reduced_evaluation": m * 50.0}
+    predicted = run_overhead.predictions(units, n, m)
+    expected = relative_cost(build_schedule("dense-warmup", 2048), n, m, CostModel())
+    assert predicted["all_measured_units"]["relative_cost"] == pytest.approx(expected, rel=1e-12)
+    assert predicted["measured_train_fwd_ratio"] == pytest.approx(3.0)
+    assert predicted["measured_train_fwd_ratio_model"]["relative_cost"] == pytest.approx(expected, rel=1e-12)
 
 
 def test_the_fsdp_resume_check_resumes_a_run_to_the_same_evaluations():
     """benchmarks/fsdp_resume.py, unsharded (accelerate shards only on GPUs): a finished run's
     copy, its summary removed, resumes from its last resume point to the same evaluations."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "benchmarks/fsdp_resume.py", "--no-fsdp"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
+    result = run_json([sys.executable, "benchmarks/fsdp_resume.py", "--no-fsdp"])
     assert result["fsdp"] is False
     assert result["resumed_from_step"] == 8 and result["resumed_at"] == [8]
     assert result["evaluations"] == 4  # steps 0, 4, 8, 12
