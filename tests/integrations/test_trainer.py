@@ -321,6 +321,13 @@ def test_the_data_without_the_callback_says_what_is_missing(tokenizer_dir, tmp_p
         pending.to("cpu")
 
 
+def test_the_callback_samples_by_tokens_when_the_config_says_so(tokenizer_dir, tmp_path):
+    data = tiny_config(tokenizer_dir, tmp_path / "trainer")
+    data["training"]["sampling"] = "tokens"
+    callback = DynamicsCallback(RunConfig.from_dict(data), load_tokenizer(RunConfig.from_dict(data).model))
+    assert callback.sampler.sampler.sampling == "tokens"
+
+
 @pytest.mark.slow
 def test_two_processes_under_the_trainer_match_one_process(tmp_path):
     """torchrun, gloo, one thread each: two ranks with half the batch each follow the

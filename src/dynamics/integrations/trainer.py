@@ -188,7 +188,9 @@ class DynamicsCallback(TrainerCallback):
         rank = process_rank()
         check_sources(config, data or {})
         self.data = build_data(config, tokenizer, world, data)
-        self.sampler = RankSlicedSampler(MixtureSampler(self.data.streams, seed=config.training.seed), rank, world)
+        self.sampler = RankSlicedSampler(
+            MixtureSampler(self.data.streams, seed=config.training.seed, sampling=config.training.sampling), rank, world
+        )
         self.source = MixtureTrainSource(
             self.sampler,
             config.training.batch_size,
