@@ -24,7 +24,8 @@
 #                  with the reason without a GPU or bitsandbytes. bitsandbytes is installed
 #                  only from wheels carried onto the machine (DYNAMICS_WHEELS, default
 #                  wheels/; pip --no-index), never from the internet.
-# Meant to take under 8 minutes on one H100 (each section's seconds are in the JSON).
+# Meant to take under 8 minutes on one H100 (each section's seconds are in the JSON); no
+# section starts after DYNAMICS_GPU_CHECK_SECONDS (480), and each is cut to what is left.
 # DYNAMICS_GPU_CHECK_TOY=1 runs the same script at a toy size on a CPU, profiler included,
 # in about a minute (the test suite does, so the script cannot rot).
 set -euo pipefail
@@ -48,23 +49,34 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 started=$SECONDS
 
+# The whole script stops starting sections at DEADLINE seconds, so that its JSON comes back
+# within a session's time limit even when a section hangs.
+DEADLINE="${DYNAMICS_GPU_CHECK_SECONDS:-480}"
+
 # section NAME LIMIT_S COMMAND...: stdout to NAME.json, stderr to NAME.err, seconds and exit
-# status to NAME.meta; a failure or a timeout does not stop the script.
+# status to NAME.meta; a failure or a timeout does not stop the script. The limit is cut to
+# what is left before DEADLINE; with under 20 s left the section is skipped.
 section() {
   local name=$1 limit=$2 begin=$SECONDS rc=0
+  local left=$((DEADLINE - (SECONDS - started)))
   shift 2
+  if [ "$left" -lt 20 ]; then
+    skip "$name" "the script's deadline (DYNAMICS_GPU_CHECK_SECONDS=$DEADLINE) left ${left} s"
+    return
+  fi
+  if [ "$left" -lt "$limit" ]; then limit=$left; fi
   timeout "$limit" "$@" >"$OUT/$name.json" 2>"$OUT/$name.err" || rc=$?
   echo "$((SECONDS - begin)) $rc $limit" >"$OUT/$name.meta"
 }
 skip() { echo "$2" >"$OUT/$1.skip"; }
 
-section engine 240 "$PYTHON" benchmarks/engine.py "${SIZE[@]}" --steps "$ENGINE_STEPS" --profile "$PROFILE"
-section run_overhead 300 "$PYTHON" benchmarks/run_overhead.py "${SIZE[@]}" "${OVERHEAD[@]}" --paper-evaluation
-section paper_shape 240 "$PYTHON" benchmarks/run_overhead.py --paper-shape "${PAPER[@]}"
+section engine 150 "$PYTHON" benchmarks/engine.py "${SIZE[@]}" --steps "$ENGINE_STEPS" --profile "$PROFILE"
+section run_overhead 210 "$PYTHON" benchmarks/run_overhead.py "${SIZE[@]}" "${OVERHEAD[@]}" --paper-evaluation
+section paper_shape $((${DYNAMICS_PAPER_SECONDS:-60} + 90)) "$PYTHON" benchmarks/run_overhead.py --paper-shape "${PAPER[@]}"
 
 gpus=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
 if [ "$gpus" -ge 2 ]; then
-  section fsdp_resume 240 "$PYTHON" benchmarks/fsdp_resume.py --processes "$gpus"
+  section fsdp_resume 150 "$PYTHON" benchmarks/fsdp_resume.py --processes "$gpus"
 else
   skip fsdp_resume "needs two GPUs or more (a real test of gathering shards); this machine has $gpus"
 fi
@@ -77,7 +89,7 @@ else
     "$PYTHON" -m pip install --quiet --no-index --find-links "$WHEELS" bitsandbytes >"$OUT/pip.log" 2>&1 || true
   fi
   if has_bnb; then
-    section qlora 240 "$PYTHON" benchmarks/engine.py "${SIZE[@]}" --steps "$ENGINE_STEPS" --quantization 4
+    section qlora 120 "$PYTHON" benchmarks/engine.py "${SIZE[@]}" --steps "$ENGINE_STEPS" --quantization 4
   else
     why="bitsandbytes is not installed and could not be installed from $WHEELS (DYNAMICS_WHEELS; pip --no-index): carry its wheel onto the machine"
     [ -f "$OUT/pip.log" ] && why="$why; pip: $(tail -c 500 "$OUT/pip.log" | tr '\n' ' ')"
