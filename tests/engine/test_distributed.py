@@ -113,17 +113,28 @@ def run_two_ranks(config_path: Path, timeout: float = 120) -> list[tuple[int, st
     """``dynamics run`` as two processes started one by one, as a cluster scheduler starts
     them: no launcher stops the other ranks when one exits, so a rank left waiting for a
     collective would wait until the timeout. Returns each rank's exit code and stderr."""
+    return run_ranks(["-m", "dynamics.cli", "run", str(config_path), "--no-progress"], timeout=timeout)
+
+
+def run_ranks(args: list[str], nproc: int = 2, timeout: float = 120) -> list[tuple[int, str]]:
+    """``python ARGS`` as ``nproc`` processes started one by one (see :func:`run_two_ranks`),
+    with one thread each; returns each rank's exit code and stderr, or fails the test when a
+    rank is still running after ``timeout`` seconds."""
+    root = Path(__file__).resolve().parents[2]
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-        "WORLD_SIZE": "2",
-        "LOCAL_WORLD_SIZE": "2",
+        # This checkout's sources, wherever the installed package points.
+        "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)]),
+        "MKL_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
     }
-    command = [sys.executable, "-m", "dynamics.cli", "run", str(config_path), "--no-progress"]
+    command = [sys.executable, *args]
     processes = [
         subprocess.Popen(
             command,
@@ -132,7 +143,7 @@ def run_two_ranks(config_path: Path, timeout: float = 120) -> list[tuple[int, st
             stderr=subprocess.PIPE,
             text=True,
         )
-        for rank in range(2)
+        for rank in range(nproc)
     ]
     results = []
     try:
@@ -143,7 +154,7 @@ def run_two_ranks(config_path: Path, timeout: float = 120) -> list[tuple[int, st
         for process in processes:
             process.kill()
             process.wait()
-        pytest.fail(f"a rank was still running after {timeout} s: a refusal did not reach it")
+        pytest.fail(f"a rank was still running after {timeout} s: it was left waiting for the others")
     return results
 
 

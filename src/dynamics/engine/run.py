@@ -13,13 +13,16 @@ it); each optimizer step draws one global batch from one dataset and every rank 
 on its own slice of it; the fixed evaluation batches are shared out among the ranks
 (batch b to rank b mod P) and the per-batch values gathered; the policy decides
 on every rank (probes are collective training) and rank 0's decision is broadcast, so
-all ranks hold identical weights and slopes. Only rank 0 writes files. A refusal that one
-rank finds while the run starts (the output folder, the data, a damaged resume point)
-reaches every rank (:func:`agree_on_refusal`), so no rank is left waiting for the others.
+all ranks hold identical weights and slopes. Only rank 0 writes files; a resume point holds
+each rank's RNG state, gathered to rank 0, and a resume restores each rank's own. A
+refusal that one rank finds while the run starts (the output folder, the data, a damaged
+resume point, a resume under another number of processes) reaches every rank
+(:func:`agree_on_refusal`), so no rank is left waiting for the others.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -42,10 +45,11 @@ from dynamics.engine.components import (
     controlled_learner,
 )
 from dynamics.engine.config import RunConfig
-from dynamics.engine.launch import is_main_process
-from dynamics.engine.learner import load_snapshot
+from dynamics.engine.launch import is_main_process, world_size
+from dynamics.engine.learner import TrainingSnapshot, load_snapshot
 from dynamics.engine.preflight import RunSetupError, preflight
 from dynamics.engine.run_folder import RunFolderWriter, ShardedSaves
+from dynamics.engine.training_state import load_rng_state
 from dynamics.runs import rundir
 from dynamics.runs import state as run_state
 
@@ -112,7 +116,9 @@ def run(
     if config.trackers:
         tracking.start_trackers(accelerator, config)
     writer = RunFolderWriter(parts, out, progress and accelerator.is_main_process, f"dynamics run --resume {out}")
-    sharded_saves = ShardedSaves(parts) if parts.learner.sharded and not accelerator.is_main_process else None
+    # Every rank takes part in rank 0's saves: each rank's RNG state goes into a resume point
+    # (and under sharding, every shard into the whole tensors).
+    sharded_saves = ShardedSaves(parts) if accelerator.num_processes > 1 and not accelerator.is_main_process else None
     if accelerator.is_main_process:
         callbacks = writer.callbacks()
     else:
@@ -150,12 +156,26 @@ def resume_from(
     sharded_saves: ShardedSaves | None,
 ) -> None:
     """Put the learner, the controller and the run folder back where the resume point
-    ``point`` stands (under sharding, each rank cuts its shards from the whole tensors)."""
+    ``point`` stands (under sharding, each rank cuts its shards from the whole tensors;
+    under several processes, each rank takes its own RNG state)."""
     learner = parts.learner
-    learner.load_training_state(load_snapshot(point, "learner"))
     saved = run_state.read_loop_file(point)
+    rank = parts.accelerator.process_index
+    per_rank = int(saved.get("processes") or 1) > 1
+
+    def own(snapshot: TrainingSnapshot, name: str) -> TrainingSnapshot:
+        if not per_rank:
+            return snapshot  # one process: its RNG state is the snapshot's
+        rng = load_rng_state(point / run_state.RNG_DIR, run_state.rank_rng_name(name, rank))
+        return dataclasses.replace(snapshot, rng=rng)
+
+    learner.load_training_state(own(load_snapshot(point, "learner"), "learner"))
     loop = saved["loop"]
-    feasible = None if loop["feasible"] is None else learner.sharded_like(load_snapshot(point, "feasible"))
+    feasible = (
+        None
+        if loop["feasible"] is None
+        else learner.sharded_like(own(load_snapshot(point, "feasible"), "feasible"))
+    )
     controller.load_state_dict(loop, feasible)
     writer.resume(controller.history, controller.step, saved, point)
     if sharded_saves is not None:
@@ -190,6 +210,8 @@ def _check_start(
             f"cut short after they were written; restore them from a copy, or start the run again in a new "
             f"folder: dynamics run {out / rundir.CONFIG_FILE} --out NEW_DIR"
         )
+    if choice.path is not None:
+        check_same_processes(choice.path, out)
     if not main:
         return choice
     if choice.path is None:
@@ -203,6 +225,25 @@ def _check_start(
     else:
         logger.info("%s: resuming from %s/ (step %s)", out, choice.path.name, choice.step)
     return choice
+
+
+def check_same_processes(point: Path, out: Path) -> None:
+    """A resume goes on with the number of processes that saved ``point``: the global batch
+    is ``training.batch_size`` rows per process, the probes are shared out among the ranks,
+    and each rank restores its own RNG state, so another number would train another run."""
+    saved = run_state.saved_processes(point)
+    here = world_size()
+    if saved is None or saved == here:
+        return
+
+    def count(n: int) -> str:
+        return f"{n} process" if n == 1 else f"{n} processes"
+
+    raise RunSetupError(
+        f"the resume point {point} was saved by {count(saved)} but this run has {here}: resume with the "
+        f"same number of processes (torchrun --nproc-per-node {saved} -m dynamics.cli run --resume {out}, "
+        f"or over several machines {saved} processes in all)"
+    )
 
 
 def check_same_config(config: RunConfig, out: Path, how: str | None = None) -> None:

@@ -1,8 +1,9 @@
 """The run folder both drivers write (docs/method.md, "The run folder"): ``metrics.jsonl``
 and ``controller.jsonl`` as the loop goes, the best feasible checkpoint, resume points, and
 ``summary.json`` with the paper's metrics and the cost model's prediction at the end.
-Only rank 0 writes; under sharding the other ranks take part in gathering what it writes
-(:class:`ShardedSaves`).
+Only rank 0 writes; under several processes the other ranks take part in gathering what it
+writes (:class:`ShardedSaves`): each rank's RNG state for a resume point, and under sharding
+the whole tensors.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
 from dynamics.core import metrics
-from dynamics.core.controller import LoopCallbacks, MixtureController, RunHistory, evaluation_steps
+from dynamics.core.controller import LoopCallbacks, MixtureController, evaluation_steps
 from dynamics.core.cost import CostModel, recorded_relative_cost
-from dynamics.core.records import EvaluationRecord, UpdateRecord
+from dynamics.core.records import EvaluationRecord, RunHistory, UpdateRecord
 from dynamics.engine import tracking
 from dynamics.engine.components import RunComponents
 from dynamics.engine.learner import HFLearner, TrainingSnapshot, save_snapshot
+from dynamics.engine.training_state import RNGState, save_rng_state
 from dynamics.runs import rundir
 from dynamics.runs import state as run_state
 from dynamics.runs.model_card import write_model_card
@@ -56,9 +59,10 @@ class BestCheckpoint:
 
 
 class ShardedSaves:
-    """Under sharding (FSDP2), the other ranks' side of rank 0's saves: every rank takes part
-    in gathering the whole model for each new best checkpoint and the whole training state
-    for each resume point, which rank 0's :class:`RunFolderWriter` then writes."""
+    """Under several processes, the other ranks' side of rank 0's saves: every rank takes part
+    in gathering each rank's RNG state for each resume point and, under sharding (FSDP2), the
+    whole model for each new best checkpoint and the whole training state for each resume
+    point, which rank 0's :class:`RunFolderWriter` then writes."""
 
     def __init__(self, parts: RunComponents) -> None:
         self.parts = parts
@@ -79,13 +83,32 @@ class ShardedSaves:
         whole_training_state(self.parts.learner, controller)
 
 
-def whole_training_state(
-    learner: HFLearner, controller: MixtureController
-) -> tuple[TrainingSnapshot, TrainingSnapshot | None]:
+@dataclasses.dataclass(frozen=True)
+class ResumeState:
+    """What a resume point stores of the training state: the learner's and the controller's
+    feasible snapshot (rank 0's, shards gathered), and under several processes every rank's
+    RNG state in each of the two (``rank_rngs[r]``: rank r's learner and feasible RNG), on
+    rank 0."""
+
+    learner: TrainingSnapshot
+    feasible: TrainingSnapshot | None
+    rank_rngs: list[tuple[RNGState, RNGState | None]] | None = None
+
+
+def whole_training_state(learner: HFLearner, controller: MixtureController) -> ResumeState:
     """The learner's state and the controller's feasible snapshot, as a resume point stores
-    them (shards gathered; every rank calls this under sharding)."""
+    them: shards gathered, and each rank's RNG states gathered to rank 0. Under several
+    processes every rank calls this, at the same point."""
     feasible = controller.feasible_snapshot
-    return learner.whole(learner.snapshot()), None if feasible is None else learner.whole(feasible)
+    snapshot = learner.snapshot()
+    whole = learner.whole(snapshot)
+    whole_feasible = None if feasible is None else learner.whole(feasible)
+    accelerator = learner.accelerator
+    rank_rngs = None
+    if accelerator.num_processes > 1:
+        rngs = gather_object([(snapshot.rng, None if feasible is None else feasible.rng)])
+        rank_rngs = rngs if accelerator.is_main_process else None
+    return ResumeState(whole, whole_feasible, rank_rngs)
 
 
 class RunFolderWriter:
@@ -215,9 +238,14 @@ class RunFolderWriter:
     def on_checkpoint(self, controller: MixtureController) -> None:
         """``dynamics run``'s resume point: the controller's state, the learner's (shards
         gathered), and the best checkpoint, in ``last_checkpoint/``."""
-        learner_state, feasible_state = whole_training_state(self.parts.learner, controller)
+        state = whole_training_state(self.parts.learner, controller)
         self.save_resume_point(
-            controller.state_dict(), self.out, run_state.RESUME_DIR, learner_state=learner_state, feasible_state=feasible_state
+            controller.state_dict(),
+            self.out,
+            run_state.RESUME_DIR,
+            learner_state=state.learner,
+            feasible_state=state.feasible,
+            rank_rngs=state.rank_rngs,
         )
 
     def save_resume_point(
@@ -228,21 +256,38 @@ class RunFolderWriter:
         *,
         learner_state: TrainingSnapshot | None = None,
         feasible_state: TrainingSnapshot | None = None,
+        rank_rngs: list[tuple[RNGState, RNGState | None]] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
         """Write the resume point ``root/name`` of the controller state ``loop``: its loop file
-        (with the training time so far and the driver's ``extra`` entries), the config, the
-        learner's training state and feasible snapshot when given (a Trainer's checkpoint
-        holds the model and optimizer itself), and a copy of the best checkpoint."""
+        (with the training time so far, the number of processes, and the driver's ``extra``
+        entries), the config, the learner's training state and feasible snapshot when given
+        (a Trainer's checkpoint holds the model and optimizer itself), each rank's RNG states
+        in ``rng/`` when given (``rank_rngs``, under several processes), and a copy of the
+        best checkpoint."""
         train_seconds = self.train_seconds()
         config = self.parts.config
+        processes = self.parts.accelerator.num_processes
 
         def write(folder: Path) -> None:
             if learner_state is not None:
                 save_snapshot(learner_state, folder, "learner")
             if feasible_state is not None:
                 save_snapshot(feasible_state, folder, "feasible")
-            saved = {"loop": loop, "train_seconds": train_seconds, "resumed_at": self.resumed_at, **(extra or {})}
+            if rank_rngs is not None:
+                rng_folder = folder / run_state.RNG_DIR
+                rng_folder.mkdir()
+                for rank, (learner_rng, feasible_rng) in enumerate(rank_rngs):
+                    save_rng_state(learner_rng, rng_folder, run_state.rank_rng_name("learner", rank))
+                    if feasible_rng is not None:
+                        save_rng_state(feasible_rng, rng_folder, run_state.rank_rng_name("feasible", rank))
+            saved = {
+                "loop": loop,
+                "train_seconds": train_seconds,
+                "resumed_at": self.resumed_at,
+                "processes": processes,
+                **(extra or {}),
+            }
             (folder / run_state.LOOP_FILE).write_text(json.dumps(saved, allow_nan=False))
             (folder / rundir.CONFIG_FILE).write_text(config.to_yaml())
             run_state.save_best_copy(self.out, folder)

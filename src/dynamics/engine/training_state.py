@@ -6,6 +6,8 @@ Public API:
 - ``TrainingSnapshot``: an in-memory copy of everything a training step changes.
 - ``save_snapshot(snapshot, folder, name)`` / ``load_snapshot(folder, name)``: a snapshot
   as ``name.safetensors`` and ``name.json`` (nothing pickled).
+- ``save_rng_state(rng, folder, name)`` / ``load_rng_state(folder, name)``: one process's
+  RNG state alone, in the same two files (a resume point keeps one per rank).
 - ``TrainingState``: the live model, optimizer, LR scheduler, sampler and step counters,
   with ``snapshot``/``restore`` (the paper's probe rollback), ``load`` (a resume), and,
   under sharding (FSDP2), ``whole``/``sharded_like`` between shards and whole tensors.
@@ -143,24 +145,49 @@ def save_snapshot(snapshot: TrainingSnapshot, folder: Path, name: str) -> None:
             "sampler": snapshot.sampler,
             "main_steps": snapshot.main_steps,
             "skipped_steps": list(snapshot.skipped_steps),
-            "rng": {
-                "torch_cpu": snapshot.rng.torch_cpu,
-                "torch_cuda": snapshot.rng.torch_cuda,
-                "python": snapshot.rng.python,
-                "numpy": snapshot.rng.numpy,
-            },
+            "rng": _rng_fields(snapshot.rng),
         },
         tensors,
     )
+    _write(folder, name, tensors, meta)
+
+
+def _rng_fields(rng: RNGState) -> dict[str, Any]:
+    return {"torch_cpu": rng.torch_cpu, "torch_cuda": rng.torch_cuda, "python": rng.python, "numpy": rng.numpy}
+
+
+def _rng_from_fields(fields: Mapping[str, Any]) -> RNGState:
+    return RNGState(
+        torch_cpu=fields["torch_cpu"], torch_cuda=fields["torch_cuda"], python=fields["python"], numpy=fields["numpy"]
+    )
+
+
+def _write(folder: Path, name: str, tensors: dict[str, Tensor], meta: Any) -> None:
     safetensors.torch.save_file(tensors, str(folder / f"{name}.safetensors"))
     (folder / f"{name}.json").write_text(json.dumps(meta, allow_nan=False))
 
 
+def _read(folder: Path, name: str) -> Any:
+    tensors = safetensors.torch.load_file(str(folder / f"{name}.safetensors"))
+    return _from_json(json.loads((folder / f"{name}.json").read_text()), tensors)
+
+
+def save_rng_state(rng: RNGState, folder: Path, name: str) -> None:
+    """Write one process's ``rng`` as ``name.safetensors`` (torch's states) and ``name.json``
+    (python's and numpy's)."""
+    tensors: dict[str, Tensor] = {}
+    meta = _to_json(_rng_fields(rng), tensors)
+    _write(folder, name, tensors, meta)
+
+
+def load_rng_state(folder: Path, name: str) -> RNGState:
+    """Read what :func:`save_rng_state` wrote (nothing unpickled)."""
+    return _rng_from_fields(_read(folder, name))
+
+
 def load_snapshot(folder: Path, name: str) -> TrainingSnapshot:
     """Read what :func:`save_snapshot` wrote (safetensors and JSON only: nothing unpickled)."""
-    tensors = safetensors.torch.load_file(str(folder / f"{name}.safetensors"))
-    data = _from_json(json.loads((folder / f"{name}.json").read_text()), tensors)
-    rng = data["rng"]
+    data = _read(folder, name)
     return TrainingSnapshot(
         parameters=data["parameters"],
         optimizer_state=data["optimizer_state"],
@@ -168,7 +195,7 @@ def load_snapshot(folder: Path, name: str) -> TrainingSnapshot:
         lr_scheduler=data["lr_scheduler"],
         grad_scaler=data["grad_scaler"],
         sampler=data["sampler"],
-        rng=RNGState(torch_cpu=rng["torch_cpu"], torch_cuda=rng["torch_cuda"], python=rng["python"], numpy=rng["numpy"]),
+        rng=_rng_from_fields(data["rng"]),
         main_steps=int(data["main_steps"]),
         skipped_steps=tuple(data["skipped_steps"]),
     )

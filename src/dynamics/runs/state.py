@@ -5,7 +5,10 @@ variables, the policy's state), the learner's training state (``learner.safetens
 tensors, ``learner.json`` for the rest; the engine writes both), the learner state that
 backtracking would return to (``feasible.*``, when there is one), and a copy of
 ``best_checkpoint/`` as it stood (``best/``), so that a resumed run never keeps a best
-checkpoint from steps it is about to train again.
+checkpoint from steps it is about to train again. ``loop.json`` records the number of
+processes that saved it (``processes``); under several, ``rng/`` holds each rank's RNG
+state for the learner and the feasible state (``learner.rank{r}.*``, ``feasible.rank{r}.*``),
+which ``learner.*`` and ``feasible.*`` hold for rank 0 alone.
 
 ``manifest.json``, written last, lists every file with its size and SHA-256. A run folder
 keeps two resume points: ``last_checkpoint/`` and the one before it,
@@ -43,6 +46,12 @@ PREVIOUS_DIR = "previous_checkpoint"
 MANIFEST_FILE = "manifest.json"
 LOOP_FILE = "loop.json"
 BEST_COPY = "best"
+RNG_DIR = "rng"
+
+
+def rank_rng_name(state: str, rank: int) -> str:
+    """The name of rank ``rank``'s RNG files in ``rng/`` for ``state`` ("learner" or "feasible")."""
+    return f"{state}.rank{rank}"
 
 
 def _sha256(path: Path) -> str:
@@ -223,3 +232,10 @@ def read_loop_file(resume_point: Path) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         raise RunDirError(f"{resume_point / LOOP_FILE} cannot be read ({err}): the resume point is damaged") from None
     return data
+
+
+def saved_processes(resume_point: Path) -> int | None:
+    """The number of processes that saved ``resume_point`` (None when its loop file does
+    not say)."""
+    processes = read_loop_file(resume_point).get("processes")
+    return None if processes is None else int(processes)
