@@ -12,17 +12,19 @@ import numpy as np
 import pytest
 
 from dynamics.core.controller import run_mixture_training
+from dynamics.core.decisions import (
+    confident_step,
+    keep_target_share,
+)
 from dynamics.core.policies import DynamicsPolicy
-from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
+from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, to_floored_simplex
 from dynamics.core.robust import (
     RobustOptions,
     RobustProblem,
-    confident_step,
-    keep_target_share,
     solve_direct,
 )
 from dynamics.core.schedules import build_schedule
-from dynamics.core.solver import duality_gap, solve, solve_lp, solve_penalized, to_floored_simplex
+from dynamics.core.solver import duality_gap, solve, solve_lp, solve_penalized
 from tests.core.test_solver import make_problem, objectives_from_paper, simplex_grid
 from tests.core.toy_learner import ToyLearner
 

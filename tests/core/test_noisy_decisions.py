@@ -20,18 +20,20 @@ from scipy.optimize import OptimizeResult
 
 from dynamics.core import robust as robust_module
 from dynamics.core.controller import run_mixture_training
+from dynamics.core.decisions import (
+    PredictionCalibration,
+    binomial_error,
+    confident_step,
+    keep_target_share,
+    slope_standard_errors,
+)
 from dynamics.core.learner import DomainKind
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.probes import PerturbedEvaluations, ProbeRuns, probe_datasets, probe_in_turn
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
 from dynamics.core.robust import (
-    PredictionCalibration,
     RobustOptions,
     RobustProblem,
-    binomial_error,
-    confident_step,
-    keep_target_share,
-    slope_standard_errors,
 )
 from dynamics.core.schedules import build_schedule
 from tests.core.toy_learner import ToyLearner

@@ -15,17 +15,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dynamics.core.controller import run_mixture_training
+from dynamics.core.decisions import (
+    PredictionCalibration,
+    calibrated,
+    slope_standard_errors,
+)
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
 from dynamics.core.robust import (
     VARIANTS,
-    PredictionCalibration,
     RobustOptions,
     RobustProblem,
-    calibrated,
     predicted_changes,
     select_robust,
-    slope_standard_errors,
     solve_direct,
     tempered_progress,
 )

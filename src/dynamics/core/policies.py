@@ -17,25 +17,27 @@ from typing import Any
 
 import numpy as np
 
-from dynamics.core.controller import UpdateContext
-from dynamics.core.learner import AlignmentLearner, Diverged, Learner
-from dynamics.core.predictors import PREDICTORS, probe_progress
-from dynamics.core.probes import probe_datasets
-from dynamics.core.problem import MixtureProblem, SolverGrid
-from dynamics.core.records import UpdateRecord
-from dynamics.core.robust import (
+from dynamics.core.decisions import (
     PredictionCalibration,
-    RobustOptions,
-    RobustProblem,
     calibrated,
     confident_step,
     keep_target_share,
-    select_robust,
     slope_standard_errors,
+)
+from dynamics.core.learner import AlignmentLearner, Diverged, Learner
+from dynamics.core.policy_interface import UpdateContext
+from dynamics.core.predictors import PREDICTORS, probe_progress
+from dynamics.core.probes import probe_datasets
+from dynamics.core.problem import MixtureProblem, SolverGrid, to_floored_simplex
+from dynamics.core.records import UpdateRecord
+from dynamics.core.robust import (
+    RobustOptions,
+    RobustProblem,
+    select_robust,
     solve_direct,
 )
 from dynamics.core.schedules import UpdateSchedule, build_schedule
-from dynamics.core.solver import Solution, grid_candidates, solution_of, solve, to_floored_simplex
+from dynamics.core.solver import Solution, grid_candidates, solution_of, solve
 
 PAPER_TARGET_MASSES = (0.0, 0.2, 0.5, 0.8, 1.0)
 

@@ -147,3 +147,22 @@ class MixtureProblem:
         """Largest constraint violation, 0 when every constraint holds (or none exist)."""
         v = self.violations(weights)
         return float(max(0.0, v.max())) if v.size else 0.0
+
+
+def to_simplex(w: np.ndarray) -> np.ndarray:
+    """Clip the tiny negatives a numerical solver leaves and renormalise to sum 1."""
+    w = np.clip(np.asarray(w, dtype=float), 0.0, None)
+    total = w.sum()
+    if not np.isfinite(total) or total <= 0:
+        return np.full(w.shape, 1.0 / w.size)
+    return w / total
+
+
+def to_floored_simplex(w: np.ndarray, min_weight: float) -> np.ndarray:
+    """:func:`to_simplex` for mixtures with every weight >= ``min_weight``: what a solver
+    leaves below the floor is clipped to it and the weight above the floor renormalised to
+    ``1 - N min_weight``. Exactly :func:`to_simplex` when ``min_weight`` is 0."""
+    if min_weight == 0:
+        return to_simplex(w)
+    w = np.asarray(w, dtype=float)
+    return min_weight + max(0.0, 1.0 - w.size * min_weight) * to_simplex(w - min_weight)

@@ -141,3 +141,21 @@ class UpdateRecord:
             margins=extra.pop("margins", None),
             extra=extra,
         )
+
+
+@dataclass
+class RunHistory:
+    """Everything the loop produced, in order."""
+
+    dataset_names: list[str]
+    domain_names: list[str]
+    targets: tuple[int, ...]
+    constraints: tuple[int, ...]
+    evaluations: list[EvaluationRecord] = field(default_factory=list)
+    updates: list[UpdateRecord] = field(default_factory=list)
+    backtracks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def kept_evaluations(self) -> list[EvaluationRecord]:
+        """The main evaluations of the states the run kept (not those it backtracked from)."""
+        return [e for e in self.evaluations if not e.backtracked]

@@ -1,7 +1,6 @@
 """The simplex solver of DynaMiCS (paper section 3.3, eq. 3.4, and appendix G).
 
-At each update the controller hands over a :class:`MixtureProblem` and gets back the
-mixture weights to train on until the next update:
+At each update the controller hands over a :class:`MixtureProblem` and gets back weights:
 
 * :func:`solve_penalized` minimises the squared-hinge relaxation (eq. 3.4) for one
   (lambda, eps) pair;
@@ -44,7 +43,7 @@ import numpy as np
 from scipy.optimize import linprog, minimize
 from threadpoolctl import ThreadpoolController
 
-from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
+from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, to_simplex
 
 # A penalised solve is accepted when its certified duality gap is at most this fraction
 # of max(|F(w)|, max_j |g_j|); the tests hold every solve to 1e-6 of the same scale.
@@ -134,25 +133,6 @@ class _PenalizedForm:
 
     def accepts(self, w: np.ndarray, gap: float) -> bool:
         return gap <= GAP_RTOL * max(abs(self.objective(w)), self.scale)
-
-
-def to_simplex(w: np.ndarray) -> np.ndarray:
-    """Clip the tiny negatives a numerical solver leaves and renormalise to sum 1."""
-    w = np.clip(np.asarray(w, dtype=float), 0.0, None)
-    total = w.sum()
-    if not np.isfinite(total) or total <= 0:
-        return np.full(w.shape, 1.0 / w.size)
-    return w / total
-
-
-def to_floored_simplex(w: np.ndarray, min_weight: float) -> np.ndarray:
-    """:func:`to_simplex` for mixtures with every weight >= ``min_weight``: what a solver
-    leaves below the floor is clipped to it and the weight above the floor renormalised to
-    ``1 - N min_weight``. Exactly :func:`to_simplex` when ``min_weight`` is 0."""
-    if min_weight == 0:
-        return to_simplex(w)
-    w = np.asarray(w, dtype=float)
-    return min_weight + max(0.0, 1.0 - w.size * min_weight) * to_simplex(w - min_weight)
 
 
 def _vertex(n: int, j: int) -> np.ndarray:

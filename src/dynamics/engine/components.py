@@ -20,9 +20,9 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dynamics.core.controller import MixturePolicy, UpdateContext
 from dynamics.core.learner import Learner
 from dynamics.core.policies import DynamicsPolicy, FixedWeightsPolicy, GradientAlignmentPolicy
+from dynamics.core.policy_interface import MixturePolicy, UpdateContext
 from dynamics.core.probes import PerturbedEvaluations
 from dynamics.core.problem import SolverGrid
 from dynamics.core.records import UpdateRecord

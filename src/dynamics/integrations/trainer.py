@@ -59,8 +59,8 @@ from transformers import (
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from dynamics.core.controller import Finished, LoopCallbacks, MixtureController, RunHistory
-from dynamics.core.records import EvaluationRecord, UpdateRecord
+from dynamics.core.controller import Finished, LoopCallbacks, MixtureController
+from dynamics.core.records import EvaluationRecord, RunHistory, UpdateRecord
 from dynamics.engine import tracking
 from dynamics.engine.components import (
     BroadcastPolicy,

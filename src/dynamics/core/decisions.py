@@ -1,0 +1,223 @@
+"""Measured noise, and the decisions it sizes at an update (options beyond the paper,
+:mod:`dynamics.core.robust` lists them all).
+
+- :func:`slope_standard_errors`: each slope's standard error from the per-batch spread of
+  its probe, with a binomial floor for accuracies (:func:`binomial_error`).
+- :class:`PredictionCalibration` and :func:`calibrated`: a per-step bias learned from past
+  updates' misses, which only ever tightens a constraint.
+- :func:`confident_step`: move from the mixture in force toward the solver's answer as far
+  as the answer's predicted gain is worth in standard errors.
+- :func:`keep_target_share`: keep a share of the mixture on the targets' own data while the
+  constraints allow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from dynamics.core.learner import DomainKind
+from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
+from dynamics.core.robust import RobustProblem
+
+
+def slope_standard_errors(
+    anchor: np.ndarray, probed: np.ndarray, probe_budget: int, kinds: Sequence[DomainKind] | None = None
+) -> np.ndarray:
+    """Standard error of each slope from the per-batch spread of a probe's change.
+
+    anchor: (M, R) per-batch metric at theta_t; probed: (N, M, R) per-batch metric after the
+    probe on dataset j, on the same R batches. The change on batch b, ``probed - anchor``, is
+    a paired difference; its mean over batches (divided by c_t) is the slope, and its sample
+    standard deviation over sqrt(R) (divided by c_t) the slope's standard error. Shape (M, N),
+    in metric units per step. With one batch the spread is unknown and the errors are 0.
+
+    ``kinds`` (one per domain) floors the error of an accuracy at the binomial standard
+    error of the anchor's accuracy over its ``R * batch_size`` questions, divided by c_t, with
+    the accuracy smoothed as (k + 1) / (n + 2) so that it is never 0: four batches in which no
+    answer flips say little about how many would flip over a longer stretch.
+    """
+    anchor = np.asarray(anchor, dtype=float)
+    probed = np.asarray(probed, dtype=float)
+    if probed.ndim != 3 or probed.shape[1:] != anchor.shape:
+        raise ValueError(f"probed must have shape (N, {anchor.shape[0]}, {anchor.shape[1]}), got {probed.shape}")
+    if probe_budget < 1:
+        raise ValueError(f"probe_budget must be >= 1, got {probe_budget}")
+    num_batches = anchor.shape[1]
+    if num_batches < 2:
+        errors = np.zeros((anchor.shape[0], probed.shape[0]))
+    else:
+        change = probed - anchor[None]  # (N, M, R)
+        spread = change.std(axis=2, ddof=1)  # (N, M)
+        errors = (spread / math.sqrt(num_batches) / probe_budget).T
+    if kinds is not None:
+        if len(kinds) != anchor.shape[0]:
+            raise ValueError(f"kinds must have one entry per domain ({anchor.shape[0]}), got {len(kinds)}")
+        for i, kind in enumerate(kinds):
+            if kind.metric == "accuracy":
+                errors[i] = np.maximum(errors[i], binomial_error(-anchor[i].mean(), num_batches * kind.batch_size) / probe_budget)
+    return errors
+
+
+def binomial_error(accuracy: float, questions: int) -> float:
+    """Standard error of an accuracy measured on ``questions`` questions, with the accuracy
+    smoothed as (k + 1) / (n + 2) (Laplace), so that it is positive even at 0 or 1."""
+    smoothed = (accuracy * questions + 1.0) / (questions + 2.0)
+    return math.sqrt(smoothed * (1.0 - smoothed) / questions)
+
+
+@dataclass
+class PredictionCalibration:
+    """Closed-loop correction: a per-step bias of past predictions, per domain.
+
+    Update k predicted losses ``horizon_k`` steps ahead and missed by ``e_k = realized -
+    predicted``. Read as ``e_k = b H_k + noise`` with noise of constant size (evaluation
+    noise does not grow with the horizon), the least-squares bias is ``sum e_k H_k /
+    sum H_k^2``. :meth:`bias` adds ``H^2`` of the horizon about to be predicted to the
+    denominator: a prior that the bias is zero, as strong as one past update of that
+    horizon. So a dense warmup's one-step updates, whose errors are one quiz question of
+    noise, cannot set a correction that is then multiplied by a 128-step horizon, and the
+    correction grows only as past horizons reach the one being predicted.
+    The correction only ever tightens: a bias below zero (losses ended lower than predicted)
+    is clipped to zero, so a prediction that under-states gains, as diminishing returns do
+    by design, never loosens a constraint.
+    Units: metric per step (positive: losses ended higher than predicted).
+    """
+
+    num_domains: int
+    weighted_error: np.ndarray = field(init=False)
+    horizon_squares: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.weighted_error = np.zeros(self.num_domains)
+
+    def observe(self, predicted: np.ndarray, realized: np.ndarray, horizon: int) -> None:
+        error = np.asarray(realized, dtype=float) - np.asarray(predicted, dtype=float)
+        if error.shape != (self.num_domains,) or not np.all(np.isfinite(error)):
+            return  # nothing trustworthy to learn from
+        self.weighted_error = self.weighted_error + error * horizon
+        self.horizon_squares += float(horizon) ** 2
+        self.count += 1
+
+    def bias(self, horizon: float) -> np.ndarray:
+        """The per-step bias to add to a prediction ``horizon`` steps ahead."""
+        if self.count == 0:
+            return np.zeros(self.num_domains)
+        return np.maximum(self.weighted_error / (self.horizon_squares + float(horizon) ** 2), 0.0)
+
+
+def calibrated(problem: MixtureProblem, bias: np.ndarray) -> MixtureProblem:
+    """The problem with each constraint's current loss shifted by ``H_t * bias_i`` (the
+    calibrated prediction of eq. 3.3 is then ``L_i + H_t (S_i.w + b_i)``)."""
+    shift = np.zeros_like(problem.current_losses)
+    c = list(problem.constraints)
+    shift[c] = problem.horizon * np.asarray(bias, dtype=float)[c]
+    return replace(problem, current_losses=problem.current_losses + shift)
+
+
+def confident_step(
+    rp: RobustProblem, previous: np.ndarray, proposed: np.ndarray, full_step_z: float
+) -> tuple[np.ndarray, float]:
+    """Move from the mixture in force toward the solver's answer as far as the evidence
+    carries: ``(1 - a) previous + a proposed``, returning the mixture and ``a``.
+
+    The answer's predicted target gain over ``previous``, ``g.(previous - proposed)`` per
+    step, is divided by its standard error ``tau ||proposed - previous||`` (tau: the summed
+    target slopes' standard errors, pooled over the datasets); ``a`` is that ratio over ``full_step_z``,
+    clipped to [0, 1]. A gain within noise therefore moves the mixture a little, not to
+    another vertex, and a gain of ``full_step_z`` standard errors or more moves it all the
+    way. Constraints come first: when ``proposed`` is robust-feasible, ``a`` is raised to
+    the smallest step whose mixture is robust-feasible too (the violations are convex in w,
+    so the feasible steps form an interval that ends at 1); when nothing is feasible the
+    least-violating answer is taken whole. Without noise (tau = 0) a real gain is a full step.
+    """
+    if full_step_z <= 0:
+        raise ValueError(f"full_step_z must be > 0 standard errors, got {full_step_z}")
+    previous = np.asarray(previous, dtype=float)
+    proposed = np.asarray(proposed, dtype=float)
+    if rp.max_violation(proposed) > FEASIBILITY_TOL:
+        return proposed, 1.0
+    gain = rp.nominal_objective(previous) - rp.nominal_objective(proposed)
+    # An evaluation's noise belongs to its batches, not to the dataset probed before it: the
+    # errors of the N datasets are pooled (root mean square), N times the degrees of freedom
+    # of one probe's R - 1, so that one dataset's lucky small spread cannot pass for certainty.
+    pooled = float(np.sqrt(np.mean(rp.target_errors**2)))
+    spread = pooled * float(np.linalg.norm(proposed - previous))
+    if spread > 0:
+        fraction = float(np.clip(gain / (full_step_z * spread), 0.0, 1.0))
+    else:
+        fraction = 1.0 if gain > 0 else 0.0
+
+    def mixed(a: float) -> np.ndarray:
+        return rp.mixture((1 - a) * previous + a * proposed)
+
+    if rp.max_violation(mixed(fraction)) > FEASIBILITY_TOL:
+        low, high = fraction, 1.0  # high is feasible
+        for _ in range(60):
+            mid = 0.5 * (low + high)
+            if rp.max_violation(mixed(mid)) <= FEASIBILITY_TOL:
+                high = mid
+            else:
+                low = mid
+        fraction = high
+    return mixed(fraction), fraction
+
+
+@dataclass(frozen=True)
+class TargetShare:
+    """What :func:`keep_target_share` did, for the update record."""
+
+    share: float  # target datasets' total weight after it
+    wanted: float
+    limited_by_constraints: bool  # True: the constraints allowed less than ``wanted``
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"share": self.share, "wanted": self.wanted, "limited_by_constraints": self.limited_by_constraints}
+
+
+def keep_target_share(
+    rp: RobustProblem, weights: np.ndarray, target_datasets: Sequence[int], wanted: float
+) -> tuple[np.ndarray, TargetShare]:
+    """Give the target datasets at least ``wanted`` of the mixture while the constraints allow.
+
+    Below ``wanted``, the target datasets' mass is raised (the extra split equally among
+    them, the other datasets scaled down together) along the segment toward a mixture with
+    exactly ``wanted`` on them, as far as every robust constraint stays satisfied. A mixture
+    that already breaks a predicted constraint is left as it is: then the constraints need
+    the whole budget to recover, and the record says so.
+
+    With a floor ``min_weight`` the other datasets give up only their weight above it, so
+    the targets get at most ``1 - (number of others) min_weight``."""
+    weights = np.asarray(weights, dtype=float)
+    targets = list(target_datasets)
+    mass = float(weights[targets].sum()) if targets else 0.0
+    others = [j for j in range(len(weights)) if j not in targets]
+    m = rp.problem.min_weight
+    others_floor = m * len(others)
+    goal = min(wanted, 1.0 - others_floor)
+    if not targets or mass >= goal:
+        return weights, TargetShare(mass, wanted, False)
+    lifted = weights.copy()
+    lifted[targets] += (goal - mass) / len(targets)
+    other_mass = 1.0 - mass
+    if others and other_mass > others_floor:
+        lifted[others] = m + (lifted[others] - m) * ((1.0 - goal - others_floor) / (other_mass - others_floor))
+    lifted = rp.mixture(lifted)
+    if rp.max_violation(weights) > FEASIBILITY_TOL:
+        return weights, TargetShare(mass, wanted, True)
+    if rp.max_violation(lifted) <= FEASIBILITY_TOL:
+        return lifted, TargetShare(float(lifted[targets].sum()), wanted, False)
+    low, high = 0.0, 1.0  # low is feasible
+    for _ in range(60):
+        mid = 0.5 * (low + high)
+        if rp.max_violation(rp.mixture((1 - mid) * weights + mid * lifted)) <= FEASIBILITY_TOL:
+            low = mid
+        else:
+            high = mid
+    kept = rp.mixture((1 - low) * weights + low * lifted)
+    return kept, TargetShare(float(kept[targets].sum()), wanted, True)
