@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from dynamics.core.robust import VARIANTS
-from dynamics.engine.config import ConfigError, RunConfig, config_reference_markdown
+from dynamics.engine.config import ConfigError, RunConfig
+from dynamics.engine.config_docs import config_reference_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,7 +113,7 @@ def test_yaml_round_trip():
 def test_config_docs_are_in_sync():
     assert (ROOT / "docs" / "config.md").read_text() == config_reference_markdown(), (
         "docs/config.md is stale: regenerate it with "
-        "python -c 'from dynamics.engine.config import config_reference_markdown as m; "
+        "python -c 'from dynamics.engine.config_docs import config_reference_markdown as m; "
         "open(\"docs/config.md\", \"w\").write(m())'"
     )
 

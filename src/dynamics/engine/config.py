@@ -12,11 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import datasets
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -26,27 +23,19 @@ from pydantic import (
 
 from dynamics.core.robust import VARIANTS, RobustOptions
 from dynamics.core.schedules import ScheduleError, build_schedule
-from dynamics.data.loading import DataError, DataSource, check_data_files
+from dynamics.engine.config_section import ConfigError, ConfigSection
+from dynamics.engine.config_text import apply_overrides, format_validation_error, yaml_position
+from dynamics.engine.dataset_config import DatasetConfig
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the field and the fix."""
-
-
-class _Section(BaseModel):
-    # NaN and infinity are never meaningful settings (a NaN weight or learning rate would
-    # only surface as NaN losses minutes into the run), so every float field refuses them.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class QuantizationConfig(_Section):
+class QuantizationConfig(ConfigSection):
     bits: Literal[4, 8] = Field(
         ...,
         description="4: NF4 with double quantization and bfloat16 compute (QLoRA); 8: LLM.int8().",
     )
 
 
-class ModelConfig(_Section):
+class ModelConfig(ConfigSection):
     name_or_path: str | None = Field(None, description="Hub id or local folder of a causal LM.")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
@@ -96,7 +85,7 @@ class ModelConfig(_Section):
         return self
 
 
-class LoraConfig(_Section):
+class LoraConfig(ConfigSection):
     rank: int = Field(32, ge=1, description="LoRA rank r (the paper uses 32).")
     alpha: float = Field(64.0, gt=0, description="LoRA scaling alpha.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
@@ -105,7 +94,7 @@ class LoraConfig(_Section):
     )
 
 
-class OptimizerConfig(_Section):
+class OptimizerConfig(ConfigSection):
     lr: float = Field(1e-4, gt=0, description="Peak learning rate (paper: 1e-4 for Qwen2.5-3B).")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
@@ -124,7 +113,7 @@ class OptimizerConfig(_Section):
         return betas
 
 
-class TrainingConfig(_Section):
+class TrainingConfig(ConfigSection):
     total_steps: int = Field(2048, ge=1, description="Optimizer steps of the main run.")
     batch_size: int = Field(8, ge=1, description="Sequences per micro-batch (per process).")
     gradient_accumulation: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
@@ -171,7 +160,7 @@ class TrainingConfig(_Section):
     )
 
 
-class EvaluationConfig(_Section):
+class EvaluationConfig(ConfigSection):
     interval: int = Field(64, ge=1, description="Main evaluation every this many steps (paper: 64).")
     batches: int = Field(200, ge=1, description="Batches per domain in a main evaluation (paper: 200).")
     reduced_batches: int = Field(
@@ -196,7 +185,7 @@ class EvaluationConfig(_Section):
         return self
 
 
-class GridConfig(_Section):
+class GridConfig(ConfigSection):
     lambdas: list[float] | None = Field(None, description="Penalty strengths, each > 0 (default: 15 log-spaced in [1, 5000]).")
     epsilons: list[float] | None = Field(None, description="Safety margins, each >= 0 (default: 0, 0.05, 0.1).")
 
@@ -214,7 +203,7 @@ class GridConfig(_Section):
         return values
 
 
-class MethodConfig(_Section):
+class MethodConfig(ConfigSection):
     name: Literal["dynamics", "fixed", "gradient-alignment"] = Field(
         "dynamics",
         description="Mixture policy: DynaMiCS, fixed weights, or gradient alignment (loss constraints only).",
@@ -303,233 +292,7 @@ class MethodConfig(_Section):
         return RobustOptions(**chosen)
 
 
-COLUMN_KEYS = ("text", "prompt", "response", "completion", "system", "messages", "question", "choices", "answer")
-
-
-class DatasetConfig(_Section):
-    name: str = Field(..., min_length=1, description="Short unique name, used in logs and weights.")
-    path: str | None = Field(None, description="Local file (jsonl/json/parquet/txt) or dataset folder.")
-    hub_id: str | None = Field(None, description="Hugging Face hub dataset id (instead of path).")
-    config_name: str | None = Field(None, description="Hub dataset configuration, if it has several.")
-    revision: str | None = Field(
-        None,
-        min_length=1,
-        description="Hub dataset revision to read (a branch, tag or commit; datasets.load_dataset's revision); "
-        "needs hub_id.",
-    )
-    data_files: str | list[str] | dict[str, str | list[str]] | None = Field(
-        None,
-        description="Files of the hub dataset (or local folder) to read, datasets.load_dataset's data_files: a path "
-        "or glob, a list of them, or split -> path(s); e.g. the .jsonl of a repository that also holds a .csv "
-        "and declares no configs.",
-    )
-    split: str = Field("train", description="Split to read; slices work, e.g. 'train[:20000]'.")
-    role: Literal["target", "non-target", "constraint"] = Field(
-        ..., description="target: trained and minimised; non-target: trained only; constraint: evaluated only."
-    )
-    format: Literal["text", "instruction", "multiple_choice"] = Field(
-        "text",
-        description="Row format: plain text, prompt/response pairs (or messages, or TRL's prompt/completion: "
-        "strings or message lists), or multiple choice.",
-    )
-    loss_on: Literal["last-assistant", "all-assistant"] = Field(
-        "last-assistant",
-        description="Instruction rows: the loss on the response only (the last assistant message, or a "
-        "prompt/completion pair's completion; TRL's completion_only_loss), or on every assistant turn (of the "
-        "completion, for a pair; TRL's assistant_only_loss).",
-    )
-    metric: Literal["loss", "accuracy"] = Field(
-        "loss",
-        description="Constraint metric; accuracy needs format multiple_choice. A multiple_choice "
-        "constraint on loss is the loss of the correct answer's text after the question.",
-    )
-    budget: int | None = Field(None, ge=1, description="Training rows to use (null: all, e.g. an unlimited corpus).")
-    columns: dict[str, str] = Field(
-        default_factory=dict,
-        description=f"Column names when they differ from the defaults; keys: {', '.join(COLUMN_KEYS)}.",
-    )
-    eval_size: int | float | None = Field(
-        None, description="Rows held out for evaluation: a count or a fraction (default 0.1; 0.5 for constraints)."
-    )
-    test_size: int | float | None = Field(
-        None, description="Rows held out for the test split, as eval_size."
-    )
-    eval_batch_size: int | None = Field(
-        None,
-        ge=1,
-        description="Evaluation batch size of this domain (default: evaluation.batch_size). Larger for "
-        "short rows, e.g. an accuracy constraint, where each question of a small sample moves it a lot.",
-    )
-    fields: dict[str, str | list[str]] = Field(
-        default_factory=dict,
-        description="Columns built from each row before formatting, by name: a template over columns "
-        "('{document}\\n\\nQuestion: {question}'), a nested column path ('mc1_targets.choices') or a "
-        "list of column paths (choices spread over several columns).",
-    )
-    drop_empty: list[str] = Field(
-        default_factory=list, description="Columns whose rows are dropped where they are empty or null."
-    )
-    truncation_side: Literal["right", "left"] = Field(
-        "right",
-        description="Which end of a too-long example is cut: left keeps the response and the end of "
-        "a long prompt (a document before a question), right keeps the start.",
-    )
-    stream_rows: int | None = Field(
-        None,
-        ge=1,
-        description="Read the split as a stream (datasets streaming) and keep this many rows, shuffled "
-        "first (stream_seed, stream_shuffle_buffer), cached on disk after the first read: for huge corpora, "
-        "never downloaded whole.",
-    )
-    stream_seed: int = Field(0, ge=0, description="Seed of the shuffle of a stream before its rows are kept.")
-    stream_shuffle_buffer: int = Field(
-        10_000,
-        ge=0,
-        description="Rows of the buffer a stream is shuffled through (IterableDataset.shuffle; the shards' "
-        "order is shuffled too); 0 keeps the stream's first rows.",
-    )
-    shuffle_choices: bool = Field(
-        False,
-        description="Multiple choice: shuffle each question's choices in an order seeded by the question "
-        "(the same on every run), for a benchmark whose correct choice is always at one index.",
-    )
-    strip_strings: list[str] = Field(
-        default_factory=list,
-        description="Literal strings removed from every string column of each row, e.g. a tokenizer's control "
-        "token written into the data ('<|endoftext|>').",
-    )
-    lm_eval_task: str | None = Field(
-        None,
-        min_length=1,
-        description="An lm-evaluation-harness multiple-choice task (e.g. tinyMMLU) whose documents are the rows, "
-        "built by the task's own prompts, choices, answers, few-shot setting and split (instead of path or "
-        "hub_id; needs the extra lm-eval). metric accuracy is lm-eval's acc (the choice whose continuation is "
-        "likeliest; constraints only), loss the loss of the correct choice's continuation (any role). "
-        "docs/lm-eval.md.",
-    )
-    lm_eval_include_path: str | None = Field(
-        None,
-        min_length=1,
-        description="A folder of lm-eval task YAMLs searched for lm_eval_task (a task over local files).",
-    )
-
-    @field_validator("eval_size", "test_size", mode="before")
-    @classmethod
-    def _not_a_bool(cls, value: Any) -> Any:
-        # `eval_size: true` would silently become 1 row.
-        if isinstance(value, bool):
-            raise ValueError(f"a row count (int) or a fraction (float), not {str(value).lower()}")
-        return value
-
-    @field_validator("data_files", mode="before")
-    @classmethod
-    def _data_files_shape(cls, value: Any) -> Any:
-        # One message naming the accepted shapes, instead of one error per member of the union.
-        if value is not None:
-            try:
-                check_data_files(value)
-            except DataError as err:
-                raise ValueError(str(err)) from None
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> DatasetConfig:
-        if self.path is not None and self.hub_id is not None:
-            raise ValueError(f"dataset {self.name!r}: set only one of path (a local file) or hub_id")
-        if self.revision is not None and self.hub_id is None:
-            raise ValueError(
-                f"dataset {self.name!r}: revision {self.revision!r} pins a hub dataset's version; set hub_id, or "
-                "remove revision for a local path"
-            )
-        # Neither: the rows are passed in Python (dynamics.run(config, data={name: rows})).
-        unknown = sorted(set(self.columns) - set(COLUMN_KEYS))
-        if unknown:
-            raise ValueError(f"dataset {self.name!r}: unknown columns keys {unknown}; use {list(COLUMN_KEYS)}")
-        if self.lm_eval_task is not None or self.lm_eval_include_path is not None:
-            self._check_lm_eval()
-        elif self.metric == "accuracy" and self.format != "multiple_choice":
-            raise ValueError(f"dataset {self.name!r}: metric 'accuracy' needs format 'multiple_choice'")
-        if self.format == "multiple_choice" and self.role != "constraint" and self.lm_eval_task is None:
-            raise ValueError(
-                f"dataset {self.name!r}: multiple-choice data is evaluated only (by accuracy or by the loss "
-                "of the correct answer) and can only be a constraint: set role: constraint"
-            )
-        if self.role == "constraint" and self.budget is not None:
-            raise ValueError(f"dataset {self.name!r}: a constraint is evaluated only; remove its budget")
-        if self.role == "non-target" and self.eval_batch_size is not None:
-            raise ValueError(f"dataset {self.name!r}: a non-target is not evaluated; remove its eval_batch_size")
-        if self.role != "non-target":
-            for split in ("eval_size", "test_size"):
-                if getattr(self, split) == 0:
-                    raise ValueError(
-                        f"dataset {self.name!r}: {split} is 0, but a {self.role} is evaluated on its eval "
-                        f"split and reported on its test split; give {split} > 0 (or leave it unset)"
-                    )
-        try:
-            self.data_source()  # the data layer's own checks of sizes and budget
-        except DataError as err:
-            raise ValueError(f"dataset {self.name!r}: {err}") from None
-        return self
-
-    def _check_lm_eval(self) -> None:
-        if self.lm_eval_task is None:
-            raise ValueError(f"dataset {self.name!r}: lm_eval_include_path is searched for lm_eval_task; set lm_eval_task")
-        fields = ("path", "hub_id", "config_name", "revision", "data_files", "stream_rows")
-        given = [f for f in fields if getattr(self, f) is not None]
-        given += [f for f in ("columns", "fields", "drop_empty", "strip_strings", "shuffle_choices") if getattr(self, f)]
-        given += ["format"] if "format" in self.model_fields_set and self.format != "multiple_choice" else []
-        if given:
-            raise ValueError(
-                f"dataset {self.name!r}: lm_eval_task {self.lm_eval_task!r} builds its rows with the task's own "
-                f"split, prompts and choices; remove {', '.join(given)}"
-            )
-        if self.metric == "accuracy" and self.role != "constraint":
-            raise ValueError(
-                f"dataset {self.name!r}: accuracy on lm_eval_task {self.lm_eval_task!r} is evaluated only and "
-                "can only be a constraint: set role: constraint, or metric: loss to train on the correct "
-                "continuations"
-            )
-
-    def data_source(self, rows: datasets.Dataset | None = None) -> DataSource:
-        """The data layer's spec of this dataset, reading ``rows`` (in memory) when given
-        instead of its path or hub id. Constraint domains are evaluation-only, so their rows
-        are split between eval and test (half each unless set)."""
-        if rows is not None:
-            rows_source = {"path": None, "hub_id": None, "rows": rows}
-        else:
-            rows_source = {"path": self.path, "hub_id": self.hub_id}
-        if self.lm_eval_task is not None:
-            rows_source = {"lm_eval_task": self.lm_eval_task, "lm_eval_include_path": self.lm_eval_include_path}
-        default_held_out = 0.5 if self.role == "constraint" else 0.1
-        columns = {f"{key}_column": value for key, value in self.columns.items()}
-        return DataSource(
-            name=self.name,
-            trained=self.role != "constraint",
-            evaluated=self.role != "non-target",
-            **rows_source,
-            config_name=self.config_name,
-            split=self.split,
-            format="multiple_choice" if self.lm_eval_task is not None else self.format,
-            budget=self.budget,
-            eval_size=default_held_out if self.eval_size is None else self.eval_size,
-            test_size=default_held_out if self.test_size is None else self.test_size,
-            fields=self.fields,
-            drop_empty=tuple(self.drop_empty),
-            stream_rows=self.stream_rows,
-            stream_seed=self.stream_seed,
-            stream_shuffle_buffer=self.stream_shuffle_buffer,
-            truncation_side=self.truncation_side,
-            metric=self.metric,
-            revision=self.revision,
-            data_files=self.data_files,
-            loss_on=self.loss_on,
-            shuffle_choices=self.shuffle_choices,
-            strip_strings=tuple(self.strip_strings),
-            **columns,
-        )
-
-
-class RunConfig(_Section):
+class RunConfig(ConfigSection):
     model: ModelConfig = Field(
         default_factory=ModelConfig,
         description="The base model; may be left out when dynamics.run is given the model object.",
@@ -676,7 +439,7 @@ class RunConfig(_Section):
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise ConfigError(f"{path} is not valid YAML{_yaml_position(err)}") from None
+            raise ConfigError(f"{path} is not valid YAML{yaml_position(err)}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a mapping of config sections (model, datasets, ...)")
         return cls.from_dict(data, overrides)
@@ -691,53 +454,6 @@ class RunConfig(_Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a nested dict copy.
-    List items are addressed by index or, for ``datasets``, by dataset name."""
-    import copy
-
-    out = copy.deepcopy(data)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key.path=value, e.g. training.total_steps=256")
-        key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw else None
-        except yaml.YAMLError:
-            value = raw
-        parts = key.strip().split(".")
-        node: Any = out
-        for depth, part in enumerate(parts[:-1]):
-            node = _child(node, part, ".".join(parts[: depth + 1]), create=True)
-        last = parts[-1]
-        if isinstance(node, list):
-            node[_list_index(node, last, key)] = value
-        elif isinstance(node, dict):
-            node[last] = value
-        else:
-            raise ConfigError(f"override {key!r}: {'.'.join(parts[:-1])} is not a section")
-    return out
-
-
-def _child(node: Any, part: str, path: str, create: bool) -> Any:
-    if isinstance(node, dict):
-        if part not in node or node[part] is None:
-            node[part] = {}
-        return node[part]
-    if isinstance(node, list):
-        return node[_list_index(node, part, path)]
-    raise ConfigError(f"override path {path!r} goes through a value that is not a section")
-
-
-def _list_index(node: list[Any], part: str, path: str) -> int:
-    if part.isdigit() and int(part) < len(node):
-        return int(part)
-    for i, item in enumerate(node):
-        if isinstance(item, dict) and item.get("name") == part:
-            return i
-    raise ConfigError(f"override path {path!r}: no list item with index or name {part!r}")
 
 
 def _all_finite(value: Any) -> bool:
@@ -756,72 +472,3 @@ def _source_key(dataset: DatasetConfig) -> tuple[str | None, ...]:
     configuration and the split (two slices of one split are different data)."""
     path = None if dataset.path is None else os.path.normpath(os.path.abspath(os.path.expanduser(dataset.path)))
     return (path, dataset.hub_id, dataset.config_name, dataset.split.replace(" ", ""))
-
-
-def _yaml_position(err: yaml.YAMLError) -> str:
-    """``: line L, column C: problem`` of a YAML error, on one line."""
-    mark = getattr(err, "problem_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    problem = getattr(err, "problem", None) or str(err)
-    context = getattr(err, "context", None)
-    text = f"{problem} ({context})" if context else str(problem)
-    return f"{where}: {' '.join(text.split())}"
-
-
-def format_validation_error(err: ValidationError) -> str:
-    """All problems on one line: ``field.path: message; ...``."""
-    lines = []
-    for problem in err.errors():
-        # A key with a line break or other unprintable characters is shown escaped.
-        location = ".".join(str(p) if str(p).isprintable() else repr(str(p)) for p in problem["loc"])
-        message = problem["msg"].removeprefix("Value error, ")
-        if problem["type"] == "extra_forbidden":
-            message = "unknown field; check the spelling (see docs/config.md for every field)"
-        elif problem["type"] == "missing":
-            message = "required field is missing"
-        message = " ".join(message.split())  # a message never spans lines
-        lines.append(f"{location}: {message}" if location else message)
-    return "invalid config: " + "; ".join(lines)
-
-
-def config_reference_markdown() -> str:
-    """docs/config.md, generated from the field descriptions (a test keeps them equal)."""
-    sections: list[tuple[str, type[BaseModel], str]] = [
-        ("model", ModelConfig, "The base model."),
-        ("lora", LoraConfig, "LoRA adapter; `lora: null` means full fine-tuning."),
-        ("optimizer", OptimizerConfig, "AdamW and its learning-rate schedule."),
-        ("training", TrainingConfig, "The main run."),
-        ("evaluation", EvaluationConfig, "Main and reduced (probe) evaluations."),
-        ("method", MethodConfig, "The mixture policy."),
-        ("method.grid", GridConfig, "The solver's (lambda, eps) grid (paper appendix G)."),
-        ("datasets[]", DatasetConfig, "One entry per dataset; roles decide what is trained and evaluated."),
-    ]
-    lines = [
-        "# Run configuration reference",
-        "",
-        "Generated from `dynamics.engine.config` (`config_reference_markdown()`); a test keeps",
-        "this file in sync. Override any field on the command line with `key.path=value`",
-        "(datasets by name: `datasets.math.budget=500`). The config of one of the paper's",
-        "scenarios, with the paper's settings: `dynamics scenarios config paper/s28`; train it with",
-        "`dynamics run --scenario paper/s28` (docs/datasets.md says how its datasets are read).",
-        "",
-        "| field | default | description |",
-        "| --- | --- | --- |",
-    ]
-    for field_name in ("output_dir", "trackers", "tracker_project", "tracker_run_name"):
-        info = RunConfig.model_fields[field_name]
-        lines.append(f"| `{field_name}` | `{_default(info)}` | {info.description} |")
-    for prefix, model, intro in sections:
-        lines += ["", f"## `{prefix}`", "", intro, "", "| field | default | description |", "| --- | --- | --- |"]
-        for name, info in model.model_fields.items():
-            lines.append(f"| `{name}` | `{_default(info)}` | {info.description or ''} |")
-    return "\n".join(lines) + "\n"
-
-
-def _default(info: Any) -> str:
-    if info.is_required():
-        return "required"
-    if info.default_factory is not None:
-        value = info.default_factory()
-        return "{...}" if isinstance(value, BaseModel) else repr(value)
-    return repr(info.default)

@@ -1,0 +1,64 @@
+"""docs/config.md, generated from the run config's field descriptions (a test keeps them
+equal): ``python -c 'from dynamics.engine.config_docs import config_reference_markdown as m;
+open("docs/config.md", "w").write(m())'``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from dynamics.engine.config import (
+    EvaluationConfig,
+    GridConfig,
+    LoraConfig,
+    MethodConfig,
+    ModelConfig,
+    OptimizerConfig,
+    RunConfig,
+    TrainingConfig,
+)
+from dynamics.engine.dataset_config import DatasetConfig
+
+
+def config_reference_markdown() -> str:
+    """docs/config.md, generated from the field descriptions (a test keeps them equal)."""
+    sections: list[tuple[str, type[BaseModel], str]] = [
+        ("model", ModelConfig, "The base model."),
+        ("lora", LoraConfig, "LoRA adapter; `lora: null` means full fine-tuning."),
+        ("optimizer", OptimizerConfig, "AdamW and its learning-rate schedule."),
+        ("training", TrainingConfig, "The main run."),
+        ("evaluation", EvaluationConfig, "Main and reduced (probe) evaluations."),
+        ("method", MethodConfig, "The mixture policy."),
+        ("method.grid", GridConfig, "The solver's (lambda, eps) grid (paper appendix G)."),
+        ("datasets[]", DatasetConfig, "One entry per dataset; roles decide what is trained and evaluated."),
+    ]
+    lines = [
+        "# Run configuration reference",
+        "",
+        "Generated from the config's field descriptions (`dynamics.engine.config_docs`); a test keeps",
+        "this file in sync. Override any field on the command line with `key.path=value`",
+        "(datasets by name: `datasets.math.budget=500`). The config of one of the paper's",
+        "scenarios, with the paper's settings: `dynamics scenarios config paper/s28`; train it with",
+        "`dynamics run --scenario paper/s28` (docs/datasets.md says how its datasets are read).",
+        "",
+        "| field | default | description |",
+        "| --- | --- | --- |",
+    ]
+    for field_name in ("output_dir", "trackers", "tracker_project", "tracker_run_name"):
+        info = RunConfig.model_fields[field_name]
+        lines.append(f"| `{field_name}` | `{_default(info)}` | {info.description} |")
+    for prefix, model, intro in sections:
+        lines += ["", f"## `{prefix}`", "", intro, "", "| field | default | description |", "| --- | --- | --- |"]
+        for name, info in model.model_fields.items():
+            lines.append(f"| `{name}` | `{_default(info)}` | {info.description or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def _default(info: Any) -> str:
+    if info.is_required():
+        return "required"
+    if info.default_factory is not None:
+        value = info.default_factory()
+        return "{...}" if isinstance(value, BaseModel) else repr(value)
+    return repr(info.default)
