@@ -101,17 +101,8 @@ def run(
     resume_point = choice.path if choice is not None else None
     parts = build_run(config, model=model, tokenizer=tokenizer, data=data)
 
-    damaged = [path for path, _ in choice.damaged] if choice is not None else []
-
-    def prepare_folder() -> None:
-        if accelerator_main and resume:
-            run_state.clear_unfinished(out, keep=resume_point, damaged=damaged)
-        elif accelerator_main:
-            # Created only once setup succeeded: a data or model error leaves no folder behind.
-            rundir.prepare_run_dir(out)
-            rundir.atomic_write_text(out / rundir.CONFIG_FILE, config.to_yaml())
-
-    agree_on_refusal(attempt(prepare_folder)[1])
+    # Created only once setup succeeded: a data or model error leaves no folder behind.
+    agree_on_refusal(attempt(lambda: _prepare_folder(config, choice if resume else None) if accelerator_main else None)[1])
     accelerator = parts.accelerator
     if config.trackers:
         tracking.start_trackers(accelerator, config)
@@ -146,6 +137,17 @@ def run(
         accelerator.end_training()
     accelerator.wait_for_everyone()
     return summary
+
+
+def _prepare_folder(config: RunConfig, choice: run_state.ResumeChoice | None) -> None:
+    """A new run folder with its config, or for a resume (``choice``) the folder cleared of
+    what the interrupted run left half-made (and of damaged resume points)."""
+    out = Path(config.output_dir)
+    if choice is not None:
+        run_state.clear_unfinished(out, keep=choice.path, damaged=[path for path, _ in choice.damaged])
+    else:
+        rundir.prepare_run_dir(out)
+        rundir.atomic_write_text(out / rundir.CONFIG_FILE, config.to_yaml())
 
 
 def resume_from(
