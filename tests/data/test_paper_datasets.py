@@ -225,3 +225,50 @@ def test_glaive_rows_lose_their_literal_end_of_text(tokenizer: PreTrainedTokeniz
     for example in examples:
         ids = example.input_ids.tolist()
         assert ids.count(eos) == 1 and ids[-1] == eos  # only the document's own EOS
+
+
+def test_every_entry_names_the_page_its_schema_was_checked_against() -> None:
+    for abbrev, spec in PAPER_DATASETS.items():
+        assert "https://" in spec.checked_against, abbrev
+        for unchecked in ("not verified", "assumed"):
+            assert unchecked not in spec.checked_against, (abbrev, unchecked)
+
+
+# The columns of each hub row as the page cited in PAPER_DATASETS lists them (NS: the columns the
+# cited loaders read; its card lists more).
+HUB_COLUMNS = {
+    "CF": {"query", "answer", "resource", "lang"},
+    "Ay": {"inputs", "targets", "language", "language_code", "annotation_type", "user_id"},
+    "GF": {"system", "chat"},
+    "MS": {"question", "answer", "subject", "reference_answer", "source"},
+    "RQ": {
+        "document_id", "document_topic", "document_path", "document_extracted",
+        "question_id", "question", "answer", "long_answer",
+    },
+    "WP": {"id", "url", "title", "text"},
+    "FW": {"text", "id", "dump", "url", "date", "file_path", "language", "language_score", "token_count"},
+    "BQ": {"context", "question", "choices", "answer", "category"},
+}
+
+
+@pytest.mark.parametrize("abbrev", sorted(HUB_COLUMNS))
+def test_fixture_rows_carry_the_hub_columns(abbrev: str) -> None:
+    assert all(set(row) == HUB_COLUMNS[abbrev] for row in fixture_rows(abbrev))
+
+
+def test_safety_rows_carry_the_columns_their_loaders_read() -> None:
+    read = {"id", "prompt", "response", "prompt_label", "response_label", "violated_categories",
+            "reconstruction_id_if_redacted"}
+    assert all(read <= set(row) for row in fixture_rows("NS"))
+
+
+def test_bbq_reads_all_eleven_category_splits_of_its_default_config() -> None:
+    spec = PAPER_DATASETS["BQ"]
+    assert spec.config_name is None  # the hub's only config, default
+    assert spec.split.split("+") == [
+        "age", "disabilityStatus", "genderIdentity", "nationality", "physicalAppearance", "raceEthnicity",
+        "raceXGender", "raceXSes", "religion", "ses", "sexualOrientation",
+    ]
+    assert spec.rows == 58_492
+    rows = fixture_rows("BQ")
+    assert all(len(row["choices"]) == 3 and row["answer"] in (0, 1, 2) for row in rows)

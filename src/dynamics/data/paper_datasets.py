@@ -117,8 +117,11 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
             "https://huggingface.co/datasets/m-a-p/CodeFeedback-Filtered-Instruction/tree/"
             "e24e63942ad4450639e16ba318130ab841946916 (one file, CodeFeedback-Filtered-Instruction.jsonl, 371 MB; "
             "README 28 bytes, no configs) and the viewer of its copy https://huggingface.co/datasets/nayohan/"
-            "CodeFeedback-Filtered-Instruction-ko/viewer/default/train (157k rows); columns query, answer not "
-            "verified",
+            "CodeFeedback-Filtered-Instruction-ko/viewer/default/train (157k rows); the row format query, answer, "
+            "resource (evolinstruct, magicoder, wizardcoder, sharegpt), lang in https://github.com/huilong-chen/"
+            "LLMhub/blob/3927382fa84748b8208be0396388e89d68dc8054/build_dataset/README.md, and a public loader "
+            "that reads sample['query'] and sample['answer'] of its train split, https://github.com/SenseLLM/"
+            "ReflectionCoder/blob/main/src/data/download.py",
             columns={"prompt": "query", "response": "answer"}, rows=156_526,
         ),
         PaperDataset(
@@ -148,10 +151,13 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
         ),
         PaperDataset(
             "Ay", "CohereForAI/aya_dataset", "train", "instruction",
-            "the original card was not found; inputs, targets, language, language_code, annotation_type, user_id "
-            "from the dataset_info of its exports, e.g. https://huggingface.co/datasets/2A2I/Arabic_Aya/commit/"
-            "5ab1e23505e143c2f01161b0dc6cfdc1130b11ce (config CohereForAI-aya_dataset); 202k train rows assumed",
-            columns={"prompt": "inputs", "response": "targets"}, rows=202_362,
+            "the card's dataset_info (config default: inputs, targets, language, language_code, annotation_type, "
+            "user_id; train 202,364, test 1,750 rows; a second config, demographics, keyed by user_id) as the "
+            "commit https://huggingface.co/datasets/CohereForAI/aya_dataset/commit/"
+            "5e530a243fd8f2e1e8d10b423d6c382d695276a6 shows it; the same features in the dataset_info of its "
+            "exports, e.g. https://huggingface.co/datasets/2A2I/Arabic_Aya/commit/"
+            "5ab1e23505e143c2f01161b0dc6cfdc1130b11ce (config CohereForAI-aya_dataset)",
+            columns={"prompt": "inputs", "response": "targets"}, rows=202_364,
         ),
         PaperDataset(
             "MF", "medalpaca/medical_meadow_medical_flashcards", "train", "instruction",
@@ -168,7 +174,11 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
             "'FUNCTION RESPONSE:' turns); the 112,960 rows from the dataset_info of its ChatML conversion, "
             "https://github.com/daniel-p-green/alain-ai-learning-platform/blob/main/out/"
             "research-dphn-dolphin-2-9-1-yi-1-5-34b/sources/datasets/locutusque-function-calling-chatml.README.md; "
-            "the system column itself not verified",
+            "the system column (a string starting 'SYSTEM: You are a helpful assistant with access to the "
+            "following functions...' and the JSON schemas) beside chat, as a public normalizer reads the hub's "
+            "glaive-function-calling-v2.json (112,960 rows of {system, chat}), https://github.com/Vaniell0/noesis/"
+            "blob/18f253e1c0f0e19a5fbe0e333628d95f896370f4/training/scripts/normalize_glaive.py and its "
+            "training/corpus_open/PROVENANCE.md",
             fields={"text": "{system}\n\n{chat}"}, rows=112_960, strip_strings=("<|endoftext|>",),
             note="`chat` is one string of USER/ASSISTANT/FUNCTION turns, so the row is read as text (loss on "
             "every token), after its system prompt with the function definitions; the literal `<|endoftext|>` "
@@ -178,7 +188,10 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
         PaperDataset(
             "MS", "MegaScience/MegaScience", "train", "instruction",
             "https://huggingface.co/datasets/MegaScience/MegaScience/tree/main (parquet under data/, 1M-10M rows, "
-            "1.88 GB); columns question, answer not verified",
+            "1.88 GB, README 3.78 kB); features question, answer, subject, reference_answer, source and train "
+            "1,253,230 rows from the dataset_info of the same 3.78 kB card in its copy mkzheng/MegaScience "
+            "(https://www.huggingface.co/datasets/mkzheng/MegaScience/tree/main; the card read through the mirror "
+            "https://hf-mirror.492719920.workers.dev/datasets/mkzheng/MegaScience/blob/main/README.md)",
             columns={"prompt": "question", "response": "answer"}, stream_rows=STREAM_ROWS, rows=STREAM_ROWS,
             note="1M+ rows: streamed, 20,000 kept after a seeded shuffle",
         ),
@@ -194,10 +207,11 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
         ),
         PaperDataset(
             "RQ", "ServiceNow/repliqa", "repliqa_0", "instruction",
-            "https://huggingface.co/datasets/ServiceNow/repliqa/commit/94c467733e0b1e94a28451556800298111240387 "
-            "(card's Data Fields: document_id, document_topic, document_path, document_extracted, question_id, "
-            "question, answer, long_answer; 5 questions per document; the excerpt shows the first two fields, "
-            "the others, the split name repliqa_0 and its 17,955 rows are assumed, not seen)",
+            "the card's dataset_info at https://huggingface.co/datasets/ServiceNow/repliqa/commit/"
+            "1b2838a9f98ae1d22a1db8fd2ca30721ee43f8cb (config default: document_id, document_topic, "
+            "document_path, document_extracted, question_id, question, answer, long_answer, all strings; split "
+            "repliqa_0, 17,955 rows; later cards add repliqa_1 to repliqa_4); 5 questions per document "
+            "(https://huggingface.co/datasets/ServiceNow/repliqa/commit/94c467733e0b1e94a28451556800298111240387)",
             fields={"prompt": "{document_extracted}\n\nQuestion: {question}"}, columns={"response": "answer"},
             truncation_side="left", rows=17_955,
             note="the document is longer than 512 tokens: its text is cut after the leading special tokens so "
@@ -206,18 +220,25 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
         PaperDataset(
             "WP", "wikimedia/wikipedia", "train", "text",
             "https://huggingface.co/datasets/wikimedia/wikipedia/commit/b8bc12bbc5758d81a5fb8981bd04148236527e38 "
-            "(configs named <date>.<language>); features id, url, title, text from dumps of the same format, e.g. "
-            "https://huggingface.co/datasets/teddy-f-47/wikipedia_id_20231201/blame/main/README.md; the config "
-            "20231101.en itself assumed",
+            "(configs named <date>.<language>); the card's own example load_dataset(\"wikimedia/wikipedia\", "
+            "\"20231101.en\") in https://huggingface.co/datasets/wikimedia/wikipedia/commit/"
+            "0a74be1dafec8200ba0509654b9f2c740c8362cd, and a maintainer's answer loading that config alone in "
+            "https://huggingface.co/datasets/wikimedia/wikipedia/discussions/60; features id, url, title, text "
+            "from dumps of the same format, e.g. https://huggingface.co/datasets/teddy-f-47/wikipedia_id_20231201/"
+            "blame/main/README.md",
             config_name="20231101.en", stream_rows=STREAM_ROWS, rows=STREAM_ROWS, held_out=0,
             note="unlimited: streamed, 20,000 articles kept after a seeded shuffle",
         ),
         PaperDataset(
             "FW", "HuggingFaceFW/fineweb", "train", "text",
-            "features text, id, dump, url, date, file_path, language, language_score, token_count from FineWeb "
-            "samples, e.g. https://huggingface.co/datasets/ServiceNow/fineweb-sample/blob/main/README.md and the "
-            "sample-10BT shards of https://huggingface.co/datasets/dododo1234/fineweb/blob/"
-            "5a55bce7fc8617b5753f25d110af14ca6172341d/README.md; the config name sample-10BT assumed from the card",
+            "the card's configs block (config_name sample-10BT, split train, path sample/10BT/*) in "
+            "https://huggingface.co/datasets/HuggingFaceFW/fineweb/blob/refs%2Fpr%2F51/README.md?code=true and the "
+            "folder sample/10BT in https://huggingface.co/datasets/HuggingFaceFW/fineweb/tree/"
+            "cd850543a88ba055067841ce91d2669344ff7b7a/sample; features text, id, dump, url, date, file_path, "
+            "language, language_score, token_count from FineWeb samples, e.g. https://huggingface.co/datasets/"
+            "ServiceNow/fineweb-sample/blob/main/README.md and https://huggingface.co/datasets/OxxoCodes/"
+            "fineweb-10MT/blob/main/README.md (drawn with load_dataset(\"HuggingFaceFW/fineweb\", \"sample-10BT\", "
+            "split=\"train\"))",
             config_name="sample-10BT", stream_rows=STREAM_ROWS, rows=STREAM_ROWS, held_out=0,
             note="unlimited: streamed, 20,000 documents kept after a seeded shuffle of the shards and rows",
         ),
@@ -255,10 +276,20 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
             "https://huggingface.co/datasets/nvidia/Aegis-AI-Content-Safety-Dataset-2.0/viewer (default config; "
             "train 30k, validation 1.45k, test 1.96k rows) and the card https://huggingface.co/datasets/nvidia/"
             "Aegis-AI-Content-Safety-Dataset-2.0/blob/refs%2Fpr%2F6/README.md (prompts from Anthropic HH-RLHF, "
-            "responses elicited from Mistral-7B-v0.1); columns prompt, response not verified",
+            "responses elicited from Mistral-7B-v0.1; its configs block, default config, test split test.json, as a "
+            "mirror shows it: https://chatgptweb.us.kg/datasets/nvidia/Aegis-AI-Content-Safety-Dataset-2.0/blame/main/"
+            "README.md); columns id, prompt, response (null or empty where no response "
+            "was logged), prompt_label, response_label, violated_categories as a public sampler requires them of "
+            "the train split, https://github.com/Onedory/dv_SFT_dataset/blob/"
+            "24bbd0acc98f0821fe8b06e1a89810d890e5c6d5/query_set/sample_aegis_labeled.py, and "
+            "reconstruction_id_if_redacted beside prompts stored as 'REDACTED' in https://github.com/"
+            "maciejchrabaszcz/latent-prototype-moderator/blob/1361ba1882426bd4186e17995f187532e663336c/scripts/"
+            "preprocessing/prepare_training_datasets.py",
             drop_empty=("response",), rows=1_964, held_out=0.5,
             note="Aegis 2.0 is NVIDIA's Nemotron Content Safety Dataset V2: the loss of the logged response to "
-            "each (often harmful) prompt; rows without a response are dropped",
+            "each (often harmful) prompt; rows without a response are dropped (the card's suicide-detection rows "
+            "store their prompt as 'REDACTED', with reconstruction_id_if_redacted pointing into a dataset it does "
+            "not distribute)",
         ),
         PaperDataset(
             "SQ", "OpenStellarTeam/Chinese-SafetyQA", "train", "instruction",
@@ -279,12 +310,13 @@ PAPER_DATASETS: dict[str, PaperDataset] = {
             "age+disabilityStatus+genderIdentity+nationality+physicalAppearance+raceEthnicity+raceXGender+raceXSes"
             "+religion+ses+sexualOrientation",
             "multiple_choice",
-            "no card found; columns context, question, choices (3 texts), answer (index), category and one split "
-            "per category as public loaders read walledai/BBQ (found with the code search), e.g. the docstring "
-            "'one split per social dimension with a simple multiple-choice schema: context, question, choices, "
-            "answer, category' and the split list age, disabilityStatus, genderIdentity, nationality, "
-            "physicalAppearance, raceEthnicity, religion, ses, sexualOrientation (+ raceXGender, raceXSes)",
-            fields={"question": "{context}\n{question}"},
+            "the viewer https://huggingface.co/datasets/walledai/BBQ/viewer (config default, 58.5k rows; 11 splits "
+            "age 3.68k, disabilityStatus 1.56k, genderIdentity 5.67k, nationality 3.08k, physicalAppearance 1.58k, "
+            "raceEthnicity 6.88k, raceXSes 11.2k, raceXGender 16k, religion 1.2k, ses 6.86k, sexualOrientation "
+            "864 rows) and the card's dataset_info at commit 3bbaded as a mirror of the hub page shows it, "
+            "https://phind.xodi.top/datasets/walledai/BBQ/blob/main/README.md (context, question, choices as a "
+            "sequence of strings, answer int64, category; the same 11 splits, 58,492 rows in all)",
+            fields={"question": "{context}\n{question}"}, rows=58_492,
             note="every category split, joined; the original BBQ repos load through a script, which stays off",
         ),
     )
