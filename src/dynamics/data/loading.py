@@ -15,6 +15,10 @@ Public API:
 - ``check_path(source)``: that a local source exists, has a known extension and is not an
   empty file, without reading it (a run checks every dataset this way before loading the model).
 - ``offline()``: whether the Hugging Face libraries are told not to use the network.
+- ``SourcePath``, ``HubId``, ... ``LmEvalIncludePath``: the annotated types of the fields
+  ``DataSource`` shares with a run config's ``datasets:`` entry, each holding the field's
+  description and the constraints the config validates (pydantic ``Field`` metadata, which
+  the ``DataSource`` dataclass ignores: it checks its values itself).
 - ``DataError``: every data problem, on one line; the message names the dataset (its
   ``name`` in a run config, and the file or hub id), the field or column, and the fix.
   Errors of ``load_dataset`` (a hub id that cannot be found, offline or not; an unknown
@@ -52,11 +56,12 @@ import string
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import datasets
 from datasets import load_dataset
 from huggingface_hub import constants as hub_constants
+from pydantic import BeforeValidator, Field
 
 RowFormat = Literal["text", "instruction", "multiple_choice"]
 ROW_FORMATS: tuple[str, ...] = ("text", "instruction", "multiple_choice")
@@ -118,9 +123,125 @@ def _check_split_size(field: str, value: int | float) -> None:
         raise DataError(f"{field}={value}: a fraction must lie in [0, 1]")
 
 
+def _data_files_shape(value: Any) -> Any:
+    """Pydantic's check of ``data_files``: one message naming the accepted shapes, instead of
+    one error per member of the union."""
+    if value is not None:
+        try:
+            check_data_files(value)
+        except DataError as err:
+            raise ValueError(str(err)) from None
+    return value
+
+
+# The fields ``DataSource`` shares with a run config's ``datasets:`` entry
+# (``dynamics.engine.dataset_config.DatasetConfig``), each written once here: its type, its
+# description (docs/config.md) and the constraints the config validates with pydantic.
+# ``DataSource`` is a plain dataclass that ignores the pydantic metadata and checks its own
+# values in ``__post_init__`` (raising ``DataError``).
+SourcePath = Annotated[str | None, Field(description="Local file (jsonl/json/parquet/txt) or dataset folder.")]
+HubId = Annotated[str | None, Field(description="Hugging Face hub dataset id (instead of path).")]
+ConfigName = Annotated[str | None, Field(description="Hub dataset configuration, if it has several.")]
+Revision = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        description="Hub dataset revision to read (a branch, tag or commit; datasets.load_dataset's revision); "
+        "needs hub_id.",
+    ),
+]
+DataFilesField = Annotated[
+    DataFiles | None,
+    BeforeValidator(_data_files_shape),
+    Field(
+        description="Files of the hub dataset (or local folder) to read, datasets.load_dataset's data_files: a path "
+        "or glob, a list of them, or split -> path(s); e.g. the .jsonl of a repository that also holds a .csv "
+        "and declares no configs.",
+    ),
+]
+Split = Annotated[str, Field(description="Split to read; slices work, e.g. 'train[:20000]'.")]
+Format = Annotated[
+    RowFormat,
+    Field(
+        description="Row format: plain text, prompt/response pairs (or messages, or TRL's prompt/completion: "
+        "strings or message lists), or multiple choice.",
+    ),
+]
+LossOnField = Annotated[
+    LossOn,
+    Field(
+        description="Instruction rows: the loss on the response only (the last assistant message, or a "
+        "prompt/completion pair's completion; TRL's completion_only_loss), or on every assistant turn (of the "
+        "completion, for a pair; TRL's assistant_only_loss).",
+    ),
+]
+Budget = Annotated[
+    int | None, Field(ge=1, description="Training rows to use (null: all, e.g. an unlimited corpus).")
+]
+Fields = Annotated[
+    dict[str, FieldSpec],
+    Field(
+        description="Columns built from each row before formatting, by name: a template over columns "
+        "('{document}\\n\\nQuestion: {question}'), a nested column path ('mc1_targets.choices') or a "
+        "list of column paths (choices spread over several columns).",
+    ),
+]
+TruncationSide = Annotated[
+    Literal["right", "left"],
+    Field(
+        description="Which end of a too-long example is cut: left keeps the response and the end of "
+        "a long prompt (a document before a question), right keeps the start.",
+    ),
+]
+StreamRows = Annotated[
+    int | None,
+    Field(
+        ge=1,
+        description="Read the split as a stream (datasets streaming) and keep this many rows, shuffled "
+        "first (stream_seed, stream_shuffle_buffer), cached on disk after the first read: for huge corpora, "
+        "never downloaded whole.",
+    ),
+]
+StreamSeed = Annotated[int, Field(ge=0, description="Seed of the shuffle of a stream before its rows are kept.")]
+StreamShuffleBuffer = Annotated[
+    int,
+    Field(
+        ge=0,
+        description="Rows of the buffer a stream is shuffled through (IterableDataset.shuffle; the shards' "
+        "order is shuffled too); 0 keeps the stream's first rows.",
+    ),
+]
+ShuffleChoices = Annotated[
+    bool,
+    Field(
+        description="Multiple choice: shuffle each question's choices in an order seeded by the question "
+        "(the same on every run), for a benchmark whose correct choice is always at one index.",
+    ),
+]
+LmEvalTask = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        description="An lm-evaluation-harness multiple-choice task (e.g. tinyMMLU) whose documents are the rows, "
+        "built by the task's own prompts, choices, answers, few-shot setting and split (instead of path or "
+        "hub_id; needs the extra lm-eval). metric accuracy is lm-eval's acc (the choice whose continuation is "
+        "likeliest; constraints only), loss the loss of the correct choice's continuation (any role). "
+        "docs/lm-eval.md.",
+    ),
+]
+LmEvalIncludePath = Annotated[
+    str | None,
+    Field(min_length=1, description="A folder of lm-eval task YAMLs searched for lm_eval_task (a task over local files)."),
+]
+
+
 @dataclass(frozen=True)
 class DataSource:
-    """One dataset: where its rows are, how to read them, and how much of it to use."""
+    """One dataset: where its rows are, how to read them, and how much of it to use.
+
+    The fields typed by the annotated types above (``SourcePath`` ... ``LmEvalIncludePath``)
+    are those a run config's dataset entry shares; their types hold their descriptions. The
+    other fields are described here."""
 
     name: str | None = None
     """The dataset's name in a run config; error messages lead with it."""
@@ -128,25 +249,16 @@ class DataSource:
     """A run trains on this dataset: its training part must keep at least one example."""
     evaluated: bool = False
     """A run evaluates this dataset: its eval and test parts must keep an example each."""
-    path: str | None = None
-    """A local ``.jsonl``/``.json``/``.parquet``/``.txt`` file, or a local dataset folder."""
-    hub_id: str | None = None
-    """A Hugging Face hub dataset id (``org/name``); at most one of ``path``/``hub_id``/``rows``."""
+    path: SourcePath = None
+    hub_id: HubId = None
     rows: datasets.Dataset | None = field(default=None, compare=False, repr=False)
-    """Rows already in memory (a notebook's ``datasets.Dataset``), read instead of a file."""
-    config_name: str | None = None
-    """The hub dataset's configuration (``load_dataset``'s ``name``), if it has several."""
-    revision: str | None = None
-    """The hub dataset's revision (``load_dataset``'s ``revision``): a branch, tag or commit."""
-    data_files: DataFiles | None = None
-    """Files of a hub dataset or local folder to read (``load_dataset``'s ``data_files``),
-    e.g. the ``.jsonl`` of a repository that also holds a ``.csv`` and no ``configs`` block."""
-    split: str = "train"
-    """The split to read; slices work (``"train[:20000]"``). A single local file is ``train``."""
-    format: RowFormat = "text"
-    """``text``: loss on every token. ``instruction``: prompt/response pairs or a chat
-    ``messages`` list, loss on the response only. ``multiple_choice``: question, choices
-    and answer, scored by letter-restricted argmax accuracy (evaluation only)."""
+    """Rows already in memory (a notebook's ``datasets.Dataset``), read instead of a file;
+    at most one of ``path``/``hub_id``/``rows``/``lm_eval_task``."""
+    config_name: ConfigName = None
+    revision: Revision = None
+    data_files: DataFilesField = None
+    split: Split = "train"
+    format: Format = "text"
     text_column: str = "text"
     """Column of the documents of a ``text`` dataset."""
     prompt_column: str = "prompt"
@@ -163,23 +275,14 @@ class DataSource:
     messages_column: str = "messages"
     """Column of a chat list of ``{"role", "content"}``; used instead of the pair columns
     whenever the rows have it. The last message is the response and must be the assistant's."""
-    loss_on: LossOn = "last-assistant"
-    """Which assistant turns of an ``instruction`` row carry the loss: ``last-assistant``,
-    the response (the last message, or a prompt/completion pair's whole completion, as TRL's
-    ``completion_only_loss``); ``all-assistant``, every assistant turn (of the completion, for
-    a prompt/completion pair), as TRL's ``assistant_only_loss``."""
+    loss_on: LossOnField = "last-assistant"
     question_column: str = "question"
     choices_column: str = "choices"
     """A list of choice texts, or a dict ``{"text": [...], "label": [...]}`` (ARC-style)."""
     answer_column: str = "answer"
     """The correct choice: a 0-based index, a letter (``"B"``), or one of the ARC labels."""
-    shuffle_choices: bool = False
-    """Shuffle each question's choices (a permutation seeded by the question and its choices,
-    so the same on every run) before they are lettered: for a benchmark whose correct choice
-    is always at the same index (TruthfulQA's mc1 lists the true answer first)."""
-    budget: int | None = None
-    """Training rows taken (a seeded subset, after eval/test are split off); None = all of
-    them, as for the paper's unlimited corpora. Without packing a row is one example."""
+    shuffle_choices: ShuffleChoices = False
+    budget: Budget = None
     eval_size: int | float = 0.1
     """Rows held out for the evaluation split: an int is a count, a float a fraction of the
     rows (rounded up). An evaluation-only domain uses e.g. ``eval_size=0.5, test_size=0.5``."""
@@ -190,34 +293,19 @@ class DataSource:
     letter-restricted argmax, ``loss`` is the loss of the correct choice's text after the
     question (see ``formatting``). Other formats are scored by ``loss`` only. None (the
     default) becomes ``accuracy`` for ``multiple_choice`` and ``loss`` otherwise."""
-    fields: Mapping[str, FieldSpec] = field(default_factory=dict)
-    """Columns built from each row before formatting, by name: see ``FieldSpec``. E.g.
-    ``{"prompt": "{document}\n\nQuestion: {question}"}`` for a prompt over two columns."""
+    fields: Fields = field(default_factory=dict)
     drop_empty: tuple[str, ...] = ()
     """Columns whose empty or null rows are dropped (after ``fields``), e.g. a response
     column that some rows leave out."""
-    stream_rows: int | None = None
-    """Read the split as a stream and keep ``stream_rows`` of its rows (huge corpora), cached
-    on disk after the first read."""
-    stream_seed: int = 0
-    """Seed of the shuffle of a stream (``IterableDataset.shuffle``) before its rows are kept."""
-    stream_shuffle_buffer: int = STREAM_SHUFFLE_BUFFER
-    """Rows of the shuffle buffer of a stream; 0 keeps the stream's first rows."""
+    stream_rows: StreamRows = None
+    stream_seed: StreamSeed = 0
+    stream_shuffle_buffer: StreamShuffleBuffer = STREAM_SHUFFLE_BUFFER
     strip_strings: tuple[str, ...] = ()
     """Literal strings removed from every string column of each row (after ``fields``), e.g. a
     tokenizer's control token written into the data (``<|endoftext|>``)."""
-    truncation_side: Literal["right", "left"] = "right"
-    """Which end of a too-long ``text``/``instruction`` example is cut (as in ``transformers``
-    tokenizers): ``left`` keeps the response and the end of a long prompt (a document before
-    a short question and answer) and the prompt's leading special tokens (BOS), ``right``
-    keeps the start."""
-    lm_eval_task: str | None = None
-    """An lm-evaluation-harness multiple-choice task whose documents are the rows, built by
-    the task's own code (``lm_eval_tasks``; ``format`` is ``multiple_choice``): ``accuracy`` is
-    lm-eval's ``acc`` (the choice whose continuation is likeliest), ``loss`` the loss of the
-    correct choice's continuation after the task's context."""
-    lm_eval_include_path: str | None = None
-    """A folder of lm-eval task YAMLs searched for ``lm_eval_task`` (``TaskManager(include_path=)``)."""
+    truncation_side: TruncationSide = "right"
+    lm_eval_task: LmEvalTask = None
+    lm_eval_include_path: LmEvalIncludePath = None
     origin: str | None = field(default=None, compare=False, repr=False)
     """How messages name where the rows come from, when none of ``path``/``hub_id``/``rows``
     says it (``tokenize_rows`` leaves the in-memory rows out of its cache key but keeps
