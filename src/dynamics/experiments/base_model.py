@@ -20,6 +20,16 @@ to forget, so the base model first learns the general domains (stdlib ``code`` a
 ``prose``, and the quiz ``facts``) and the demo then fine-tunes it on domains it has not
 seen (``arithmetic``, ``toolcall``) under constraints on what it knows.
 
+Why pretraining has its own loop and not the engine's: the engine's optimizer and schedule
+(one AdamW weight decay for every parameter, norms included; transformers' schedules, which
+warm up from LR 0 and decay to 0) and its mixture sampler would each change this model, and
+although ``engine.steps.OptimizerSteps`` driven by this loop's optimizer, schedule and batch
+order (``engine.training_state.adopted_training_state``) gives the same weights bit for bit
+(checked on ``QUICK_SPEC``), it steps through an accelerate ``Accelerator``, whose
+process-wide state the demo's runs in the same process would then inherit (its device and
+mixed precision: a bf16 run refuses to start), while the engine's evaluation averages
+per-batch means where ``pretraining.json`` holds token-weighted ones.
+
 The default build (``DEFAULT_SPEC``; measured on a 2-core CPU, torch 2.13, Python 3.11):
 886,912 parameters (hidden 128, 4 layers, 4 heads, MLP 384, 264-token vocabulary, tied
 embeddings); 1,200 AdamW steps of 16 packed 256-byte sequences (4.9M tokens, ~2.4 passes
