@@ -1,4 +1,4 @@
-"""``dynamics demo [--out DIR] [--quick]``: the offline end-to-end demonstration."""
+"""``dynamics demo [--out DIR] [--quick] [--seed N]``: the offline end-to-end demonstration."""
 
 from __future__ import annotations
 
@@ -16,6 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="DynaMiCS (the paper's method only) and two fixed mixtures: w = 0.05 (the full sweep's "
         "best) and w = 0.2",
     )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the data order, the splits and the mixture sampling (the base model is the same)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -28,7 +34,7 @@ def main(args: argparse.Namespace) -> int:
 
     out = Path(args.out or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}")
     try:
-        settings = DemoSettings(quick=args.quick, robust=not args.quick)
+        settings = DemoSettings(quick=args.quick, robust=not args.quick, seed=args.seed)
         result = run_demo(out, settings, progress=not args.no_progress)
     except RunDirError as err:
         raise UsageError(str(err)) from None

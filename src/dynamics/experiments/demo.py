@@ -180,6 +180,7 @@ def demo_config(base_folder: Path, files: dict[str, Path], out: Path, settings: 
             "batch_size": settings.batch_size,
             "sequence_length": settings.sequence_length,
             "seed": settings.seed,
+            "data_seed": settings.seed,
         },
         "evaluation": {
             "interval": max(1, settings.total_steps // 8),

@@ -109,9 +109,8 @@ def scenario_config(
     """The demo's config for ``settings`` (sizes), with the scenario's datasets, rate and seed."""
     data = demo_config(base_folder, files, out, replace(settings, seed=seed, fine_tuning_lr=scenario.lr))
     data["datasets"] = [d for d in data["datasets"] if d["name"] not in scenario.drop]
-    # Here the seed also draws the splits (as every run measured before data_seed existed did),
-    # so a seed's variance includes the test set's.
-    data["training"]["data_seed"] = seed
+    # The seed also draws the splits (demo_config's data_seed), so a seed's variance includes
+    # the test set's.
     if scenario.name == "smollm2":
         data["model"] = {"name_or_path": str(smollm2_folder())}
         data["lora"] = {"rank": 8, "alpha": 16}

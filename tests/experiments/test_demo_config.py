@@ -1,0 +1,25 @@
+"""The demo's run config: what its settings become (no training)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dynamics.commands import demo as demo_command
+from dynamics.experiments.demo import DemoSettings, demo_config
+
+FILES = ("arithmetic", "toolcall", "code", "prose", "facts", "code-heldout", "prose-heldout", "quiz")
+
+
+def test_the_demo_seed_draws_the_data_order_the_splits_and_the_sampling(tmp_path: Path) -> None:
+    files = {name: tmp_path / f"{name}.jsonl" for name in FILES}
+    for seed in (0, 3):
+        training = demo_config(tmp_path, files, tmp_path / "out", DemoSettings(seed=seed))["training"]
+        assert (training["seed"], training["data_seed"]) == (seed, seed)
+
+
+def test_dynamics_demo_takes_a_seed() -> None:
+    parser = argparse.ArgumentParser()
+    demo_command.add_arguments(parser)
+    assert parser.parse_args([]).seed == 0
+    assert parser.parse_args(["--seed", "2"]).seed == 2
