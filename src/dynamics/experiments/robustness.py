@@ -329,12 +329,14 @@ PERTURBATIONS: dict[str, dict[str, Any]] = {
     "evaluations-b": {"relative_noise": 1e-6, "noise_seed": 2},
     "weights-a": {"weights_seed": 1},
     "weights-b": {"weights_seed": 2},
-    "kernels-default": {"aten_cpu_capability": "default"},
+    "kernels-default": {"env": {"ATEN_CPU_CAPABILITY": "default"}},
+    "kernels-avx2": {"env": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}},
 }
 """Perturbations of the size that separates two machines or two builds: every evaluation
 multiplied by 1 + 1e-6 N(0, 1) (``evaluation.relative_noise``), the base model's weights
-multiplied by 1 + 1e-6 N(0, 1) (:func:`nudged_base_model`), and torch's CPU kernels without
-vector instructions (``ATEN_CPU_CAPABILITY=default``, in a fresh process)."""
+multiplied by 1 + 1e-6 N(0, 1) (:func:`nudged_base_model`), and other CPU kernels, in a fresh
+process: torch's without vector instructions (``ATEN_CPU_CAPABILITY=default``), or torch's
+and MKL's for AVX2, as on a CPU without AVX-512."""
 
 WEIGHT_NUDGE = 1e-6
 
@@ -365,8 +367,8 @@ def nudged_base_model(base_folder: Path, out: Path, seed: int, relative: float =
 
 
 def run_in_subprocess(config: dict, folder: Path, env: dict[str, str]) -> None:
-    """One run through the CLI in a fresh process with ``env`` added (torch reads
-    ``ATEN_CPU_CAPABILITY`` when it loads)."""
+    """One run through the CLI in a fresh process with ``env`` added (torch and MKL read
+    ``ATEN_CPU_CAPABILITY`` and ``MKL_ENABLE_INSTRUCTIONS`` when they load)."""
     import os
     import subprocess
     import sys
@@ -426,8 +428,8 @@ def measure_sensitivity(
                 config["evaluation"].update(
                     relative_noise=perturbation["relative_noise"], noise_seed=perturbation["noise_seed"]
                 )
-            if "aten_cpu_capability" in perturbation:
-                run_in_subprocess(config, folder, {"ATEN_CPU_CAPABILITY": perturbation["aten_cpu_capability"]})
+            if "env" in perturbation:
+                run_in_subprocess(config, folder, perturbation["env"])
             else:
                 run_one(config, folder, progress)
 
