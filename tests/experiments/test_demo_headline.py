@@ -2,11 +2,10 @@
 four of its nine runs (DynaMiCS as the paper states it and its robust variant, the paper
 grid's w = 0 and its smallest positive mass w = 0.2).
 
-The base model is the demo's (built once into the user's cache, ~270 s on two cores; the
-demo and later runs reuse it), so this test takes ~7 minutes on a fresh machine and ~2.5
-minutes once the model is cached. The thresholds leave room around the measured values
-(README): DynaMiCS 57.8% reduction, the robust variant 58.8%, w = 0 about 2%, w = 0.2 broke
-a constraint.
+The base model is the demo's (built once into the tests' cache, .cache/tests, 4.5 to 8
+minutes on two cores; later runs reuse it); the four runs take about 5 minutes more. The
+thresholds leave room around the measured values (README, seed 0): DynaMiCS 57.8%
+reduction, the robust variant 58.2%, w = 0 about 2%, w = 0.2 broke a constraint.
 """
 
 from __future__ import annotations
