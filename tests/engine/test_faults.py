@@ -18,6 +18,7 @@ import yaml
 
 from dynamics.cli import main as cli_main
 from dynamics.runs import state as run_state
+from tests.engine.test_resume import comparable
 from tests.engine.test_run import tiny_config
 
 
@@ -27,24 +28,6 @@ def faults_config(tokenizer_dir: Path, out: Path) -> dict:
     data["training"]["checkpoint_interval"] = 2
     data["evaluation"]["interval"] = 2
     return data
-
-
-def comparable(run_folder: Path) -> dict:
-    """What a run leaves that must not depend on being stopped and resumed: both logs
-    without wall times, the summary's results and the best checkpoint's tensors."""
-
-    def rows(name: str) -> list[dict]:
-        lines = (run_folder / name).read_text().splitlines()
-        return [{k: v for k, v in json.loads(line).items() if not k.endswith("_seconds")} for line in lines]
-
-    summary = json.loads((run_folder / "summary.json").read_text())
-    adapter = safetensors.torch.load_file(str(run_folder / "best_checkpoint" / "adapter_model.safetensors"))
-    return {
-        "metrics": rows("metrics.jsonl"),
-        "controller": rows("controller.jsonl"),
-        "summary": {k: summary[k] for k in ("feasible", "constrained_ppl_reduction", "best_checkpoint")},
-        "adapter": {k: v.tolist() for k, v in adapter.items()},
-    }
 
 
 @pytest.fixture(scope="module")
