@@ -104,14 +104,15 @@ def evaluate_run(
     arguments = model_args(folder, base)
     try:
         import lm_eval
-        from lm_eval.tasks import TaskManager
     except ImportError:
         raise HarnessError(
             "dynamics eval needs lm-evaluation-harness: pip install 'dynamics[lm-eval]' (or lm_eval==0.4.13)"
         ) from None
     import torch
 
-    manager = TaskManager(include_path=include_path)
+    from dynamics.data.lm_eval_tasks import task_manager
+
+    manager = task_manager(tasks, include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         where = f" (nor in {include_path})" if include_path else " (a local task: --include-path its folder)"
