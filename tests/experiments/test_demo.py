@@ -27,10 +27,20 @@ def test_fixed_sweep_is_the_paper_grid_plus_fine_masses():
     assert [label for label, _ in fixed_runs(SMALL)] == ["uniform-w0.05", "uniform-w0.2"]
 
 
-def test_demo_writes_table_report_and_figures(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    out = tmp_path / "demo"
-    result = run_demo(out, SMALL, progress=False)
+@pytest.fixture(scope="module")
+def small_demo(tmp_path_factory):
+    """The small demo with its four runs two at a time (each in its own process), and its
+    base model's cache folder."""
+    root = tmp_path_factory.mktemp("demo")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
+        result = run_demo(root / "demo", SMALL, progress=False, jobs=2)
+    return root, result
+
+
+def test_demo_writes_table_report_and_figures(small_demo):
+    root, result = small_demo
+    out = root / "demo"
 
     assert (out / "report.md").is_file() and (out / "table.txt").is_file()
     for name in ("weights", "constraints", "targets", "cost"):
@@ -64,3 +74,18 @@ def test_demo_writes_table_report_and_figures(tmp_path, monkeypatch):
     train = set((out / "data" / "code.jsonl").read_text().splitlines())
     held = set((out / "data" / "code-heldout.jsonl").read_text().splitlines())
     assert train and held and not train & held
+
+
+def test_the_numbers_do_not_depend_on_how_many_runs_train_at_once(small_demo, tmp_path, monkeypatch):
+    root, together = small_demo
+    monkeypatch.setenv("XDG_CACHE_HOME", str(root / "cache"))  # the same base model
+    alone = run_demo(tmp_path / "demo", SMALL, progress=False, jobs=1)
+
+    def numbers(result):
+        return [{k: v for k, v in row.items() if k not in ("wall_seconds", "cost")} for row in result["rows"]]
+
+    assert numbers(alone) == numbers(together)
+    for label in ("dynamics", "dynamics-robust", "fixed-uniform-w0.05"):
+        one, two = read_run(tmp_path / "demo" / "runs" / label), read_run(root / "demo" / "runs" / label)
+        assert [(e["eval"], e["test"]) for e in one.evaluations] == [(e["eval"], e["test"]) for e in two.evaluations]
+        assert [u["weights"] for u in one.updates] == [u["weights"] for u in two.updates]

@@ -20,7 +20,7 @@ HEADLINE = DemoSettings(fixed_labels=("uniform-w0", "uniform-w0.2"))
 
 
 def test_dynamics_learns_the_targets_where_the_paper_grid_cannot(tmp_path):
-    result = run_demo(tmp_path / "demo", HEADLINE, progress=False)
+    result = run_demo(tmp_path / "demo", HEADLINE, progress=False, jobs=2)
     rows = {row["label"]: row for row in result["rows"]}
     dynamics, general_only, smallest = rows["DynaMiCS"], rows["fixed-uniform-w0"], rows["fixed-uniform-w0.2"]
 

@@ -1,4 +1,4 @@
-"""``dynamics demo [--out DIR] [--quick] [--seed N]``: the offline end-to-end demonstration."""
+"""``dynamics demo [--out DIR] [--quick] [--seed N] [--jobs N]``: the offline end-to-end demonstration."""
 
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="seed of the data order, the splits and the mixture sampling (the base model is the same)",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="runs trained at once, each in its own process on one thread (default: the CPU cores "
+        "available); the numbers are the same for any value",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -29,13 +36,17 @@ def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from dynamics.commands.errors import UsageError
-    from dynamics.experiments.demo import DemoSettings, run_demo
+    from dynamics.experiments.demo import DemoSettings, available_cores, run_demo
     from dynamics.runs.rundir import RunDirError
 
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1 (got {args.jobs})")
     out = Path(args.out or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}")
     try:
         settings = DemoSettings(quick=args.quick, robust=not args.quick, seed=args.seed)
-        result = run_demo(out, settings, progress=not args.no_progress)
+        result = run_demo(
+            out, settings, progress=not args.no_progress, jobs=args.jobs or available_cores()
+        )
     except RunDirError as err:
         raise UsageError(str(err)) from None
     print()

@@ -59,8 +59,11 @@ and a Markdown report with plots (:mod:`dynamics.report.compare`).
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +85,13 @@ DEMO_STEPS = 256
 DEMO_BASE_SPEC = DEFAULT_SPEC
 """The demo's base model: quiz accuracy 0.875, held-out code / prose 1.163 / 1.365 nats,
 built in ~270 s on two cores (measurements in :mod:`dynamics.experiments.base_model`)."""
+RUN_THREADS = 1
+"""Torch threads of each demo run. One, whether the runs train one after another in this
+process or several at once in their own processes (``jobs``): the order in which a
+multi-threaded kernel adds up its parts depends on the thread count, so a fixed count makes
+a run's numbers independent of the machine's cores and of ``jobs``. On two cores, two runs
+of one thread each train in 74 s where one run of two threads takes 55 s, so two at a time
+finish the sweep about 1.5 times sooner than one after another."""
 FINE_TARGET_MASSES = (0.05, 0.1)
 QUICK_FIXED = ("uniform-w0.05", "uniform-w0.2")
 """The fixed runs of ``--quick``: the best fixed mass of the full sweep (0.05) and the
@@ -215,10 +225,62 @@ def fixed_runs(settings: DemoSettings) -> list[tuple[str, dict[str, float]]]:
     return [(m.label, dict(zip(names, m.weights, strict=True))) for m in chosen]
 
 
-def run_demo(out: Path, settings: DemoSettings, *, progress: bool = True) -> dict[str, Any]:
-    """Build (or reuse) the base model, run every method, write table and report."""
+def available_cores() -> int:
+    """CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def train_run(config: dict[str, Any], progress: bool = False) -> None:
+    """Train one demo run on ``RUN_THREADS`` torch threads (a pool worker's task, or a call
+    in this process, which gets its thread count back afterwards)."""
+    import torch
+
     from dynamics.engine.config import RunConfig
     from dynamics.engine.run import run
+
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(RUN_THREADS)
+    try:
+        run(RunConfig.from_dict(config), progress=progress)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def train_all(configs: dict[str, dict[str, Any]], jobs: int, *, progress: bool) -> None:
+    """Train every run of ``configs`` ({label: run config}), ``jobs`` at a time in their own
+    processes (one: one after another in this process, with progress bars). The first
+    failure stops the runs not yet started and is raised here once the running ones end."""
+    total = len(configs)
+    if jobs <= 1:
+        for index, (label, config) in enumerate(configs.items(), start=1):
+            if progress:
+                print(f"[{index}/{total}] {label}", flush=True)
+            train_run(config, progress)
+        return
+    if progress:
+        print(f"training {total} runs, {min(jobs, total)} at a time, one thread each", flush=True)
+    started = time.perf_counter()
+    context = multiprocessing.get_context("spawn")  # a forked torch can deadlock in its thread pools
+    with ProcessPoolExecutor(max_workers=min(jobs, total), mp_context=context) as pool:
+        pending: dict[Future[None], str] = {pool.submit(train_run, config): label for label, config in configs.items()}
+        done_count = 0
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                label = pending.pop(future)
+                if future.exception() is not None:
+                    pool.shutdown(cancel_futures=True)
+                    raise RuntimeError(f"demo run {label!r} failed: {future.exception()}") from future.exception()
+                done_count += 1
+                if progress:
+                    print(f"[{done_count}/{total}] {label} done at {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def run_demo(out: Path, settings: DemoSettings, *, progress: bool = True, jobs: int = 1) -> dict[str, Any]:
+    """Build (or reuse) the base model, run every method (``jobs`` at a time, each on one
+    thread: ``RUN_THREADS``), write table and report."""
     from dynamics.report.demo import write_demo_report
 
     rundir.check_run_dir(out)
@@ -236,11 +298,9 @@ def run_demo(out: Path, settings: DemoSettings, *, progress: bool = True) -> dic
         ),
         *[(f"fixed-{label}", {"name": "fixed", "weights": w, "schedule": [0]}) for label, w in fixed_runs(settings)],
     ]
-    for index, (label, method) in enumerate(plan, start=1):
-        if progress:
-            print(f"[{index}/{len(plan)}] {label}", flush=True)
-        data = demo_config(base_folder, files, out / "runs" / label, settings)
-        data["method"] = method
-        run(RunConfig.from_dict(data), progress=progress)
+    configs: dict[str, dict[str, Any]] = {}
+    for label, method in plan:
+        configs[label] = {**demo_config(base_folder, files, out / "runs" / label, settings), "method": method}
         runs[label] = out / "runs" / label
-    return write_demo_report(out, runs, WHY, base_seconds=base_seconds, settings=settings)
+    train_all(configs, jobs, progress=progress)
+    return write_demo_report(out, runs, WHY, base_seconds=base_seconds, settings=settings, jobs=jobs)

@@ -43,7 +43,7 @@ def broken_steps(records: rundir.RunRecords) -> dict[str, list[int]]:
 
 
 def write_demo_report(
-    out: Path, runs: dict[str, Path], why: dict[str, str], *, base_seconds: float, settings: Any
+    out: Path, runs: dict[str, Path], why: dict[str, str], *, base_seconds: float, settings: Any, jobs: int = 1
 ) -> dict[str, Any]:
     records = {label: rundir.read_run(path) for label, path in runs.items()}
     fixed_labels = [label for label in records if not label.startswith("dynamics")]
@@ -133,7 +133,9 @@ def write_demo_report(
         "(docs/beyond-the-paper.md, benchmarks/results/noise_decisions_demo.json)",
         f"- quick: {settings.quick}; schedule: {settings.schedule}; fine-tuning lr: {settings.fine_tuning_lr:g}",
         _run_settings(records["dynamics"].path / "config.yaml"),
-        f"- runs: {', '.join(records)}",
+        f"- runs: {', '.join(records)}; each on one torch thread, "
+        + ("one after another" if jobs <= 1 else f"up to {jobs} at a time in their own processes")
+        + " (`--jobs`; the numbers do not depend on it, the wall times do)",
         "",
     ]
     rundir.atomic_write_text(out / "report.md", "\n".join(lines))
