@@ -2,9 +2,10 @@
 scenarios with several seeds (``docs/beyond-the-paper.md``).
 
     .venv/bin/python benchmarks/beyond_the_paper.py [--out runs/beyond] [--scenarios demo,conflict,unconstrained]
-        [--seeds 0,1,2] [--methods paper,robust,...] [--no-fixed] [--report-only]
+        [--seeds 0,1,2] [--methods paper,robust,...] [--no-fixed] [--report-only] [--jobs N]
 
-Runs that already finished under ``--out`` are skipped, so the command resumes. It then
+Runs that already finished under ``--out`` are skipped, so the command resumes. Every run
+trains on one thread, ``--jobs`` at a time (default: the CPU cores available). It then
 aggregates every finished run under ``--out`` into ``benchmarks/results/beyond_the_paper.json``
 and prints the tables. Checkpoints are chosen on the eval split, reductions are reported on
 the test split; costs are training wall time over the same seed's median fixed run.
@@ -19,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from dynamics.experiments.base_model import ensure_base_model  # noqa: E402
-from dynamics.experiments.demo import DEMO_BASE_SPEC  # noqa: E402
+from dynamics.experiments.demo import DEMO_BASE_SPEC, available_cores  # noqa: E402
 from dynamics.experiments.robustness import METHODS, SCENARIOS, markdown, measure, write_report  # noqa: E402
 
 
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--no-fixed", action="store_true", help="skip the fixed sweep")
+    parser.add_argument("--jobs", type=int, default=available_cores(), help="runs trained at once")
     parser.add_argument("--report-only", action="store_true", help="only aggregate finished runs")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "beyond_the_paper.json")
     args = parser.parse_args(argv)
@@ -42,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         base = ensure_base_model(spec=DEMO_BASE_SPEC)
         args.out.mkdir(parents=True, exist_ok=True)
         measure(args.out, scenarios, [int(s) for s in args.seeds.split(",")], methods,
-                fixed=not args.no_fixed, base_folder=base, log=lambda m: print(m, flush=True))
+                fixed=not args.no_fixed, base_folder=base, jobs=args.jobs, progress=True,
+                log=lambda m: print(m, flush=True))
     report = write_report(args.out, args.json)
     print(markdown(report))
     return 0

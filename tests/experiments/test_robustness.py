@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -62,6 +63,50 @@ def test_measure_resumes_and_aggregates_what_the_run_folders_hold(tmp_path, monk
         assert rows[label]["reductions_test"] == [result["reduction_test"]]
         assert rows[label]["feasible"] == float(result["feasible"])
     assert "| robust | 1 |" in markdown(report)
+
+
+def test_four_targets_trains_each_arithmetic_operation_as_its_own_target(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    base = ensure_base_model(spec=QUICK_SPEC, progress=False)
+    # The quick base model has 16 arithmetic problems: about 5 of each operation.
+    monkeypatch.setitem(SCENARIOS, "four_targets", replace(SCENARIOS["four_targets"], target_budget=2))
+    out = tmp_path / "beyond"
+    measure(out, ["four_targets"], [0], ["paper"], base_folder=base, settings=SMALL, jobs=2, log=lambda _: None)
+
+    # The three operation files partition the demo's arithmetic problems by operator.
+    arithmetic = (base / "domains" / "arithmetic.jsonl").read_text().splitlines()
+    parts = {name: (out / "data" / f"{name}.jsonl").read_text().splitlines() for name in robustness.OPERATIONS}
+    assert sorted(row for rows in parts.values() for row in rows) == sorted(arithmetic)
+    for name, operator in robustness.OPERATIONS.items():
+        assert parts[name] and all(json.loads(row)["prompt"].split()[3] == operator for row in parts[name])
+
+    run = out / "four_targets" / "seed0"
+    paper = read_jsonl(run / "paper" / "controller.jsonl")
+    assert len(paper[0]["weights"]) == 7  # four targets, code, prose, facts
+    summary = json.loads((run / "paper" / "summary.json").read_text())
+    assert summary["domain_names"] == [
+        "addition", "subtraction", "multiplication", "toolcall", "code-heldout", "prose-heldout", "quiz"
+    ]
+    assert summary["domain_metrics"] == ["loss"] * 6 + ["accuracy"]
+    weights = fixed_methods(SCENARIOS["four_targets"])["fixed-w0.2"]["weights"]
+    assert weights == pytest.approx(
+        {"addition": 0.05, "subtraction": 0.05, "multiplication": 0.05, "toolcall": 0.05, "code": 0.8 / 3,
+         "prose": 0.8 / 3, "facts": 0.8 / 3}
+    )
+
+
+def test_large_quiz_judges_the_constraint_on_104_questions_each_counted_alike(tmp_path):
+    settings = DemoSettings()
+    files = {name: tmp_path / f"{name}.jsonl" for name in ("arithmetic", "toolcall", "code", "prose", "facts",
+                                                        "code-heldout", "prose-heldout", "quiz")}
+    config = robustness.scenario_config(SCENARIOS["large_quiz"], tmp_path, files, tmp_path / "run", 0, settings)
+    quiz = next(d for d in config["datasets"] if d["name"] == "quiz")
+    assert (quiz["eval_size"], quiz["test_size"]) == (104, 40)
+    # A probe scores its reduced batches: every eval question exactly once.
+    assert quiz["eval_batch_size"] * config["evaluation"]["reduced_batches"] == 104
+    demo = robustness.scenario_config(SCENARIOS["demo"], tmp_path, files, tmp_path / "run", 0, settings)
+    without_quiz = [d for d in config["datasets"] if d["name"] != "quiz"]
+    assert without_quiz == [d for d in demo["datasets"] if d["name"] != "quiz"]
 
 
 def test_smollm2_folder_is_the_gguf_model_as_an_ordinary_folder(tmp_path):

