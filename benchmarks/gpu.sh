@@ -37,7 +37,7 @@ if [ "${DYNAMICS_GPU_CHECK_TOY:-0}" = "1" ]; then
   ENGINE_STEPS=4
   PROFILE=always
   OVERHEAD=(--steps 16)
-  PAPER=(--scale 0.005 --seq 32 --batch 1 --seconds 3)
+  PAPER=(--scale 0.005 --seq 32 --batch 1 --seconds 5)
 else
   SIZE=(--shape qwen2.5-0.5b --seq 512 --batch 8 --lora-rank 32 --mixed-precision bf16)
   ENGINE_STEPS=20

@@ -29,8 +29,14 @@ def run_json(command: list[str], **env: str) -> dict:
     return json.loads(done.stdout)
 
 
-def test_the_gpu_check_prints_one_json_object_with_its_measurements():
-    result = run_json(["bash", "benchmarks/gpu.sh"], DYNAMICS_GPU_CHECK_TOY="1")
+@pytest.fixture(scope="module")
+def gpu_check() -> dict:
+    """benchmarks/gpu.sh at its toy size: the JSON it prints."""
+    return run_json(["bash", "benchmarks/gpu.sh"], DYNAMICS_GPU_CHECK_TOY="1")
+
+
+def test_the_gpu_check_prints_one_json_object_with_its_measurements(gpu_check):
+    result = gpu_check
     engine, overhead = result["engine"], result["run_overhead"]
     assert engine["model"]["shape"] == "tiny" and overhead["shape"] == "tiny"
     one = overhead["processes"]["1"]
@@ -61,11 +67,12 @@ def test_the_gpu_check_prints_one_json_object_with_its_measurements():
 PAPER_TOY = [sys.executable, "benchmarks/run_overhead.py", "--paper-shape", "--scale", "0.005", "--seq", "32", "--batch", "1"]
 
 
-def test_the_paper_shape_cost_is_the_cost_models_on_the_measured_unit_costs():
-    """At a toy scale the first seconds of the dense-warmup run reach every unit (a main
-    evaluation, probes, reduced evaluations, training steps); both predictions are
-    dynamics.core.cost's on the reported unit costs."""
-    result = run_json([*PAPER_TOY, "--seconds", "5"])
+def test_the_paper_shape_cost_is_the_cost_models_on_the_measured_unit_costs(gpu_check):
+    """At a toy scale (the GPU check's paper-shape section) the first seconds of the
+    dense-warmup run reach every unit (a main evaluation, probes, reduced evaluations,
+    training steps); both predictions are dynamics.core.cost's on the reported unit costs."""
+    result = gpu_check["paper_shape"]
+    assert (result["model"]["scale"], result["seq"], result["batch"], result["seconds_budget"]) == (0.005, 32, 1, 5)
     assert result["model"]["num_hidden_layers"] == 1 and result["model"]["lora_rank"] == 32
     assert result["paper_seq_and_batch"] is False
     assert result["evaluation"]["main_batches"] == 200 and result["evaluation"]["reduced_batches"] == 50

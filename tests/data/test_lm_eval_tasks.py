@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from dynamics.data.formatting import ChoiceExample, LMExample, build_examples, pad_token_id
+from dynamics.data.lm_eval_tasks import task_manager
 from dynamics.data.loading import DataError, DataSource, load_rows
 from dynamics.engine.batches import EvalBatches, collate_choice, collate_lm
 from dynamics.engine.config import ConfigError, RunConfig
@@ -131,6 +132,26 @@ def test_loss_is_the_correct_continuation(model_dir, harness, in_repo):
 def test_a_missing_task_is_named_with_the_fix(in_repo):
     with pytest.raises(DataError, match=r"lm-eval task 'no_such_task' could not be loaded.*lm_eval_include_path"):
         load_rows(DataSource(lm_eval_task="no_such_task", lm_eval_include_path=INCLUDE, format="multiple_choice"))
+
+
+def test_local_tasks_are_indexed_without_lm_evals_own(in_repo, monkeypatch):
+    local = task_manager([TASK], INCLUDE)
+    assert local.all_tasks == [TASK]  # lm-eval's ~14,700 tasks left out
+    # Any name that is not a task of the include path (one of lm-eval's, a group, a tag)
+    # gets lm-eval's own tasks as well.
+    made = []
+
+    class Recorded:
+        def __init__(self, include_path=None, include_defaults=True):
+            made.append(include_defaults)
+            self.all_subtasks = [TASK] if include_path else []
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Recorded)
+    task_manager([TASK, "arc_easy"], INCLUDE)
+    assert made == [False, True]
+    made.clear()
+    task_manager(["arc_easy"], None)
+    assert made == [True]
 
 
 def _config(**entry) -> dict:

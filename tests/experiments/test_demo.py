@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+from dynamics.cli import main as cli_main
+from dynamics.data.loading import DataError
 from dynamics.experiments.base_model import QUICK_SPEC
-from dynamics.experiments.demo import DemoSettings, fixed_runs, run_demo
+from dynamics.experiments.demo import DemoSettings, fixed_runs, run_demo, train_all
 from dynamics.runs.rundir import read_run
+from tests.engine.test_run import tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -29,13 +33,10 @@ def test_fixed_sweep_is_the_paper_grid_plus_fine_masses():
 
 @pytest.fixture(scope="module")
 def small_demo(tmp_path_factory):
-    """The small demo with its four runs two at a time (each in its own process), and its
-    base model's cache folder."""
+    """The small demo with its four runs two at a time (each in its own process); its
+    seconds-long base model is built once into the tests' cache (tests/conftest.py)."""
     root = tmp_path_factory.mktemp("demo")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
-        result = run_demo(root / "demo", SMALL, progress=False, jobs=2)
-    return root, result
+    return root, run_demo(root / "demo", SMALL, progress=False, jobs=2)
 
 
 def test_demo_writes_table_report_and_figures(small_demo):
@@ -76,9 +77,8 @@ def test_demo_writes_table_report_and_figures(small_demo):
     assert train and held and not train & held
 
 
-def test_the_numbers_do_not_depend_on_how_many_runs_train_at_once(small_demo, tmp_path, monkeypatch):
+def test_the_numbers_do_not_depend_on_how_many_runs_train_at_once(small_demo, tmp_path):
     root, together = small_demo
-    monkeypatch.setenv("XDG_CACHE_HOME", str(root / "cache"))  # the same base model
     alone = run_demo(tmp_path / "demo", SMALL, progress=False, jobs=1)
 
     def numbers(result):
@@ -89,3 +89,20 @@ def test_the_numbers_do_not_depend_on_how_many_runs_train_at_once(small_demo, tm
         one, two = read_run(tmp_path / "demo" / "runs" / label), read_run(root / "demo" / "runs" / label)
         assert [(e["eval"], e["test"]) for e in one.evaluations] == [(e["eval"], e["test"]) for e in two.evaluations]
         assert [u["weights"] for u in one.updates] == [u["weights"] for u in two.updates]
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_failed_run_is_named_and_no_further_run_starts(tmp_path, tokenizer_dir, jobs):
+    bad = {"datasets": [{"name": "math", "path": str(tmp_path / "missing.jsonl"), "role": "target"}]}
+    configs = {f"bad-{i}": {**bad, "output_dir": str(tmp_path / f"bad-{i}")} for i in range(2)}
+    configs.update({f"good-{i}": tiny_config(tokenizer_dir, tmp_path / f"good-{i}") for i in range(2)})
+    with pytest.raises(DataError, match=r"missing\.jsonl") as failure:
+        train_all(configs, jobs=jobs, progress=False)
+    assert any(re.fullmatch(r"in demo run 'bad-[01]'", note) for note in failure.value.__notes__)
+    # A run starts only when one finishes: the valid runs behind the failed ones never start.
+    assert not (tmp_path / "good-0").exists() and not (tmp_path / "good-1").exists()
+
+
+def test_jobs_below_one_is_refused(capsys):
+    assert cli_main(["demo", "--jobs", "0"]) == 2
+    assert "--jobs must be at least 1 (got 0)" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""The robustness measurement end to end at reduced size: a seconds-long base model, 8 steps."""
+"""The robustness measurement end to end at reduced size: a seconds-long base model (built
+once into the tests' cache, tests/conftest.py), 8 steps."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import yaml
 
 from dynamics.experiments import robustness
 from dynamics.experiments.base_model import QUICK_SPEC, ensure_base_model
@@ -32,8 +34,7 @@ def test_fixed_sweeps_are_uniform_target_masses():
     assert weights == pytest.approx({"arithmetic": 0.1, "toolcall": 0.1, "code": 0.4, "prose": 0.4})
 
 
-def test_measure_resumes_and_aggregates_what_the_run_folders_hold(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_measure_resumes_and_aggregates_what_the_run_folders_hold(tmp_path):
     base = ensure_base_model(spec=QUICK_SPEC, progress=False)
     out = tmp_path / "beyond"
     logged: list[str] = []
@@ -66,12 +67,17 @@ def test_measure_resumes_and_aggregates_what_the_run_folders_hold(tmp_path, monk
 
 
 def test_four_targets_trains_each_arithmetic_operation_as_its_own_target(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     base = ensure_base_model(spec=QUICK_SPEC, progress=False)
     # The quick base model has 16 arithmetic problems: about 5 of each operation.
     monkeypatch.setitem(SCENARIOS, "four_targets", replace(SCENARIOS["four_targets"], target_budget=2))
     out = tmp_path / "beyond"
-    measure(out, ["four_targets"], [0], ["paper"], base_folder=base, settings=SMALL, jobs=2, log=lambda _: None)
+    logged: list[str] = []
+    measure(out, ["four_targets"], [0], ["paper"], fixed=False, base_folder=base, settings=SMALL, jobs=2, log=logged.append)
+    assert logged == ["four_targets seed 0 paper"]
+    # Measured again: every run finished, nothing to train.
+    logged.clear()
+    measure(out, ["four_targets"], [0], ["paper"], fixed=False, base_folder=base, settings=SMALL, jobs=2, log=logged.append)
+    assert logged == []
 
     # The three operation files partition the demo's arithmetic problems by operator.
     arithmetic = (base / "domains" / "arithmetic.jsonl").read_text().splitlines()
@@ -88,6 +94,10 @@ def test_four_targets_trains_each_arithmetic_operation_as_its_own_target(tmp_pat
         "addition", "subtraction", "multiplication", "toolcall", "code-heldout", "prose-heldout", "quiz"
     ]
     assert summary["domain_metrics"] == ["loss"] * 6 + ["accuracy"]
+    config = yaml.safe_load((run / "paper" / "config.yaml").read_text())
+    assert {d["name"]: d["budget"] for d in config["datasets"] if d["role"] == "target"} == {
+        "addition": 2, "subtraction": 2, "multiplication": 2, "toolcall": 2
+    }
     weights = fixed_methods(SCENARIOS["four_targets"])["fixed-w0.2"]["weights"]
     assert weights == pytest.approx(
         {"addition": 0.05, "subtraction": 0.05, "multiplication": 0.05, "toolcall": 0.05, "code": 0.8 / 3,
@@ -151,8 +161,7 @@ def test_methods_are_compared_with_the_fixed_sweep_at_equal_compute(tmp_path, mo
     assert "fixed sweep at equal cost" in markdown(robustness.aggregate(tmp_path))
 
 
-def test_sensitivity_reruns_a_method_under_each_perturbation(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_sensitivity_reruns_a_method_under_each_perturbation(tmp_path):
     base = ensure_base_model(spec=QUICK_SPEC, progress=False)
     out = tmp_path / "beyond"
     logged: list[str] = []

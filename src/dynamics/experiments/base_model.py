@@ -345,6 +345,10 @@ def ensure_base_model(
 def build_base_model(folder: Path, spec: BaseModelSpec, *, progress: bool = True) -> dict:
     """Write the domains, pretrain, measure and save into ``folder``; return the report."""
     start = time.perf_counter()
+    if not progress:
+        import datasets
+
+        datasets.disable_progress_bars()  # its per-domain tokenizing bars
     config = spec.pretraining
     paths = write_offline_domains(folder / DOMAINS_DIR, spec.data_seed, spec.sizes)
     tokenizer = byte_tokenizer()

@@ -20,7 +20,7 @@ pretraining length; the paper: 512 tokens): the schedule presets and the probe c
 by the documented rule of :mod:`dynamics.core.schedules` (c_max = 16), the main evaluation
 runs every 32 steps on 8 batches per domain (4 sequences each; 18 questions for the quiz)
 and probes evaluate the first 4. The evaluation is sparser than the paper's (every T/8
-steps instead of T/32) so the whole demo fits 15 minutes on two CPU cores.
+steps instead of T/32) to keep the whole demo short on two CPU cores.
 
 How the settings were chosen (full demos on the same base model and seeds; the last
 column lists the fixed mixtures that kept every constraint at some checkpoint):
@@ -58,6 +58,7 @@ and a Markdown report with plots (:mod:`dynamics.report.compare`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -83,15 +84,15 @@ from dynamics.runs import rundir
 DEMO_STEPS = 256
 
 DEMO_BASE_SPEC = DEFAULT_SPEC
-"""The demo's base model: quiz accuracy 0.875, held-out code / prose 1.163 / 1.365 nats,
-built in ~270 s on two cores (measurements in :mod:`dynamics.experiments.base_model`)."""
+"""The demo's base model: quiz accuracy 0.875, held-out code / prose 1.163 / 1.365 nats
+(measurements in :mod:`dynamics.experiments.base_model`)."""
 RUN_THREADS = 1
 """Torch threads of each demo run. One, whether the runs train one after another in this
 process or several at once in their own processes (``jobs``): the order in which a
 multi-threaded kernel adds up its parts depends on the thread count, so a fixed count makes
-a run's numbers independent of the machine's cores and of ``jobs``. On two cores, two runs
-of one thread each train in 74 s where one run of two threads takes 55 s, so two at a time
-finish the sweep about 1.5 times sooner than one after another."""
+a run's numbers independent of the machine's cores and of ``jobs``. A small model uses a second thread
+poorly, so on two cores two runs of one thread each finish sooner than the same runs of
+two threads one after another."""
 FINE_TARGET_MASSES = (0.05, 0.1)
 QUICK_FIXED = ("uniform-w0.05", "uniform-w0.2")
 """The fixed runs of ``--quick``: the best fixed mass of the full sweep (0.05) and the
@@ -150,8 +151,8 @@ class DemoSettings:
     docs/beyond-the-paper.md); the paper's method stays the demo's reference row."""
     target_budgets: tuple[int, int] = (1000, 1000)
     """Training rows of arithmetic and toolcall. Equal, so by the paper's rule (section 4.4)
-    every proportional configuration equals a uniform one and is skipped: this keeps the
-    full demo within 15 minutes on two cores."""
+    every proportional configuration equals a uniform one and is skipped, which keeps the
+    demo short."""
 
 
 def held_out_rows(base_folder: Path, name: str, num_rows: int) -> set[int]:
@@ -250,32 +251,52 @@ def train_run(config: dict[str, Any], progress: bool = False) -> None:
 
 def train_all(configs: dict[str, dict[str, Any]], jobs: int, *, progress: bool) -> None:
     """Train every run of ``configs`` ({label: run config}), ``jobs`` at a time in their own
-    processes (one: one after another in this process, with progress bars). The first
-    failure stops the runs not yet started and is raised here once the running ones end."""
-    total = len(configs)
+    processes (one: one after another in this process, with progress bars). A run is
+    started only when a process is free, so the first failure (or an interrupt) starts no
+    further run: the runs in flight finish, and the failure is raised with the run's label
+    in its notes."""
+    labels = list(configs)
     if jobs <= 1:
-        for index, (label, config) in enumerate(configs.items(), start=1):
+        for index, label in enumerate(labels, start=1):
             if progress:
-                print(f"[{index}/{total}] {label}", flush=True)
-            train_run(config, progress)
+                print(f"[{index}/{len(labels)}] {label}", flush=True)
+            try:
+                train_run(configs[label], progress)
+            except Exception as err:
+                err.add_note(f"in demo run {label!r}")
+                raise
         return
+    if not labels:
+        return
+    workers = min(jobs, len(labels))
     if progress:
-        print(f"training {total} runs, {min(jobs, total)} at a time, one thread each", flush=True)
+        print(f"training {len(labels)} runs, {workers} at a time, one thread each", flush=True)
     started = time.perf_counter()
+    waiting = iter(labels)
     context = multiprocessing.get_context("spawn")  # a forked torch can deadlock in its thread pools
-    with ProcessPoolExecutor(max_workers=min(jobs, total), mp_context=context) as pool:
-        pending: dict[Future[None], str] = {pool.submit(train_run, config): label for label, config in configs.items()}
-        done_count = 0
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    try:
+        running: dict[Future[None], str] = {}
+        for label in itertools.islice(waiting, workers):
+            running[pool.submit(train_run, configs[label])] = label
+        finished_count = 0
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
-                label = pending.pop(future)
-                if future.exception() is not None:
-                    pool.shutdown(cancel_futures=True)
-                    raise RuntimeError(f"demo run {label!r} failed: {future.exception()}") from future.exception()
-                done_count += 1
+                label = running.pop(future)
+                error = future.exception()
+                if error is not None:
+                    error.add_note(f"in demo run {label!r}")
+                    raise error
+                finished_count += 1
                 if progress:
-                    print(f"[{done_count}/{total}] {label} done at {time.perf_counter() - started:.0f} s", flush=True)
+                    print(f"[{finished_count}/{len(labels)}] {label} done at {time.perf_counter() - started:.0f} s",
+                          flush=True)
+                following = next(waiting, None)
+                if following is not None:
+                    running[pool.submit(train_run, configs[following])] = following
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def run_demo(out: Path, settings: DemoSettings, *, progress: bool = True, jobs: int = 1) -> dict[str, Any]:

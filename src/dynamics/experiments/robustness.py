@@ -17,7 +17,9 @@ Scenarios (same base model, data and sizes as the demo unless said):
   the targets alone (fixed target mass 1).
 - ``large_quiz``: the demo with 104 of the quiz's 144 questions in its eval split (the
   split the constraint is judged on) and 40 in its test split, instead of 72 and 72: an
-  accuracy constraint of more than 100 questions, the demo's binding one.
+  accuracy constraint of more than 100 questions, the demo's binding one. The main
+  evaluation's 8 batches of 26 count each eval question twice; on the test split (reported,
+  never used to judge a run) they count 8 of the 40 questions six times and the others five.
 - ``four_targets``: four targets, the demo's arithmetic split by operation (``addition``,
   ``subtraction``, ``multiplication``, 650-690 problems each) and ``toolcall``, 500
   training rows each, against the demo's three constraints of two units (held-out code
@@ -172,7 +174,7 @@ def scenario_config(
         data["model"] = {"name_or_path": str(smollm2_folder())}
         data["lora"] = {"rank": 8, "alpha": 16}
         steps = 64
-        # ~1 s a step on two CPU cores at 2 x 96 tokens (7 s at 4 x 128 under load).
+        # Short sequences and few steps: a 135M model trains slowly on a CPU.
         data["training"].update(total_steps=steps, batch_size=2, sequence_length=96)
         data["evaluation"] = {"interval": steps // 4, "batches": 6, "reduced_batches": 3}
     return data

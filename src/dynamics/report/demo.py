@@ -134,7 +134,7 @@ def write_demo_report(
         f"- quick: {settings.quick}; schedule: {settings.schedule}; fine-tuning lr: {settings.fine_tuning_lr:g}",
         _run_settings(records["dynamics"].path / "config.yaml"),
         f"- runs: {', '.join(records)}; each on one torch thread, "
-        + ("one after another" if jobs <= 1 else f"up to {jobs} at a time in their own processes")
+        + ("one after another" if jobs <= 1 else f"up to {min(jobs, len(records))} at a time in their own processes")
         + " (`--jobs`; the numbers do not depend on it, the wall times do)",
         "",
     ]
