@@ -157,8 +157,8 @@ def scenario_config(
         {**demo_targets.get(name, {**template, "name": name, "path": str(files[name])}), **budget}
         for name in scenario.targets
     ]
-    data["datasets"] = [*targets, *(d for d in data["datasets"] if d["role"] != "target")]
-    data["datasets"] = [d for d in data["datasets"] if d["name"] not in scenario.drop]
+    others = [d for d in data["datasets"] if d["role"] != "target" and d["name"] not in scenario.drop]
+    data["datasets"] = [*targets, *others]
     if scenario.quiz_questions is not None:
         quiz = next(d for d in data["datasets"] if d["name"] == "quiz")
         eval_questions, test_questions = scenario.quiz_questions
@@ -232,13 +232,18 @@ def fixed_methods(scenario: Scenario) -> dict[str, dict[str, Any]]:
     }
 
 
-def run_one(config: dict, folder: Path, progress: bool) -> None:
-    """One run into ``folder`` on one thread, as :func:`measure` trains; a folder without
-    ``summary.json`` is a crashed run, redone."""
+def needs_training(folder: Path) -> bool:
+    """False for a finished run (its folder holds ``summary.json``); True otherwise, after
+    removing what a crashed run left, so that it is redone from the start."""
     if (folder / "summary.json").is_file():
-        return
+        return False
     if folder.exists():
         shutil.rmtree(folder)
+    return True
+
+
+def run_one(config: dict, folder: Path, progress: bool) -> None:
+    """One run into ``folder`` on one thread, as :func:`measure` trains."""
     train_run({**config, "output_dir": str(folder)}, progress)
 
 
@@ -273,10 +278,8 @@ def measure(
                 plan.update(fixed_methods(scenario))
             for label, method in plan.items():
                 folder = out / name / f"seed{seed}" / label
-                if (folder / "summary.json").is_file():
+                if not needs_training(folder):
                     continue
-                if folder.exists():
-                    shutil.rmtree(folder)
                 log(f"{name} seed {seed} {label}")
                 config = scenario_config(scenario, base_folder, files, folder, seed, settings)
                 configs[f"{name} seed {seed} {label}"] = {**config, "method": method}
@@ -457,10 +460,6 @@ def run_in_subprocess(config: dict, folder: Path, env: dict[str, str]) -> None:
 
     import yaml
 
-    if (folder / "summary.json").is_file():
-        return
-    if folder.exists():
-        shutil.rmtree(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     config_path = folder.parent / f"{folder.name}.yaml"
     config_path.write_text(yaml.safe_dump({**config, "output_dir": str(folder)}))
@@ -498,7 +497,7 @@ def measure_sensitivity(
         for name in perturbations:
             perturbation = PERTURBATIONS[name]
             folder = out / "sensitivity" / scenario_name / f"seed{seed}" / label / name
-            if (folder / "summary.json").is_file():
+            if not needs_training(folder):
                 continue
             log(f"sensitivity {scenario_name} seed {seed} {label} {name}")
             base = base_folder
