@@ -21,9 +21,11 @@ from scipy.optimize import OptimizeResult
 from dynamics.core import robust as robust_module
 from dynamics.core.controller import run_mixture_training
 from dynamics.core.decisions import (
+    DatasetCalibration,
     PredictionCalibration,
     binomial_error,
     confident_step,
+    dataset_calibrated,
     keep_target_share,
     slope_standard_errors,
 )
@@ -87,6 +89,109 @@ def test_calibration_never_loosens_a_constraint(errors: list[tuple[float, int]],
     for error, past_horizon in errors:
         calibration.observe(np.array([0.0]), np.array([error]), past_horizon)
     assert calibration.bias(horizon)[0] >= 0.0
+
+
+# ------------------------------------------------------------- calibration per dataset
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(-1, 1), st.integers(1, 128), st.lists(st.floats(0, 1), min_size=3, max_size=3)),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(1, 256),
+)
+@SETTINGS
+def test_dataset_calibration_never_loosens_a_constraint(observed, horizon: int):
+    calibration = DatasetCalibration(1, 3)
+    for error, past_horizon, weights in observed:
+        calibration.observe(np.array([0.0]), np.array([error]), past_horizon, np.array(weights))
+    assert np.all(calibration.correction(horizon) >= 0.0)
+
+
+@pytest.mark.parametrize("horizons", [[16], [1, 2, 4, 32], [64, 8]])
+def test_on_one_uniform_mixture_the_dataset_correction_is_the_constant_calibration(horizons: list[int]):
+    # The constant bias is the case of one correction shared by every dataset: trained on
+    # the uniform mixture only, both learn the same per-step correction of the prediction.
+    rng = np.random.default_rng(0)
+    uniform = np.full(4, 0.25)
+    constant, per_dataset = PredictionCalibration(2), DatasetCalibration(2, 4)
+    for horizon in horizons:
+        realized = np.abs(rng.normal(0.0, 0.05, size=2))
+        constant.observe(np.zeros(2), realized, horizon)
+        per_dataset.observe(np.zeros(2), realized, horizon, uniform)
+    for predicted_horizon in (1, 32, 128):
+        correction = per_dataset.correction(predicted_horizon)
+        np.testing.assert_allclose(correction @ uniform, constant.bias(predicted_horizon), rtol=1e-10)
+        np.testing.assert_allclose(correction, correction[:, :1].repeat(4, axis=1), rtol=1e-10)
+
+
+def test_dataset_calibration_tells_the_datasets_apart_from_different_mixtures():
+    # Horizons of 64 steps on four different mixtures, each missing its prediction by the
+    # true per-step correction B applied to the steps trained; predicted 1 step ahead the
+    # prior is negligible and B comes back, and a dataset never trained gets nothing.
+    true = np.array([[0.0, 0.0, 0.0, 0.0], [2e-3, 0.0, 5e-4, 0.0]])
+    calibration = DatasetCalibration(2, 4)
+    for weights in ([1, 0, 0, 0], [0.5, 0.5, 0, 0], [0, 0.3, 0.7, 0], [0.2, 0.2, 0.6, 0]):
+        steps = 64 * np.array(weights, dtype=float)
+        calibration.observe(np.zeros(2), true @ steps, 64, np.array(weights, dtype=float))
+    correction = calibration.correction(1)
+    np.testing.assert_allclose(correction, true, atol=2e-6)
+    assert correction[1, 3] == 0.0
+    assert DatasetCalibration.from_state_dict(calibration.state_dict()).correction(32).tolist() == (
+        calibration.correction(32).tolist()
+    )
+
+
+def test_a_dataset_correction_raises_only_constraint_slopes():
+    problem = accuracy_problem()
+    correction = np.array([[1.0, 1.0], [3e-4, 1e-4]])
+    corrected = dataset_calibrated(problem, correction)
+    np.testing.assert_array_equal(corrected.slopes[0], problem.slopes[0])
+    np.testing.assert_allclose(corrected.slopes[1], problem.slopes[1] + correction[1])
+
+
+def test_dataset_calibration_and_calibration_are_one_or_the_other():
+    with pytest.raises(ValueError, match="set calibration: false"):
+        RobustOptions(calibration=True, dataset_calibration=True)
+
+
+# A constraint measured like an accuracy over 50 questions (steps of 0.02): dataset 0, the
+# best for the target, costs it 4e-4 per step, so a 4-step probe rarely flips a question
+# and its slope reads 0, while 64 steps flip one or two. Dataset 1 teaches the target a
+# little less and costs the constraint nothing; dataset 2 teaches the target nothing.
+QUANTIZED_SLOPES = np.array([[-3e-3, -2e-3, 0.0], [4e-4, 0.0, -1e-4]])
+
+
+def quantized(steps: np.ndarray) -> np.ndarray:
+    values = QUANTIZED_SLOPES @ steps
+    values[1] = 0.02 * np.floor(values[1] / 0.02 + 0.5)
+    return values
+
+
+def quantized_run(options: RobustOptions, seed: int):
+    learner = ToyLearner(QUANTIZED_SLOPES, NOISY_INITIAL, seed=seed, noise=0.002, effect=quantized)
+    schedule = build_schedule([0, 8, 16, 32, 64, 96, 128, 160, 192, 224], 256, probe_cap=4)
+    policy = DynamicsPolicy(schedule, options=options)
+    history = run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4)
+    return history, learner.values()[1] - NOISY_INITIAL[1]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_harm_only_long_stretches_show_is_learned_and_charged_to_its_dataset(seed: int):
+    # The paper's method and the constant calibration end two questions above the
+    # constraint's start; charging the realized harm to the datasets trained on keeps it
+    # lower, by moving weight off dataset 0 rather than off every dataset alike.
+    _, paper_end = quantized_run(RobustOptions(), seed)
+    _, constant_end = quantized_run(RobustOptions(calibration=True), seed)
+    history, end = quantized_run(RobustOptions(dataset_calibration=True), seed)
+    assert end <= min(paper_end, constant_end) - 0.02 + 1e-9
+    last = np.asarray(history.updates[-1].extra["dataset_calibration"])
+    assert last[1, 0] > 0.0 and np.all(last[0] == 0.0)  # the target's own row is never corrected
+    before = np.mean([u.weights[0] for u in quantized_run(RobustOptions(), seed)[0].updates[4:]])
+    after = np.mean([u.weights[0] for u in history.updates[4:]])
+    assert after < before
 
 
 # ------------------------------------------------------------- metric floors

@@ -5,6 +5,9 @@
   its probe, with a binomial floor for accuracies (:func:`binomial_error`).
 - :class:`PredictionCalibration` and :func:`calibrated`: a per-step bias learned from past
   updates' misses, which only ever tightens a constraint.
+- :class:`DatasetCalibration` and :func:`dataset_calibrated`: the same misses attributed to
+  the datasets that were trained on, so that a harm only long stretches of training show
+  counts against the datasets that caused it (and not against the others).
 - :func:`confident_step`: move from the mixture in force toward the solver's answer as far
   as the answer's predicted gain is worth in standard errors.
 - :func:`keep_target_share`: keep a share of the mixture on the targets' own data while the
@@ -118,6 +121,81 @@ def calibrated(problem: MixtureProblem, bias: np.ndarray) -> MixtureProblem:
     c = list(problem.constraints)
     shift[c] = problem.horizon * np.asarray(bias, dtype=float)[c]
     return replace(problem, current_losses=problem.current_losses + shift)
+
+
+@dataclass
+class DatasetCalibration:
+    """Closed-loop correction per dataset: how much each dataset's slope under-stated its
+    realized harm to each constraint over past horizons.
+
+    Over update k's horizon the run trained ``x_k = H_k w_k`` steps on the datasets (w_k the
+    mixture in force) and missed its prediction by ``e_k = realized - predicted`` (M,). Read
+    as ``e_k = B x_k + noise``, with B (M, N) the per-step correction of each slope, every
+    domain's row of B is the ridge regression ``(sum x_k x_k^T + lambda I)^-1 sum x_k e_ik``.
+    ``lambda = H^2 / N`` for the horizon about to be predicted: a prior that B is zero, as
+    strong in total (its trace) as one past update of that horizon on the uniform mixture,
+    as :class:`PredictionCalibration`'s prior is. Updates that trained on different
+    mixtures tell the datasets apart; a dataset never trained on gets no correction.
+    The correction only tightens: negative entries (a dataset did better than its probe
+    said) are clipped to zero, so it can only add harm to a slope, never take harm away.
+    Units: metric per step of the dataset (positive: losses ended higher than predicted).
+
+    Where the paper's probes are short (16 steps in the demo) and a constraint decays only
+    over long stretches without the data that supports it (an accuracy recalled from one
+    dataset), probes show no harm from the other datasets; this correction learns it from
+    the first horizon that realized it, and predicts it for mixtures that repeat it.
+    """
+
+    num_domains: int
+    num_datasets: int
+    gram: np.ndarray = field(init=False)
+    cross: np.ndarray = field(init=False)
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.gram = np.zeros((self.num_datasets, self.num_datasets))
+        self.cross = np.zeros((self.num_domains, self.num_datasets))
+
+    def observe(self, predicted: np.ndarray, realized: np.ndarray, horizon: int, weights: np.ndarray) -> None:
+        error = np.asarray(realized, dtype=float) - np.asarray(predicted, dtype=float)
+        steps = float(horizon) * np.asarray(weights, dtype=float)
+        if error.shape != (self.num_domains,) or steps.shape != (self.num_datasets,):
+            return
+        if not (np.all(np.isfinite(error)) and np.all(np.isfinite(steps))):
+            return  # nothing trustworthy to learn from
+        self.gram = self.gram + np.outer(steps, steps)
+        self.cross = self.cross + np.outer(error, steps)
+        self.count += 1
+
+    def correction(self, horizon: float) -> np.ndarray:
+        """(M, N): the per-step correction to add to each slope for a prediction ``horizon``
+        steps ahead; zero before the first observed horizon, never negative."""
+        if self.count == 0:
+            return np.zeros((self.num_domains, self.num_datasets))
+        prior = float(horizon) ** 2 / self.num_datasets
+        solved = np.linalg.solve(self.gram + prior * np.eye(self.num_datasets), self.cross.T).T
+        return np.maximum(solved, 0.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"gram": self.gram.tolist(), "cross": self.cross.tolist(), "count": self.count}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> DatasetCalibration:
+        cross = np.asarray(state["cross"], dtype=float)
+        calibration = cls(*cross.shape)
+        calibration.gram = np.asarray(state["gram"], dtype=float)
+        calibration.cross = cross
+        calibration.count = int(state["count"])
+        return calibration
+
+
+def dataset_calibrated(problem: MixtureProblem, correction: np.ndarray) -> MixtureProblem:
+    """The problem with each constraint's slopes raised by its row of ``correction`` (the
+    prediction of eq. 3.3 is then ``L_i + H_t (S_i + B_i).w``); other rows unchanged."""
+    slopes = np.array(problem.slopes, dtype=float)
+    c = list(problem.constraints)
+    slopes[c] = slopes[c] + np.asarray(correction, dtype=float)[c]
+    return replace(problem, slopes=slopes)
 
 
 def confident_step(

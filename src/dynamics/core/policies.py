@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 
 from dynamics.core.decisions import (
+    DatasetCalibration,
     PredictionCalibration,
     calibrated,
     confident_step,
+    dataset_calibrated,
     keep_target_share,
     slope_standard_errors,
 )
@@ -139,6 +141,7 @@ class DynamicsPolicy:
     options: RobustOptions = field(default_factory=RobustOptions)
     min_weight: float = 0.0
     _calibration: PredictionCalibration | None = field(default=None, init=False, repr=False)
+    _dataset_calibration: DatasetCalibration | None = field(default=None, init=False, repr=False)
     _last_prediction: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -194,6 +197,8 @@ class DynamicsPolicy:
                 probe_seconds,
                 extra,
                 previous=_in_force(context.weights_in_force, reliable),
+                columns=reliable,
+                num_datasets=num_datasets,
                 target_datasets=[
                     k for k, j in enumerate(reliable) if learner.dataset_names[j] in _target_names(learner, context)
                 ],
@@ -208,9 +213,12 @@ class DynamicsPolicy:
         return record
 
     def state_dict(self) -> dict[str, Any]:
-        """The calibration's sums and the last prediction (what the next update learns from)."""
+        """The calibrations' sums and the last prediction (what the next update learns from)."""
         calibration = self._calibration
         return {
+            "dataset_calibration": None
+            if self._dataset_calibration is None
+            else self._dataset_calibration.state_dict(),
             "calibration": None
             if calibration is None
             else {
@@ -231,6 +239,8 @@ class DynamicsPolicy:
             self._calibration.weighted_error = np.asarray(saved["weighted_error"], dtype=float)
             self._calibration.horizon_squares = float(saved["horizon_squares"])
             self._calibration.count = int(saved["count"])
+        by_dataset = state.get("dataset_calibration")
+        self._dataset_calibration = None if by_dataset is None else DatasetCalibration.from_state_dict(by_dataset)
         last = state["last_prediction"]
         self._last_prediction = None if last is None else (np.asarray(last["losses"], dtype=float), int(last["horizon"]))
 
@@ -243,10 +253,13 @@ class DynamicsPolicy:
         extra: dict,
         previous: np.ndarray,
         target_datasets: list[int],
+        columns: list[int],
+        num_datasets: int,
     ) -> UpdateRecord:
         """The update with the options of :mod:`dynamics.core.robust` on. ``previous`` is the
         mixture in force over the probed datasets (uniform at the first update);
-        ``target_datasets`` the columns of the datasets that are also target domains."""
+        ``target_datasets`` the columns of the datasets that are also target domains, and
+        ``columns`` the probed datasets' places among all ``num_datasets``."""
         nominal = _problem_at(context, slope_matrix, self.grid, self.min_weight)
         if self.min_weight > 0:
             # A dataset left out of an earlier update (its probe diverged) had weight 0 there.
@@ -262,6 +275,8 @@ class DynamicsPolicy:
             bias = self._calibration.bias(context.horizon)
             problem = calibrated(nominal, bias)
             extra["calibration_bias"] = bias
+        if self.options.dataset_calibration:
+            problem = self._dataset_calibrated(context, problem, columns, num_datasets, extra)
         robust = RobustProblem(
             problem,
             slope_errors,
@@ -303,6 +318,24 @@ class DynamicsPolicy:
         self._last_prediction = (replace(robust, problem=nominal).predicted_losses(weights), context.horizon)
         extra["robust"] = {**self.options.to_dict(), **choice.to_dict(), **decision}
         return _update_record(self.name, context, nominal, solution, probe_seconds, extra)
+
+    def _dataset_calibrated(
+        self, context: UpdateContext, problem: MixtureProblem, columns: list[int], num_datasets: int, extra: dict
+    ) -> MixtureProblem:
+        """``problem`` with every constraint slope raised by what past horizons showed the
+        slope under-stated (:class:`DatasetCalibration`), learned from the last update's
+        prediction against the anchor measured now, and the mixture trained on in between."""
+        if self._dataset_calibration is None:
+            self._dataset_calibration = DatasetCalibration(len(problem.current_losses), num_datasets)
+        last, in_force = self._last_prediction, context.weights_in_force
+        # After a backtrack the last prediction's horizon was never completed.
+        if last is not None and in_force is not None and not context.after_backtrack:
+            self._dataset_calibration.observe(last[0], context.anchor.means(), last[1], in_force)
+        correction = np.zeros((len(problem.current_losses), num_datasets))
+        rows = list(context.constraints)
+        correction[rows] = self._dataset_calibration.correction(context.horizon)[rows]
+        extra["dataset_calibration"] = correction  # zero outside the constraints' rows
+        return dataset_calibrated(problem, correction[:, columns])
 
 
 def _in_force(weights: np.ndarray | None, columns: list[int]) -> np.ndarray:

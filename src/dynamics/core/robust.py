@@ -24,6 +24,10 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   so it turns ``lp_candidate`` on.
 * ``calibration``: a per-step bias per constraint learned from past updates' misses, which
   only tightens (:class:`dynamics.core.decisions.PredictionCalibration`).
+* ``dataset_calibration``: the same misses attributed to the datasets trained on over each
+  horizon, a per-step correction of every constraint slope that only tightens
+  (:class:`dynamics.core.decisions.DatasetCalibration`); it replaces ``calibration``, whose
+  bias is the case of one correction shared by every dataset.
 * ``gain_exponent`` (p in (0, 1]): diminishing returns beyond the probe. Dataset j trains
   ``w_j H_t`` steps until the next update, ``u_j = w_j H_t / c_t`` probe lengths. An
   improvement its probe measured (a negative slope) is extrapolated as ``c_t S_ij phi(u_j)``
@@ -72,6 +76,7 @@ class RobustOptions:
     metric_floors: bool = False
     full_step_z: float = 0.0
     target_share: float = 0.0
+    dataset_calibration: bool = False
 
     def __post_init__(self) -> None:
         for name in ("noise_margin", "target_noise", "full_step_z"):
@@ -82,6 +87,11 @@ class RobustOptions:
             raise ValueError(f"gain_exponent must be in (0, 1] (1: linear, as eq. 3.3), got {self.gain_exponent}")
         if not (math.isfinite(self.target_share) and 0 <= self.target_share < 1):
             raise ValueError(f"target_share must be in [0, 1) (0: off), got {self.target_share}")
+        if self.calibration and self.dataset_calibration:
+            raise ValueError(
+                "calibration and dataset_calibration both correct predictions by the same past misses: "
+                "set calibration: false to use dataset_calibration (with variant: robust too)"
+            )
         if (self.target_noise > 0 or self.gain_exponent < 1) and not self.lp_candidate:
             # The grid's candidates minimise the nominal objective; only the direct
             # candidate minimises the pessimistic one.
@@ -101,6 +111,7 @@ class RobustOptions:
             "metric_floors": self.metric_floors,
             "full_step_z": self.full_step_z,
             "target_share": self.target_share,
+            "dataset_calibration": self.dataset_calibration,
         }
 
 

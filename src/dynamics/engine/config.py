@@ -243,6 +243,11 @@ class MethodConfig(ConfigSection):
     calibration: bool | None = Field(
         None, description="Correct predictions by the per-step error realized at past updates."
     )
+    dataset_calibration: bool | None = Field(
+        None,
+        description="Attribute the error realized at past updates to the datasets trained on, and raise each "
+        "constraint slope by its share (only tightens; replaces calibration, so set calibration: false).",
+    )
     gain_exponent: float | None = Field(
         None,
         gt=0,

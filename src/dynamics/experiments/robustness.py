@@ -140,6 +140,12 @@ METHODS: dict[str, dict[str, Any]] = {
     # step at 3), and a tenth of the mixture kept on target data while the constraints allow.
     "floors_steps_share": {"variant": "paper", "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1},
     "robust_floors_steps_share": {"variant": "robust", "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1},
+    # Past horizons' misses charged to the datasets trained on (instead of one bias per
+    # constraint), alone and with the three decisions above.
+    "dataset_calibration": {"variant": "paper", "dataset_calibration": True},
+    "floors_steps_share_dataset_calibration": {
+        "variant": "paper", "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1, "dataset_calibration": True,
+    },
 }
 """DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
 method, each option alone, combinations, the robust variant, and backtracking."""
