@@ -33,6 +33,7 @@ Scenarios (same base model, data and sizes as the demo unless said):
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import statistics
@@ -40,6 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dynamics.core import metrics
 from dynamics.core.policies import fixed_mixture_sweep
@@ -339,10 +342,14 @@ def aggregate(out: Path) -> dict[str, Any]:
     report: dict[str, Any] = {}
     for scenario_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name in SCENARIOS):
         runs: dict[str, dict[str, dict[str, Any]]] = {}
+        adaptive = []
         for seed_dir in sorted(scenario_dir.iterdir()):
             for run_dir in sorted(seed_dir.iterdir()):
                 if (run_dir / "summary.json").is_file():
                     runs.setdefault(seed_dir.name, {})[run_dir.name] = run_result(run_dir)
+                    if not run_dir.name.startswith("fixed-"):
+                        records = rundir.read_run(run_dir)
+                        adaptive.append((records.updates, records.domain_names, records.constraints))
         methods: dict[str, list[dict[str, Any]]] = {}
         for seed, by_method in runs.items():
             fixed = {k: v for k, v in by_method.items() if k.startswith("fixed-")}
@@ -378,8 +385,58 @@ def aggregate(out: Path) -> dict[str, Any]:
             }
             for label, rows in methods.items()
         }
-        report[scenario_dir.name] = {"description": SCENARIOS[scenario_dir.name].description, "methods": summary, "runs": runs}
+        report[scenario_dir.name] = {
+            "description": SCENARIOS[scenario_dir.name].description,
+            "methods": summary,
+            "predictions": prediction_errors(adaptive),
+            "runs": runs,
+        }
     return report
+
+
+PREDICTION_HORIZON = 32
+"""Horizons this long or longer are the ones :func:`prediction_errors` scores: the
+extrapolations the main run lives by, not the dense warmup's one-step updates."""
+
+
+def prediction_errors(
+    runs: Sequence[tuple[Sequence[dict[str, Any]], Sequence[str], Sequence[int]]],
+    min_horizon: int = PREDICTION_HORIZON,
+) -> dict[str, dict[str, float]]:
+    """How well eq. 3.3 predicted each constraint over the runs' long horizons.
+
+    ``runs``: per DynaMiCS run, its update records (``controller.jsonl`` rows), domain names
+    and constraint indices. For every update of at least ``min_horizon`` steps whose horizon
+    was trained to the end (the next record starts where it ends), the linear prediction at
+    the chosen mixture, ``H_t S w`` from the recorded slopes, is set against the change the
+    next update's anchor measured on the same reduced evaluation batches. Per constraint:
+    the number of horizons, the mean absolute error of the prediction, that of predicting
+    no change at all (the mean absolute change), and the correlation of the two."""
+    pairs: dict[str, list[tuple[float, float]]] = {}
+    for updates, names, constraints in runs:
+        for update, following in itertools.pairwise(updates):
+            horizon = int(update["horizon"])
+            if horizon < min_horizon or update["extra"].get("abandoned") or update["slope_matrix"] is None:
+                continue
+            if int(following["step"]) != int(update["step"]) + horizon:
+                continue
+            slopes = np.asarray(update["slope_matrix"], dtype=float)
+            weights = np.asarray(update["weights"], dtype=float)
+            predicted = horizon * np.nan_to_num(slopes) @ weights
+            realized = np.asarray(following["current_losses"], dtype=float) - np.asarray(update["current_losses"], dtype=float)
+            for i in constraints:
+                pairs.setdefault(names[i], []).append((float(predicted[i]), float(realized[i])))
+    errors = {}
+    for name, values in pairs.items():
+        predicted, realized = np.array(values).T
+        spread = float(np.std(predicted) * np.std(realized))
+        errors[name] = {
+            "horizons": len(values),
+            "prediction_error": float(np.mean(np.abs(predicted - realized))),
+            "no_change_error": float(np.mean(np.abs(realized))),
+            "correlation": float(np.corrcoef(predicted, realized)[0, 1]) if spread > 0 else float("nan"),
+        }
+    return errors
 
 
 def _selection_score(result: dict[str, Any]) -> float:
@@ -403,6 +460,15 @@ def markdown(report: dict[str, Any]) -> str:
                          f"| {per_seed} | {100 * m['median_reduction_eval']:.1f}% | {m['median_cost']:.2f}x "
                          f"| {'' if equal is None else f'{100 * equal:.1f}%'} |")
         lines.append("")
+        predictions = data.get("predictions")
+        if predictions:
+            lines += [f"Eq. 3.3's predictions over horizons of {PREDICTION_HORIZON} steps or more (every DynaMiCS run):",
+                      "", "| constraint | horizons | error of the prediction | error of predicting no change | correlation |",
+                      "|---|---|---|---|---|"]
+            for name, p in predictions.items():
+                lines.append(f"| {name} | {p['horizons']} | {p['prediction_error']:.4f} | {p['no_change_error']:.4f} "
+                             f"| {p['correlation']:.2f} |")
+            lines.append("")
     return "\n".join(lines)
 
 
