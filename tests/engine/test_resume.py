@@ -1,6 +1,7 @@
 """Crash-safe resume with real processes: a `dynamics run` is SIGKILLed at chosen moments
 (a probe, a main evaluation, a training stretch, a save, the swap of a save), resumed with
-`dynamics run --resume DIR`, and its files compared with an uninterrupted run's."""
+`dynamics run --resume DIR` (in the test's own process, on one thread), and its files
+compared with an uninterrupted run's."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import safetensors.torch
 import torch
 import yaml
+from threadpoolctl import threadpool_limits
 
 from dynamics.cli import main as cli_main
 from dynamics.runs import state as run_state
@@ -42,6 +44,18 @@ def cli(*args: str, kill: tuple[str, int] | None = None) -> subprocess.Completed
         else [sys.executable, "-m", "tests.engine.kill_run", "none", "0", *args]
     )
     return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+
+
+def resume_here(run_folder: Path) -> None:
+    """``dynamics run --resume RUN_FOLDER`` in this process, on one thread as every run here
+    (what a fresh interpreter adds is its imports, five seconds or more each time)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            assert cli_main(["run", "--resume", str(run_folder), "--no-progress"]) == 0
+    finally:
+        torch.set_num_threads(threads)
 
 
 def comparable(run_folder: Path) -> dict:
@@ -94,8 +108,7 @@ def test_a_killed_run_resumes_to_the_same_files(reference, kill):
     assert killed.returncode == -9, killed.stderr  # really killed, mid-run
     assert not (out / "summary.json").exists()
     assert run_state.find_resume_point(out) is not None
-    resumed = cli("run", "--resume", str(out), "--no-progress")
-    assert resumed.returncode == 0, resumed.stderr
+    resume_here(out)
     assert comparable(out) == expected
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["resumed_at"]) == 1
@@ -116,8 +129,7 @@ def test_a_run_killed_at_a_random_moment_resumes_to_the_same_files(reference):
     # A run folder can be moved (or copied) before it is resumed: its saved config names
     # where it was, which does not matter.
     moved = out.rename(base / "killed-random-moved")
-    resumed = cli("run", "--resume", str(moved), "--no-progress")
-    assert resumed.returncode == 0, resumed.stderr
+    resume_here(moved)
     assert comparable(moved) == expected
 
 

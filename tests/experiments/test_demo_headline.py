@@ -1,11 +1,13 @@
 """The demo's headline, reproduced at reduced size: the demo's own base model and settings,
-four of its nine runs (DynaMiCS as the paper states it and its robust variant, the paper
-grid's w = 0 and its smallest positive mass w = 0.2).
+three of its nine runs (DynaMiCS as the paper states it, the paper grid's w = 0 and its
+smallest positive mass w = 0.2). The robust variant, an option beyond the paper, is
+measured at this size by ``benchmarks/beyond_the_paper.py`` and pinned on the tiny engine
+run by the golden records.
 
 The base model is the demo's (built once into the tests' cache, .cache/tests, 4.5 to 8
-minutes on two cores; later runs reuse it); the four runs take about 5 minutes more. The
-thresholds leave room around the measured values (README, seed 0): DynaMiCS 57.8%
-reduction, the robust variant 58.2%, w = 0 about 2%, w = 0.2 broke a constraint.
+minutes on two cores; later runs reuse it); the three runs take about 3 minutes more, two
+at a time. The thresholds leave room around the measured values (README, seed 0):
+DynaMiCS 57.8% reduction, w = 0 about 2%, w = 0.2 broke a constraint.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dynamics.experiments.demo import DemoSettings, run_demo
 
 pytestmark = pytest.mark.slow
 
-HEADLINE = DemoSettings(fixed_labels=("uniform-w0", "uniform-w0.2"))
+HEADLINE = DemoSettings(fixed_labels=("uniform-w0", "uniform-w0.2"), robust=False)
 
 
 def test_dynamics_learns_the_targets_where_the_paper_grid_cannot(tmp_path):
@@ -32,7 +34,3 @@ def test_dynamics_learns_the_targets_where_the_paper_grid_cannot(tmp_path):
     assert not smallest["feasible"] and smallest["worst_slack"] < 0
     assert general_only["ppl_reduction"] < 0.1
     assert dynamics["ppl_reduction"] > general_only["ppl_reduction"] + 0.3
-    # The robust variant (options beyond the paper) keeps every constraint too.
-    robust = rows["DynaMiCS (robust)"]
-    assert robust["feasible"] and robust["worst_slack"] >= 0
-    assert robust["ppl_reduction"] > 0.35
