@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import time
@@ -226,11 +227,25 @@ def fixed_runs(settings: DemoSettings) -> list[tuple[str, dict[str, float]]]:
     return [(m.label, dict(zip(names, m.weights, strict=True))) for m in chosen]
 
 
-def available_cores() -> int:
-    """CPU cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def available_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """CPU cores this process may run on: the cores it is pinned to, and no more than a
+    container's CPU quota (cgroup v2 ``cpu.max``, "QUOTA PERIOD" or "max PERIOD") allows,
+    so that a container limited to two CPUs on a 64-core host runs two jobs, not 64."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    if quota == "max":
+        return cores
+    try:
+        allowed = math.ceil(int(quota) / int(period))
+    except (ValueError, ZeroDivisionError):
+        return cores
+    return max(1, min(cores, allowed))
 
 
 def train_run(config: dict[str, Any], progress: bool = False) -> None:
