@@ -335,6 +335,13 @@ def run_result(folder: Path) -> dict[str, Any]:
     }
 
 
+def update_records(folder: Path) -> tuple[list[dict[str, Any]], list[str], list[int]]:
+    """A finished run's update records, domain names and constraint indices (what
+    :func:`prediction_errors` reads)."""
+    records = rundir.read_run(folder)
+    return records.updates, records.domain_names, records.constraints
+
+
 def aggregate(out: Path) -> dict[str, Any]:
     """Per scenario: every run's result, and per method the feasibility rate, the median
     test reduction and the median wall time over the same seed's median fixed run; the
@@ -348,8 +355,7 @@ def aggregate(out: Path) -> dict[str, Any]:
                 if (run_dir / "summary.json").is_file():
                     runs.setdefault(seed_dir.name, {})[run_dir.name] = run_result(run_dir)
                     if not run_dir.name.startswith("fixed-"):
-                        records = rundir.read_run(run_dir)
-                        adaptive.append((records.updates, records.domain_names, records.constraints))
+                        adaptive.append(update_records(run_dir))
         methods: dict[str, list[dict[str, Any]]] = {}
         for seed, by_method in runs.items():
             fixed = {k: v for k, v in by_method.items() if k.startswith("fixed-")}

@@ -130,7 +130,7 @@ def write_demo_report(
         "--seed N`). What to expect from another seed: on seeds 0 and 1 the paper's DynaMiCS reached "
         "57.8% and 54.6%, the best fixed mixture 59.4% (w = 0.05) and 71.7% (w = 0.15), and whether a "
         "run is feasible at all can hinge on one of the quiz's 72 questions "
-        "(docs/beyond-the-paper.md, benchmarks/results/noise_decisions_demo.json)",
+        "(docs/beyond-the-paper.md, benchmarks/results/protocol.json)",
         f"- quick: {settings.quick}; schedule: {settings.schedule}; fine-tuning lr: {settings.fine_tuning_lr:g}",
         _run_settings(records["dynamics"].path / "config.yaml"),
         f"- runs: {', '.join(records)}; each on one torch thread, "
