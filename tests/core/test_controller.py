@@ -268,7 +268,7 @@ def test_a_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(crash_afte
     from dataclasses import replace
 
     from dynamics.core.controller import LoopCallbacks
-    from dynamics.core.robust import VARIANTS
+    from dynamics.core.options import VARIANTS
 
     def fresh():
         learner = StateLoggingLearner(HIDDEN_SLOPES, HIDDEN_INITIAL, effect=hidden_harm)
@@ -369,7 +369,7 @@ class DivergingLearner(ToyLearner):
 @pytest.mark.parametrize("variant", ["paper", "robust"])
 @pytest.mark.parametrize("raises", [True, False], ids=["non-finite-loss", "nan-evaluation"])
 def test_a_diverged_probe_leaves_its_dataset_out_of_that_update(raises, variant):
-    from dynamics.core.robust import VARIANTS
+    from dynamics.core.options import VARIANTS
 
     learner = DivergingLearner(SLOPES, INITIAL, diverging={0}, raises=raises)
     history = run(DynamicsPolicy(build_schedule([0, 32], 64), options=VARIANTS[variant]), learner)

@@ -16,10 +16,10 @@ from dynamics.core.decisions import (
     confident_step,
     keep_target_share,
 )
+from dynamics.core.options import RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, to_floored_simplex
 from dynamics.core.robust import (
-    RobustOptions,
     RobustProblem,
     solve_direct,
 )

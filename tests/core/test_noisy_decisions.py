@@ -30,13 +30,11 @@ from dynamics.core.decisions import (
     slope_standard_errors,
 )
 from dynamics.core.learner import DomainKind
+from dynamics.core.options import RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.probes import PerturbedEvaluations, ProbeRuns, probe_datasets, probe_in_turn
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
-from dynamics.core.robust import (
-    RobustOptions,
-    RobustProblem,
-)
+from dynamics.core.robust import RobustProblem
 from dynamics.core.schedules import build_schedule
 from tests.core.toy_learner import ToyLearner
 

@@ -20,11 +20,10 @@ from dynamics.core.decisions import (
     calibrated,
     slope_standard_errors,
 )
+from dynamics.core.options import VARIANTS, RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
 from dynamics.core.robust import (
-    VARIANTS,
-    RobustOptions,
     RobustProblem,
     predicted_changes,
     select_robust,

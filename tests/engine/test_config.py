@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dynamics.core.robust import VARIANTS
+from dynamics.core.options import VARIANTS
 from dynamics.engine.config import ConfigError, RunConfig
 from dynamics.engine.config_docs import config_reference_markdown
 

@@ -1,5 +1,5 @@
 """Measured noise, and the decisions it sizes at an update (options beyond the paper,
-:mod:`dynamics.core.robust` lists them all).
+:mod:`dynamics.core.options` lists them all).
 
 - :func:`slope_standard_errors`: each slope's standard error from the per-batch spread of
   its probe, with a binomial floor for accuracies (:func:`binomial_error`).

@@ -27,13 +27,13 @@ from dynamics.core.decisions import (
     slope_standard_errors,
 )
 from dynamics.core.learner import AlignmentLearner, Diverged, Learner
+from dynamics.core.options import RobustOptions
 from dynamics.core.policy_interface import UpdateContext
 from dynamics.core.predictors import PREDICTORS, probe_progress
 from dynamics.core.probes import probe_datasets
 from dynamics.core.problem import MixtureProblem, SolverGrid, to_floored_simplex
 from dynamics.core.records import UpdateRecord
 from dynamics.core.robust import (
-    RobustOptions,
     RobustProblem,
     select_robust,
     solve_direct,
@@ -127,7 +127,7 @@ class DynamicsPolicy:
 
     predictor: "linear" (eq. 3.3, one evaluation per probe) or "curve" (appendix J,
     evaluations at several points of each probe and a fitted curve per entry).
-    options:   robustness options beyond the paper (:mod:`dynamics.core.robust`); all off
+    options:   robustness options beyond the paper (:mod:`dynamics.core.options`); all off
     is the paper's method. Every update records the slopes' standard errors either way.
     min_weight: the least weight of every dataset the update solves over (``method.min_weight``).
     A dataset whose probe diverged is left out of that update with weight 0, floor or not:
@@ -256,7 +256,7 @@ class DynamicsPolicy:
         columns: list[int],
         num_datasets: int,
     ) -> UpdateRecord:
-        """The update with the options of :mod:`dynamics.core.robust` on. ``previous`` is the
+        """The update with the options of :mod:`dynamics.core.options` on. ``previous`` is the
         mixture in force over the probed datasets (uniform at the first update);
         ``target_datasets`` the columns of the datasets that are also target domains, and
         ``columns`` the probed datasets' places among all ``num_datasets``."""

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from dynamics.core.robust import VARIANTS, RobustOptions
+from dynamics.core.options import VARIANTS, RobustOptions
 from dynamics.core.schedules import ScheduleError, build_schedule
 from dynamics.engine.config_section import ConfigError, ConfigSection
 from dynamics.engine.config_text import apply_overrides, format_validation_error, yaml_position

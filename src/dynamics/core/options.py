@@ -1,0 +1,118 @@
+"""Options beyond the paper that make a mixture update robust to noisy probes: which an update uses.
+
+The paper's update (section 3.3, appendix G) trusts the slope matrix as measured: each probe
+is one short run scored on a few evaluation batches, its change extrapolated ``H_t / c_t``
+times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
+
+* ``lp_candidate``: the hard-constrained program (eq. 3.1 with the prediction of eq. 3.3) is
+  solved directly and its optimum joins the (lambda, eps) grid's candidates. The grid alone
+  can miss a feasible interior mixture that lies between its lambda values, and an eps > 0
+  margin can be unreachable when ``H_t |S|`` is far below eps; the direct optimum cannot.
+  With no feasible mixture the direct candidate is the one with the smallest largest
+  violation.
+* ``noise_margin`` (z >= 0): each constraint must hold with a margin of ``z`` standard errors
+  of its predicted change, ``z H_t ||sigma_i * w||``, where ``sigma_ij`` is the standard error
+  of slope ``S_ij`` from the per-batch spread of the probe's paired differences
+  (:func:`dynamics.core.decisions.slope_standard_errors`). The same margin decides which candidate counts as
+  feasible. It is the robust counterpart of the linear constraint for independent
+  per-dataset errors (a second-order cone), and it is never negative.
+* ``target_noise`` (z >= 0): the target objective is scored pessimistically,
+  ``g.w + z ||tau * w||`` with ``tau_j`` the standard error of the summed target slope of
+  dataset j. Two datasets whose target slopes differ by less than their noise then share
+  the weight instead of one of them taking all of it (without it, eq. 3.4 with no active
+  constraint is linear and always picks a vertex). It acts through the direct candidate,
+  so it turns ``lp_candidate`` on.
+* ``calibration``: a per-step bias per constraint learned from past updates' misses, which
+  only tightens (:class:`dynamics.core.decisions.PredictionCalibration`).
+* ``dataset_calibration``: the same misses attributed to the datasets trained on over each
+  horizon, a per-step correction of every constraint slope that only tightens
+  (:class:`dynamics.core.decisions.DatasetCalibration`); it replaces ``calibration``, whose
+  bias is the case of one correction shared by every dataset.
+* ``gain_exponent`` (p in (0, 1]): diminishing returns beyond the probe. Dataset j trains
+  ``w_j H_t`` steps until the next update, ``u_j = w_j H_t / c_t`` probe lengths. An
+  improvement its probe measured (a negative slope) is extrapolated as ``c_t S_ij phi(u_j)``
+  with ``phi(u) = u`` up to one probe length and ``1 + (u^p - 1) / p`` beyond it (a power,
+  joined to the line with the same slope at u = 1); a harm (a positive slope) stays linear.
+  Every prediction is then convex in w and never more optimistic than eq. 3.3, equal to it
+  whenever no dataset trains longer than its probe did, and with no constraint binding the
+  optimum shares weight between datasets instead of giving all of it to one (eq. 3.4 is
+  linear in w and always picks a vertex). It acts through the direct candidate, so it
+  turns ``lp_candidate`` on. p = 1 is eq. 3.3.
+* ``metric_floors``: no dataset's predicted improvement takes a domain below the lowest
+  value its metric can have (0 nats; an accuracy of 1), so an extrapolated gain that cannot
+  happen does not offset a harm (:func:`dynamics.core.robust.predicted_changes`).
+* ``full_step_z`` and ``target_share``: how far the weights move toward the solver's answer,
+  and a share kept on target data (:mod:`dynamics.core.decisions`).
+
+A direct candidate whose SLSQP run failed is recorded and replaced by the mixture in force.
+
+``variant: robust`` turns on the direct candidate, the pessimistic target objective, the
+calibration and diminishing returns with p = 0.5 (:data:`VARIANTS`), the combination chosen
+on the eval splits of the measured scenarios; each option can also be set alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RobustOptions:
+    """Which robustness options an update uses (all off: the paper's method)."""
+
+    lp_candidate: bool = False
+    noise_margin: float = 0.0
+    target_noise: float = 0.0
+    calibration: bool = False
+    gain_exponent: float = 1.0
+    metric_floors: bool = False
+    full_step_z: float = 0.0
+    target_share: float = 0.0
+    dataset_calibration: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("noise_margin", "target_noise", "full_step_z"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0 (standard errors), got {value}")
+        if not (math.isfinite(self.gain_exponent) and 0 < self.gain_exponent <= 1):
+            raise ValueError(f"gain_exponent must be in (0, 1] (1: linear, as eq. 3.3), got {self.gain_exponent}")
+        if not (math.isfinite(self.target_share) and 0 <= self.target_share < 1):
+            raise ValueError(f"target_share must be in [0, 1) (0: off), got {self.target_share}")
+        if self.calibration and self.dataset_calibration:
+            raise ValueError(
+                "calibration and dataset_calibration both correct predictions by the same past misses: "
+                "set calibration: false to use dataset_calibration (with variant: robust too)"
+            )
+        if (self.target_noise > 0 or self.gain_exponent < 1) and not self.lp_candidate:
+            # The grid's candidates minimise the nominal objective; only the direct
+            # candidate minimises the pessimistic one.
+            object.__setattr__(self, "lp_candidate", True)
+
+    @property
+    def is_paper(self) -> bool:
+        return self == RobustOptions()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lp_candidate": self.lp_candidate,
+            "noise_margin": self.noise_margin,
+            "target_noise": self.target_noise,
+            "calibration": self.calibration,
+            "gain_exponent": self.gain_exponent,
+            "metric_floors": self.metric_floors,
+            "full_step_z": self.full_step_z,
+            "target_share": self.target_share,
+            "dataset_calibration": self.dataset_calibration,
+        }
+
+
+VARIANTS: dict[str, RobustOptions] = {
+    "paper": RobustOptions(),
+    "robust": RobustOptions(lp_candidate=True, target_noise=1.0, calibration=True, gain_exponent=0.5),
+}
+"""Named combinations; ``method.variant`` picks one and single options override it. The
+robust variant is the combination chosen on the eval splits of the measured scenarios
+(docs/beyond-the-paper.md); the noise margin is left out of it."""
