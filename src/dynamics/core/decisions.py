@@ -113,6 +113,21 @@ class PredictionCalibration:
             return np.zeros(self.num_domains)
         return np.maximum(self.weighted_error / (self.horizon_squares + float(horizon) ** 2), 0.0)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "weighted_error": self.weighted_error.tolist(),
+            "horizon_squares": self.horizon_squares,
+            "count": self.count,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> PredictionCalibration:
+        calibration = cls(len(state["weighted_error"]))
+        calibration.weighted_error = np.asarray(state["weighted_error"], dtype=float)
+        calibration.horizon_squares = float(state["horizon_squares"])
+        calibration.count = int(state["count"])
+        return calibration
+
 
 def calibrated(problem: MixtureProblem, bias: np.ndarray) -> MixtureProblem:
     """The problem with each constraint's current loss shifted by ``H_t * bias_i`` (the

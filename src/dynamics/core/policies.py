@@ -214,18 +214,11 @@ class DynamicsPolicy:
 
     def state_dict(self) -> dict[str, Any]:
         """The calibrations' sums and the last prediction (what the next update learns from)."""
-        calibration = self._calibration
         return {
             "dataset_calibration": None
             if self._dataset_calibration is None
             else self._dataset_calibration.state_dict(),
-            "calibration": None
-            if calibration is None
-            else {
-                "weighted_error": calibration.weighted_error.tolist(),
-                "horizon_squares": calibration.horizon_squares,
-                "count": calibration.count,
-            },
+            "calibration": None if self._calibration is None else self._calibration.state_dict(),
             "last_prediction": None
             if self._last_prediction is None
             else {"losses": self._last_prediction[0].tolist(), "horizon": self._last_prediction[1]},
@@ -233,12 +226,7 @@ class DynamicsPolicy:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state["calibration"]
-        self._calibration = None
-        if saved is not None:
-            self._calibration = PredictionCalibration(len(saved["weighted_error"]))
-            self._calibration.weighted_error = np.asarray(saved["weighted_error"], dtype=float)
-            self._calibration.horizon_squares = float(saved["horizon_squares"])
-            self._calibration.count = int(saved["count"])
+        self._calibration = None if saved is None else PredictionCalibration.from_state_dict(saved)
         by_dataset = state.get("dataset_calibration")
         self._dataset_calibration = None if by_dataset is None else DatasetCalibration.from_state_dict(by_dataset)
         last = state["last_prediction"]
