@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.engine.test_run import TINY_LLAMA
+from tests.fixtures.in_process import cli_here
 from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -60,9 +61,12 @@ def launch(
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
         "-m", "dynamics.cli", "run", str(path), "--no-progress",
     ]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("run folder:") == 1  # the summary is printed once, not per rank
+    if nproc == 1:
+        cli_here("run", str(path), "--no-progress")  # the reference, without a launcher
+    else:
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.count("run folder:") == 1  # the summary is printed once, not per rank
     return [json.loads(line) for line in (out / "controller.jsonl").read_text().splitlines()]
 
 

@@ -17,7 +17,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from dynamics.engine.learner import load_snapshot
+from tests.engine import fsdp_script
 from tests.engine.test_distributed import config
+from tests.fixtures.in_process import one_thread
 from tests.fixtures.tiny_tokenizer import tiny_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -37,8 +39,12 @@ def launch(
     out.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(SCRIPT), str(path), str(out)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    if nproc == 1:
+        with one_thread():  # the unsharded reference, without a launcher
+            fsdp_script.main(str(path), str(out))
+    else:
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]
 
 

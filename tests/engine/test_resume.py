@@ -17,11 +17,11 @@ import pytest
 import safetensors.torch
 import torch
 import yaml
-from threadpoolctl import threadpool_limits
 
 from dynamics.cli import main as cli_main
 from dynamics.runs import state as run_state
 from tests.engine.test_run import tiny_config
+from tests.fixtures.in_process import cli_here
 
 ROOT = Path(__file__).resolve().parents[2]
 # One thread everywhere: the reference and the resumed run must reduce in the same order.
@@ -47,15 +47,8 @@ def cli(*args: str, kill: tuple[str, int] | None = None) -> subprocess.Completed
 
 
 def resume_here(run_folder: Path) -> None:
-    """``dynamics run --resume RUN_FOLDER`` in this process, on one thread as every run here
-    (what a fresh interpreter adds is its imports, five seconds or more each time)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with threadpool_limits(limits=1):
-            assert cli_main(["run", "--resume", str(run_folder), "--no-progress"]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    """``dynamics run --resume RUN_FOLDER`` in this process, on one thread as every run here."""
+    cli_here("run", "--resume", str(run_folder), "--no-progress")
 
 
 def comparable(run_folder: Path) -> dict:

@@ -333,6 +333,8 @@ def test_two_processes_under_the_trainer_match_one_process(tmp_path):
     """torchrun, gloo, one thread each: two ranks with half the batch each follow the
     same mixture as one process with the whole batch (and as dynamics run does)."""
     from tests.engine.test_distributed import config as distributed_config
+    from tests.fixtures.in_process import one_thread
+    from tests.integrations import trainer_script
 
     tokenizer_dir = tmp_path / "tokenizer"
     tiny_tokenizer().save_pretrained(tokenizer_dir)
@@ -346,12 +348,16 @@ def test_two_processes_under_the_trainer_match_one_process(tmp_path):
     for name, nproc, batch_size in (("single", 1, 4), ("double", 2, 2)):
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(distributed_config(tokenizer_dir, tmp_path / name, batch_size)))
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            str(Path(__file__).with_name("trainer_script.py")), str(path),
-        ]
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
+        if nproc == 1:
+            with one_thread():  # the reference, without a launcher
+                trainer_script.main(str(path))
+        else:
+            command = [
+                sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                str(Path(__file__).with_name("trainer_script.py")), str(path),
+            ]
+            result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+            assert result.returncode == 0, result.stderr[-3000:]
         updates[name] = read_run(tmp_path / name).updates
     single, double = updates["single"], updates["double"]
     assert [u["step"] for u in single] == [u["step"] for u in double] == [0, 2, 4]
