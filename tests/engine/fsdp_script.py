@@ -78,8 +78,8 @@ def main(config_path: str, out: str) -> None:
     evaluations["retrained"] = learner.evaluate("eval")
     # What a run folder stores: the whole training state and model, gathered from the shards
     # (rank 0 writes them), read back by every rank into its shards.
-    whole = learner.whole(learner.snapshot())
-    model_state = learner.whole_model_state()
+    whole = learner.gathered(learner.snapshot())
+    model_state = learner.gathered_model_state()
     if rank == 0:
         save_snapshot(whole, Path(out), "whole")
         if model_state is not None:

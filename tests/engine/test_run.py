@@ -237,9 +237,9 @@ def test_under_sharding_every_rank_makes_rank_0s_gathering_calls_in_the_same_ord
 
     calls: dict[str, list[str]] = {"rank 0": [], "other ranks": []}
     side = ["rank 0"]
-    whole = HFLearner.whole
-    monkeypatch.setattr(HFLearner, "whole", lambda self, snapshot: calls[side[0]].append("whole") or whole(self, snapshot))
-    monkeypatch.setattr(HFLearner, "whole_model_state", lambda self: calls[side[0]].append("model") or None)
+    gathered = HFLearner.gathered
+    monkeypatch.setattr(HFLearner, "gathered", lambda self, snapshot: calls[side[0]].append("gathered") or gathered(self, snapshot))
+    monkeypatch.setattr(HFLearner, "gathered_model_state", lambda self: calls[side[0]].append("model") or None)
 
     def both(name: str):
         original = getattr(run_folder.RunFolderWriter, name)
@@ -262,7 +262,7 @@ def test_under_sharding_every_rank_makes_rank_0s_gathering_calls_in_the_same_ord
     summary = run(RunConfig.from_dict(data), progress=False)
     assert summary["backtracks"] and summary["feasible"]
     assert calls["rank 0"] == calls["other ranks"]
-    assert "model" in calls["rank 0"] and "whole" in calls["rank 0"]
+    assert "model" in calls["rank 0"] and "gathered" in calls["rank 0"]
 
 
 def poison_losses(monkeypatch, method, when, factor=float("nan")):

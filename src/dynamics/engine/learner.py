@@ -395,24 +395,24 @@ class HFLearner:
     def load_training_state(self, snapshot: TrainingSnapshot) -> None:
         """Resume from ``snapshot`` (read from disk): :meth:`restore`, and the probe streams'
         positions too, which a probe's rollback leaves where they are. Whole tensors (what
-        :meth:`whole` gave to be saved) are cut into this rank's shards under sharding."""
+        :meth:`gathered` gave to be saved) are cut into this rank's shards under sharding."""
         self._state.load(snapshot)
 
-    def whole(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
+    def gathered(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
         """``snapshot`` with every shard gathered into its whole tensor on the CPU (see
-        :meth:`TrainingState.whole`); every rank calls it. Unsharded, ``snapshot`` itself."""
-        return self._state.whole(snapshot)
+        :meth:`TrainingState.gathered`); every rank calls it. Unsharded, ``snapshot`` itself."""
+        return self._state.gathered(snapshot)
 
-    def sharded_like(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
-        """The inverse of :meth:`whole`: a snapshot of whole tensors (read from a run folder)
+    def cut_into_shards(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
+        """The inverse of :meth:`gathered`: a snapshot of whole tensors (read from a run folder)
         cut into this rank's shards of the live parameters. Every rank calls it."""
-        return self._state.sharded_like(snapshot)
+        return self._state.cut_into_shards(snapshot)
 
-    def whole_model_state(self) -> dict[str, Tensor] | None:
+    def gathered_model_state(self) -> dict[str, Tensor] | None:
         """Under sharding, the model's whole state dict on the CPU (rank 0's copy; every
         rank must call it), for saving it as one model; None when not sharded (the model's
         own ``state_dict`` is whole)."""
-        return self._state.whole_model_state()
+        return self._state.gathered_model_state()
 
     # --- internals ---------------------------------------------------------------------
 

@@ -176,7 +176,7 @@ def resume_from(
     feasible = (
         None
         if loop["feasible"] is None
-        else learner.sharded_like(own(load_snapshot(point, "feasible"), "feasible"))
+        else learner.cut_into_shards(own(load_snapshot(point, "feasible"), "feasible"))
     )
     controller.load_state_dict(loop, feasible)
     writer.resume(controller.history, controller.step, saved, point)

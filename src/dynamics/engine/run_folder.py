@@ -77,10 +77,10 @@ class ShardedSaves:
 
     def on_evaluation(self, record: EvaluationRecord, history: RunHistory) -> None:
         if self.best.update(record, history):
-            self.parts.learner.whole_model_state()
+            self.parts.learner.gathered_model_state()
 
     def on_checkpoint(self, controller: MixtureController) -> None:
-        whole_training_state(self.parts.learner, controller)
+        gathered_training_state(self.parts.learner, controller)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,14 +95,14 @@ class ResumeState:
     rank_rngs: list[tuple[RNGState, RNGState | None]] | None = None
 
 
-def whole_training_state(learner: HFLearner, controller: MixtureController) -> ResumeState:
+def gathered_training_state(learner: HFLearner, controller: MixtureController) -> ResumeState:
     """The learner's state and the controller's feasible snapshot, as a resume point stores
     them: shards gathered, and each rank's RNG states gathered to rank 0. Under several
     processes every rank calls this, at the same point."""
     feasible = controller.feasible_snapshot
     snapshot = learner.snapshot()
-    whole = learner.whole(snapshot)
-    whole_feasible = None if feasible is None else learner.whole(feasible)
+    whole = learner.gathered(snapshot)
+    whole_feasible = None if feasible is None else learner.gathered(feasible)
     accelerator = learner.accelerator
     rank_rngs = None
     if accelerator.num_processes > 1:
@@ -238,7 +238,7 @@ class RunFolderWriter:
     def on_checkpoint(self, controller: MixtureController) -> None:
         """``dynamics run``'s resume point: the controller's state, the learner's (shards
         gathered), and the best checkpoint, in ``last_checkpoint/``."""
-        state = whole_training_state(self.parts.learner, controller)
+        state = gathered_training_state(self.parts.learner, controller)
         self.save_resume_point(
             controller.state_dict(),
             self.out,
@@ -335,7 +335,7 @@ class RunFolderWriter:
     def _save_checkpoint(self, step: int) -> None:
         model = self.parts.accelerator.unwrap_model(self.parts.model)
         # Under sharding, gathered from every rank (a state dict of shards would save parts).
-        whole = self.parts.learner.whole_model_state()
+        whole = self.parts.learner.gathered_model_state()
 
         def write(folder: Path) -> None:
             # PEFT models save only the adapter (adapter_model.safetensors +

@@ -10,7 +10,7 @@ Public API:
   RNG state alone, in the same two files (a resume point keeps one per rank).
 - ``TrainingState``: the live model, optimizer, LR scheduler, sampler and step counters,
   with ``snapshot``/``restore`` (the paper's probe rollback), ``load`` (a resume), and,
-  under sharding (FSDP2), ``whole``/``sharded_like`` between shards and whole tensors.
+  under sharding (FSDP2), ``gathered``/``cut_into_shards`` between shards and whole tensors.
 - ``prepared_training_state(...)``: the state of AdamW and its LR schedule built for a model,
   both prepared by the accelerator (the engine's own loop).
 - ``adopted_training_state(...)``: the state of another loop's model, optimizer and
@@ -319,8 +319,8 @@ class TrainingState:
     def load(self, snapshot: TrainingSnapshot) -> None:
         """Resume from ``snapshot`` (read from disk): :meth:`restore`, and the probe streams'
         positions too, which a probe's rollback leaves where they are. Whole tensors (what
-        :meth:`whole` gave to be saved) are cut into this rank's shards under sharding."""
-        snapshot = self.sharded_like(snapshot)
+        :meth:`gathered` gave to be saved) are cut into this rank's shards under sharding."""
+        snapshot = self.cut_into_shards(snapshot)
 
         def next_to_parameter(value: Any, parameter: Tensor, key: str | None) -> Any:
             # Read from disk onto the CPU: moments go next to their parameters (restore copies
@@ -333,7 +333,7 @@ class TrainingState:
         self.restore(self._map_tensors(snapshot, next_to_parameter))
         self.sampler.load_state_dict(copy.deepcopy(snapshot.sampler))
 
-    def whole(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
+    def gathered(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
         """``snapshot`` with every shard gathered into its whole tensor on the CPU: what a
         run folder stores, the same files whatever the sharding. Under sharding every rank
         must call it, for the same snapshots in the same order; only the main process keeps
@@ -351,8 +351,8 @@ class TrainingState:
 
         return self._map_tensors(snapshot, gather)
 
-    def sharded_like(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
-        """The inverse of :meth:`whole`: a snapshot of whole tensors (read from a run folder)
+    def cut_into_shards(self, snapshot: TrainingSnapshot) -> TrainingSnapshot:
+        """The inverse of :meth:`gathered`: a snapshot of whole tensors (read from a run folder)
         cut into this rank's shards of the live parameters. Every rank calls it."""
         if not self.sharded:
             return snapshot
@@ -383,7 +383,7 @@ class TrainingState:
             ],
         )
 
-    def whole_model_state(self) -> dict[str, Tensor] | None:
+    def gathered_model_state(self) -> dict[str, Tensor] | None:
         """Under sharding, the model's whole state dict on the CPU (rank 0's copy; every
         rank must call it), for saving it as one model; None when not sharded (the model's
         own ``state_dict`` is whole)."""
