@@ -54,7 +54,7 @@ on the eval splits of the measured scenarios; each option can also be set alone.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -96,17 +96,7 @@ class RobustOptions:
         return self == RobustOptions()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "lp_candidate": self.lp_candidate,
-            "noise_margin": self.noise_margin,
-            "target_noise": self.target_noise,
-            "calibration": self.calibration,
-            "gain_exponent": self.gain_exponent,
-            "metric_floors": self.metric_floors,
-            "full_step_z": self.full_step_z,
-            "target_share": self.target_share,
-            "dataset_calibration": self.dataset_calibration,
-        }
+        return asdict(self)
 
 
 VARIANTS: dict[str, RobustOptions] = {
