@@ -18,6 +18,7 @@ accelerate shards only on GPUs: on a CPU, ``--no-fsdp`` runs the same check unsh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -50,6 +51,16 @@ def run_config(tokenizer: Path, out: Path) -> dict:
 
 
 def launch(args: list[str], processes: int, fsdp: bool) -> None:
+    """``dynamics run ARGS`` under ``torchrun`` with ``processes`` processes; one process
+    without FSDP needs no launcher and runs in this one."""
+    if processes == 1 and not fsdp:
+        from dynamics.cli import main as cli_main
+
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries this script's JSON alone
+            code = cli_main(["run", *args, "--no-progress"])
+        if code != 0:
+            sys.exit(f"dynamics run {' '.join(args)} failed")
+        return
     paths = [str(ROOT / "src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(paths)}
     if fsdp:

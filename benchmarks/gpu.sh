@@ -74,7 +74,9 @@ section engine 150 "$PYTHON" benchmarks/engine.py "${SIZE[@]}" --steps "$ENGINE_
 section run_overhead 210 "$PYTHON" benchmarks/run_overhead.py "${SIZE[@]}" "${OVERHEAD[@]}" --paper-evaluation
 section paper_shape $((${DYNAMICS_PAPER_SECONDS:-60} + 90)) "$PYTHON" benchmarks/run_overhead.py --paper-shape "${PAPER[@]}"
 
-gpus=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
+# The machine, read once: the GPU count, then the torch version and the device's name.
+mapfile -t machine < <("$PYTHON" -c "import torch; n = torch.cuda.device_count(); print(n); print(torch.__version__); print(torch.cuda.get_device_name(0) if n else 'cpu')")
+gpus=${machine[0]}
 if [ "$gpus" -ge 2 ]; then
   section fsdp_resume 150 "$PYTHON" benchmarks/fsdp_resume.py --processes "$gpus"
 else
@@ -97,19 +99,13 @@ else
   fi
 fi
 
-"$PYTHON" - "$OUT" "$((SECONDS - started))" <<'PY'
+"$PYTHON" - "$OUT" "$((SECONDS - started))" "$gpus" "${machine[1]}" "${machine[2]}" <<'PY'
 import json
 import sys
 from pathlib import Path
 
-import torch
-
 out, total = Path(sys.argv[1]), int(sys.argv[2])
-result = {
-    "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-    "gpus": torch.cuda.device_count(),
-    "torch": torch.__version__,
-}
+result = {"device": sys.argv[5], "gpus": int(sys.argv[3]), "torch": sys.argv[4]}
 for name in ("engine", "run_overhead", "paper_shape", "fsdp_resume", "qlora"):
     skipped = out / f"{name}.skip"
     if skipped.exists():
