@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +14,10 @@ import safetensors.torch
 import torch
 import yaml
 
+from dynamics.cli import main as cli_main
 from dynamics.runs import state as run_state
 from tests.engine.test_distributed import config, refused_everywhere, run_ranks
-from tests.engine.test_resume import ENV, ROOT, comparable
+from tests.engine.test_resume import comparable
 from tests.fixtures.tiny_tokenizer import tiny_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -48,7 +47,7 @@ def rank_rng(point: Path, rank: int) -> tuple[torch.Tensor, str]:
     return tensors[meta["torch_cpu"]["__tensor__"]], json.dumps({k: meta[k] for k in ("python", "numpy")})
 
 
-def test_a_two_process_run_resumed_with_two_processes_gives_the_same_files(tmp_path):
+def test_a_two_process_run_resumed_with_two_processes_gives_the_same_files(tmp_path, capsys):
     tokenizer_dir = tmp_path / "tokenizer"
     tiny_tokenizer().save_pretrained(tokenizer_dir)
     path = tmp_path / "run.yaml"
@@ -75,12 +74,10 @@ def test_a_two_process_run_resumed_with_two_processes_gives_the_same_files(tmp_p
 
     # One process cannot go on from two processes' resume point: one line, nothing changed.
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()}
-    single = subprocess.run(
-        [sys.executable, "-m", "dynamics.cli", "run", "--resume", str(out), "--no-progress"],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=TIMEOUT,
-    )
-    lines = [line for line in single.stderr.splitlines() if line.startswith("dynamics run: error: ")]
-    assert single.returncode == 2 and len(lines) == 1, single.stderr[-3000:]
+    code = cli_main(["run", "--resume", str(out), "--no-progress"])  # in this process: one process
+    stderr = capsys.readouterr().err
+    lines = [line for line in stderr.splitlines() if line.startswith("dynamics run: error: ")]
+    assert code == 2 and len(lines) == 1, stderr[-3000:]
     assert "was saved by 2 processes but this run has 1" in lines[0]
     assert "torchrun --nproc-per-node 2" in lines[0] and f"--resume {out}" in lines[0]
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()}
