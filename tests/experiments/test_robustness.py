@@ -154,8 +154,8 @@ def test_methods_are_compared_with_the_fixed_sweep_at_equal_compute(tmp_path, mo
         folder = tmp_path / "demo" / "seed0" / label
         folder.mkdir(parents=True)
         (folder / "summary.json").write_text("{}")
-    monkeypatch.setattr(robustness, "run_result", lambda folder: {**results[folder.name], "checkpoint": 8})
-    monkeypatch.setattr(robustness, "update_records", lambda folder: ([], ["t", "c"], [1]))  # no long horizon
+    no_long_horizon = ([], ["t", "c"], [1])
+    monkeypatch.setattr(robustness, "run_outcome", lambda folder: ({**results[folder.name], "checkpoint": 8}, no_long_horizon))
     paper = robustness.aggregate(tmp_path)["demo"]["methods"]["paper"]
     assert paper["median_cost"] == pytest.approx(2.5)
     # 2.5 draws from (w1: infeasible, w0, w0.5) ranked on eval: keep w0.5 unless every draw misses it.

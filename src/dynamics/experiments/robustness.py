@@ -321,25 +321,25 @@ def operation_files(arithmetic: Path, data: Path) -> dict[str, Path]:
 def run_result(folder: Path) -> dict[str, Any]:
     """Feasibility (eval split), constrained reduction (test split, checkpoint chosen on
     eval), the eval split's reduction at that checkpoint, and the training wall time."""
+    return run_outcome(folder)[0]
+
+
+def run_outcome(folder: Path) -> tuple[dict[str, Any], tuple[list[dict[str, Any]], list[str], list[int]]]:
+    """A finished run read once: its :func:`run_result`, and its update records, domain
+    names and constraint indices (what :func:`prediction_errors` reads)."""
     records = rundir.read_run(folder)
     points = records.eval_points()
     targets, constraints = records.targets, records.constraints
     best = metrics.best_feasible_checkpoint(points, targets, constraints)
     reference = metrics.reference_point(points)
-    return {
+    result = {
         "feasible": best is not None,
         "reduction_test": metrics.constrained_perplexity_reduction(points, targets, constraints),
         "reduction_eval": 0.0 if best is None else metrics.perplexity_reduction(best, reference, targets, "eval"),
         "checkpoint": None if best is None else best.step,
         "train_seconds": float(records.summary["train_seconds"]),
     }
-
-
-def update_records(folder: Path) -> tuple[list[dict[str, Any]], list[str], list[int]]:
-    """A finished run's update records, domain names and constraint indices (what
-    :func:`prediction_errors` reads)."""
-    records = rundir.read_run(folder)
-    return records.updates, records.domain_names, records.constraints
+    return result, (records.updates, records.domain_names, records.constraints)
 
 
 def aggregate(out: Path) -> dict[str, Any]:
@@ -353,9 +353,10 @@ def aggregate(out: Path) -> dict[str, Any]:
         for seed_dir in sorted(scenario_dir.iterdir()):
             for run_dir in sorted(seed_dir.iterdir()):
                 if (run_dir / "summary.json").is_file():
-                    runs.setdefault(seed_dir.name, {})[run_dir.name] = run_result(run_dir)
+                    result, updates = run_outcome(run_dir)
+                    runs.setdefault(seed_dir.name, {})[run_dir.name] = result
                     if not run_dir.name.startswith("fixed-"):
-                        adaptive.append(update_records(run_dir))
+                        adaptive.append(updates)
         methods: dict[str, list[dict[str, Any]]] = {}
         for seed, by_method in runs.items():
             fixed = {k: v for k, v in by_method.items() if k.startswith("fixed-")}
