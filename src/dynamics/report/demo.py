@@ -127,8 +127,9 @@ def write_demo_report(
         f"- base model: built or reused in {base_seconds:.0f} s (cached under $XDG_CACHE_HOME/dynamics, "
         "by default ~/.cache/dynamics)",
         f"- seed: {settings.seed} (the data order, the splits and the mixture sampling; `dynamics demo "
-        "--seed N`). What to expect from another seed: on seeds 0 and 1 the paper's DynaMiCS reached "
-        "57.8% and 54.6%, the best fixed mixture 59.4% (w = 0.05) and 71.7% (w = 0.15), and whether a "
+        "--seed N`). What to expect from another seed: on seeds 0, 1 and 2 the paper's DynaMiCS reached "
+        "57.8%, 54.6% and 38.9%, the best fixed mixture 59.4% (w = 0.05), 71.7% (w = 0.15) and 72.6% "
+        "(w = 0.1), and whether a "
         "run is feasible at all can hinge on one of the quiz's 72 questions "
         "(docs/beyond-the-paper.md, benchmarks/results/protocol.json)",
         f"- quick: {settings.quick}; schedule: {settings.schedule}; fine-tuning lr: {settings.fine_tuning_lr:g}",
