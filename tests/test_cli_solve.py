@@ -92,6 +92,18 @@ def test_grid_defaults_fill_a_missing_key(tmp_path: Path, capsys: pytest.Capture
     assert json.loads(out)["num_candidates"] == len(SolverGrid().lambdas)
 
 
+def test_min_weight_holds_every_dataset_at_the_floor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Without a floor every grid candidate puts all weight on dataset 1 (the test above);
+    # with min_weight 0.2 dataset 0 keeps 0.2, which the constraint allows (w_0 <= 0.375).
+    code, out, _ = run(["solve", write(tmp_path, {**PROBLEM, "min_weight": 0.2})], capsys)
+    result = json.loads(out)
+    assert code == 0
+    assert result["min_weight"] == 0.2
+    assert min(result["weights"]) >= 0.2 - 1e-12 and min(result["lp_weights"]) >= 0.2 - 1e-12
+    assert result["weights"] == pytest.approx([0.2, 0.8], abs=1e-9)
+    assert result["lp_weights"] == pytest.approx([0.375, 0.625], abs=1e-7)
+
+
 BAD_INPUTS = [
     ("not json", "{", "not valid JSON"),
     ("not an object", [1, 2], "JSON object"),
@@ -114,6 +126,9 @@ BAD_INPUTS = [
     ("infinite loss", {**PROBLEM, "current_losses": [2.5, float("inf")]}, "'current_losses[1]'"),
     ("negative lambda", {**PROBLEM, "grid": {"lambdas": [-1.0]}}, "'grid.lambdas'"),
     ("empty eps grid", {**PROBLEM, "grid": {"epsilons": []}}, "'grid.epsilons'"),
+    ("floor above 1/N", {**PROBLEM, "min_weight": 0.6}, "'min_weight' must be a number in [0, 1/N] = [0, 0.5]"),
+    ("negative floor", {**PROBLEM, "min_weight": -0.1}, "'min_weight'"),
+    ("string floor", {**PROBLEM, "min_weight": "0.1"}, "'min_weight'"),
 ]
 
 

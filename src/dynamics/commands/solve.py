@@ -9,7 +9,8 @@ The problem file holds what the controller logs at an update (docs/method.md, "T
       "targets": [0],                    # indices of target domains T
       "constraints": [1, 2],             # indices of constrained domains C
       "horizon": 64,                     # H_t, steps until the next update
-      "grid": {"lambdas": [...], "epsilons": [...]}   # optional, default: appendix G
+      "grid": {"lambdas": [...], "epsilons": [...]},  # optional, default: appendix G
+      "min_weight": 0.05                 # optional, default 0: the least weight of every dataset
     }
 
 The output is the JSON of :meth:`dynamics.core.solver.Solution.to_dict`.
@@ -31,6 +32,7 @@ from dynamics.core.problem import MixtureProblem, SolverGrid
 HELP = "Solve one mixture update (eq. 3.4 over the lambda x eps grid) from a JSON problem file."
 
 _REQUIRED_KEYS = ("slopes", "current_losses", "reference_losses", "targets", "constraints", "horizon")
+_OPTIONAL_KEYS = ("grid", "min_weight")
 _GRID_KEYS = ("lambdas", "epsilons")
 
 
@@ -38,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "problem",
         metavar="PROBLEM.json",
-        help="problem file (keys: " + ", ".join(_REQUIRED_KEYS) + ", optional grid); '-' reads stdin",
+        help="problem file (keys: " + ", ".join(_REQUIRED_KEYS) + "; optional: grid, min_weight); '-' reads stdin",
     )
 
 
@@ -121,9 +123,9 @@ def load_problem(data: Any) -> MixtureProblem:
     """
     if not isinstance(data, dict):
         raise UsageError(f"the problem file must hold a JSON object with keys {list(_REQUIRED_KEYS)}, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(_REQUIRED_KEYS) - {"grid"})
+    unknown = sorted(set(data) - set(_REQUIRED_KEYS) - set(_OPTIONAL_KEYS))
     if unknown:
-        raise UsageError(f"unknown key '{unknown[0]}'; allowed keys are {[*_REQUIRED_KEYS, 'grid']}")
+        raise UsageError(f"unknown key '{unknown[0]}'; allowed keys are {[*_REQUIRED_KEYS, *_OPTIONAL_KEYS]}")
     missing = [k for k in _REQUIRED_KEYS if k not in data]
     if missing:
         raise UsageError(f"missing key '{missing[0]}'; a problem file needs {list(_REQUIRED_KEYS)}")
@@ -155,6 +157,12 @@ def load_problem(data: Any) -> MixtureProblem:
         raise UsageError(f"'horizon' must be a positive number of steps, got {horizon!r}")
 
     grid = _grid(data["grid"]) if "grid" in data else SolverGrid()
+    min_weight = data.get("min_weight", 0.0)
+    if not _is_number(min_weight) or not (min_weight >= 0 and num_datasets * min_weight <= 1):
+        raise UsageError(
+            f"'min_weight' must be a number in [0, 1/N] = [0, {1 / num_datasets:g}] for N = {num_datasets} datasets "
+            f"(the least weight of every dataset, method.min_weight), got {min_weight!r}"
+        )
     try:
         return MixtureProblem(
             slopes=np.array(slopes, dtype=float),
@@ -164,6 +172,7 @@ def load_problem(data: Any) -> MixtureProblem:
             constraints=tuple(constraints),
             horizon=float(horizon),
             grid=grid,
+            min_weight=float(min_weight),
         )
     except ValueError as err:  # anything the checks above missed, in MixtureProblem's words
         raise UsageError(f"invalid problem: {err}") from None
