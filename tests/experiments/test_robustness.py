@@ -150,20 +150,33 @@ def test_methods_are_compared_with_the_fixed_sweep_at_equal_compute(tmp_path, mo
         "fixed-w1": {"feasible": False, "reduction_test": 0.0, "reduction_eval": 0.0, "train_seconds": 10.0},
         "paper": {"feasible": True, "reduction_test": 0.30, "reduction_eval": 0.35, "train_seconds": 25.0},
     }
-    for label in results:
-        folder = tmp_path / "demo" / "seed0" / label
-        folder.mkdir(parents=True)
-        (folder / "summary.json").write_text("{}")
+    # Seed 1 ran the paper's method without the sweep (--no-fixed): it counts for the
+    # reductions, not for the cost or the comparison at equal cost.
+    seed1 = {"paper": {"feasible": True, "reduction_test": 0.50, "reduction_eval": 0.55, "train_seconds": 99.0}}
+    for seed, labels in (("seed0", results), ("seed1", seed1)):
+        for label in labels:
+            folder = tmp_path / "demo" / seed / label
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text("{}")
     no_long_horizon = ([], ["t", "c"], [1])
-    monkeypatch.setattr(robustness, "run_outcome", lambda folder: ({**results[folder.name], "checkpoint": 8}, no_long_horizon))
+    outcomes = {"seed0": results, "seed1": seed1}
+    monkeypatch.setattr(
+        robustness,
+        "run_outcome",
+        lambda folder: ({**outcomes[folder.parent.name][folder.name], "checkpoint": 8}, no_long_horizon),
+    )
     paper = robustness.aggregate(tmp_path)["demo"]["methods"]["paper"]
-    assert paper["median_cost"] == pytest.approx(2.5)
+    assert paper["seeds"] == 2 and paper["median_reduction_test"] == pytest.approx(0.40)
+    assert paper["median_cost"] == pytest.approx(2.5) and paper["cost_seeds"] == 1
+    assert paper["equal_compute_seeds"] == 1
     # 2.5 draws from (w1: infeasible, w0, w0.5) ranked on eval: keep w0.5 unless every draw misses it.
     miss = (2 / 3) ** 2.5
     w0_kept = miss - (1 / 3) ** 2.5
     expected = 0.40 * (1 - miss) + 0.02 * w0_kept
     assert paper["median_equal_compute_fixed"] == pytest.approx(expected)
-    assert "fixed sweep at equal cost" in markdown(robustness.aggregate(tmp_path))
+    table = markdown(robustness.aggregate(tmp_path))
+    assert "fixed sweep at equal cost" in table
+    assert f"| paper | 2 | 100% | 40.0% | 30.0, 50.0 | 45.0% | 2.50x (1 seed) | {100 * expected:.1f}% (1 seed) |" in table
 
 
 def test_sensitivity_reruns_a_method_under_each_perturbation(tmp_path):

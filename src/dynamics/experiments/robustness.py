@@ -345,7 +345,9 @@ def run_outcome(folder: Path) -> tuple[dict[str, Any], tuple[list[dict[str, Any]
 def aggregate(out: Path) -> dict[str, Any]:
     """Per scenario: every run's result, and per method the feasibility rate, the median
     test reduction and the median wall time over the same seed's median fixed run; the
-    best fixed mixture of each seed is chosen on the eval split."""
+    best fixed mixture of each seed is chosen on the eval split. A seed that ran without the
+    fixed sweep (``--no-fixed``) counts for the reductions, not for the cost or the
+    comparison at equal cost, whose medians say over how many seeds they are."""
     report: dict[str, Any] = {}
     for scenario_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name in SCENARIOS):
         runs: dict[str, dict[str, dict[str, Any]]] = {}
@@ -360,9 +362,9 @@ def aggregate(out: Path) -> dict[str, Any]:
         methods: dict[str, list[dict[str, Any]]] = {}
         for seed, by_method in runs.items():
             fixed = {k: v for k, v in by_method.items() if k.startswith("fixed-")}
-            unit = statistics.median(v["train_seconds"] for v in fixed.values()) if fixed else float("nan")
+            unit = statistics.median(v["train_seconds"] for v in fixed.values()) if fixed else None
             for label, result in by_method.items():
-                row = {**result, "seed": seed, "cost": result["train_seconds"] / unit}
+                row = {**result, "seed": seed, **({} if unit is None else {"cost": result["train_seconds"] / unit})}
                 if fixed and not label.startswith("fixed-"):
                     # What the same compute buys from the fixed sweep: the eval-best of
                     # ``cost`` fixed runs drawn at random, reported on test.
@@ -382,12 +384,8 @@ def aggregate(out: Path) -> dict[str, Any]:
                 "median_reduction_test": statistics.median(r["reduction_test"] for r in rows),
                 "median_reduction_eval": statistics.median(r["reduction_eval"] for r in rows),
                 "reductions_test": [r["reduction_test"] for r in rows],
-                "median_cost": statistics.median(r["cost"] for r in rows),
-                **(
-                    {"median_equal_compute_fixed": statistics.median(r["equal_compute_fixed"] for r in rows)}
-                    if all("equal_compute_fixed" in r for r in rows)
-                    else {}
-                ),
+                **_median_over_seeds(rows, "cost", "median_cost", "cost_seeds"),
+                **_median_over_seeds(rows, "equal_compute_fixed", "median_equal_compute_fixed", "equal_compute_seeds"),
                 **({"chosen": [r["label"] for r in rows]} if label == "best-fixed (eval)" else {}),
             }
             for label, rows in methods.items()
@@ -399,6 +397,13 @@ def aggregate(out: Path) -> dict[str, Any]:
             "runs": runs,
         }
     return report
+
+
+def _median_over_seeds(rows: list[dict[str, Any]], key: str, name: str, count: str) -> dict[str, Any]:
+    """The median of ``key`` over the seeds that have it, and how many those are (nothing
+    where no seed has it)."""
+    values = [r[key] for r in rows if key in r]
+    return {name: statistics.median(values), count: len(values)} if values else {}
 
 
 PREDICTION_HORIZON = 32
@@ -451,6 +456,15 @@ def _selection_score(result: dict[str, Any]) -> float:
     return result["reduction_eval"] + (0.0 if result["feasible"] else -10.0)
 
 
+def _over_seeds(m: dict[str, Any], name: str, count: str, fmt: Callable[[float], str]) -> str:
+    """A median for the table, with the number of seeds it is over where that is fewer
+    than the method's (seeds that ran without the fixed sweep)."""
+    if name not in m:
+        return ""
+    n = m[count]
+    return fmt(m[name]) + ("" if n == m["seeds"] else f" ({n} seed{'' if n == 1 else 's'})")
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = []
     for name, data in report.items():
@@ -462,10 +476,10 @@ def markdown(report: dict[str, Any]) -> str:
         for label in order:
             m = data["methods"][label]
             per_seed = ", ".join(f"{100 * r:.1f}" for r in m["reductions_test"])
-            equal = m.get("median_equal_compute_fixed")
+            cost = _over_seeds(m, "median_cost", "cost_seeds", lambda x: f"{x:.2f}x")
+            equal = _over_seeds(m, "median_equal_compute_fixed", "equal_compute_seeds", lambda x: f"{100 * x:.1f}%")
             lines.append(f"| {label} | {m['seeds']} | {100 * m['feasible']:.0f}% | {100 * m['median_reduction_test']:.1f}% "
-                         f"| {per_seed} | {100 * m['median_reduction_eval']:.1f}% | {m['median_cost']:.2f}x "
-                         f"| {'' if equal is None else f'{100 * equal:.1f}%'} |")
+                         f"| {per_seed} | {100 * m['median_reduction_eval']:.1f}% | {cost} | {equal} |")
         lines.append("")
         predictions = data.get("predictions")
         if predictions:
