@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
-from dynamics.core.options import VARIANTS
+from dynamics.core.options import DEFAULT_VARIANT, VARIANTS
 from dynamics.engine.config import ConfigError, RunConfig
 from dynamics.engine.config_docs import config_reference_markdown
 
@@ -172,5 +173,28 @@ def test_single_robustness_options_override_the_variant():
     options = RunConfig.from_dict(config).method.robust_options()
     assert (options.full_step_z, options.target_share, options.metric_floors) == (3.0, 0.1, True)
     assert options.gain_exponent == VARIANTS["robust"].gain_exponent  # the rest from the variant
-    config["method"] = {"name": "dynamics"}
+    config["method"] = {"name": "dynamics", "variant": "paper"}
     assert RunConfig.from_dict(config).method.robust_options().is_paper
+
+
+def test_dynamics_runs_the_default_variant_and_the_saved_config_names_it():
+    config = minimal()
+    config["method"] = {"name": "dynamics"}
+    parsed = RunConfig.from_dict(config)
+    assert parsed.method.variant == DEFAULT_VARIANT == "robust"
+    assert parsed.method.robust_options() == VARIANTS["robust"]
+    assert yaml.safe_load(parsed.to_yaml())["method"]["variant"] == "robust"
+    assert RunConfig.from_dict(yaml.safe_load(parsed.to_yaml())) == parsed  # what a resume reads back
+
+
+def test_methods_without_probes_have_no_variant():
+    config = minimal()
+    config["method"] = {"name": "fixed", "weights": {"math": 1.0, "wiki": 1.0}}
+    parsed = RunConfig.from_dict(config)
+    assert parsed.method.variant is None and parsed.method.robust_options().is_paper
+    assert RunConfig.from_dict(yaml.safe_load(parsed.to_yaml())) == parsed
+    config["method"]["variant"] = "paper"  # the paper's method asks for nothing a fixed run lacks
+    assert RunConfig.from_dict(config).method.variant == "paper"
+    config["method"]["variant"] = "robust"
+    with pytest.raises(ConfigError, match=r"only method\.name: dynamics uses them"):
+        RunConfig.from_dict(config)

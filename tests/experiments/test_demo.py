@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+import yaml
 
 from dynamics.cli import main as cli_main
 from dynamics.data.loading import DataError
@@ -55,12 +56,17 @@ def test_demo_writes_table_report_and_figures(small_demo):
     # The table's numbers are the run folders' numbers.
     summary = json.loads((out / "demo.json").read_text())
     rows = {row["label"]: row for row in summary["rows"]}
-    assert set(rows) == {"DynaMiCS", "DynaMiCS (robust)", "fixed-uniform-w0.05", "fixed-uniform-w0.2"}
-    robust = read_run(out / "runs" / "dynamics-robust")
-    assert rows["DynaMiCS (robust)"]["ppl_reduction"] == pytest.approx(robust.summary["constrained_ppl_reduction"])
-    assert all(u["extra"]["robust"]["lp_candidate"] for u in robust.updates)
-    assert "The robust variant (method.variant: robust): " in result["verdict"]
+    assert set(rows) == {"DynaMiCS", "DynaMiCS (paper)", "fixed-uniform-w0.05", "fixed-uniform-w0.2"}
+    # The headline run is the default variant, the paper's method its reference row.
+    paper = read_run(out / "runs" / "dynamics-paper")
+    assert rows["DynaMiCS (paper)"]["ppl_reduction"] == pytest.approx(paper.summary["constrained_ppl_reduction"])
+    assert yaml.safe_load((paper.path / "config.yaml").read_text())["method"]["variant"] == "paper"
+    assert all("robust" not in u["extra"] for u in paper.updates)
+    assert "The paper's method (method.variant: paper, the reference): " in result["verdict"]
     dynamics = read_run(out / "runs" / "dynamics")
+    assert yaml.safe_load((dynamics.path / "config.yaml").read_text())["method"]["variant"] == "robust"
+    assert all(u["extra"]["robust"]["lp_candidate"] for u in dynamics.updates)
+    assert result["verdict"].startswith("DynaMiCS (method.variant: robust): ")
     assert rows["DynaMiCS"]["ppl_reduction"] == pytest.approx(dynamics.summary["constrained_ppl_reduction"])
     assert dynamics.domain_names == ["arithmetic", "toolcall", "code-heldout", "prose-heldout", "quiz"]
     assert dynamics.summary["domain_metrics"][-1] == "accuracy"
@@ -85,7 +91,7 @@ def test_the_numbers_do_not_depend_on_how_many_runs_train_at_once(small_demo, tm
         return [{k: v for k, v in row.items() if k not in ("wall_seconds", "cost")} for row in result["rows"]]
 
     assert numbers(alone) == numbers(together)
-    for label in ("dynamics", "dynamics-robust", "fixed-uniform-w0.05"):
+    for label in ("dynamics", "dynamics-paper", "fixed-uniform-w0.05"):
         one, two = read_run(tmp_path / "demo" / "runs" / label), read_run(root / "demo" / "runs" / label)
         assert [(e["eval"], e["test"]) for e in one.evaluations] == [(e["eval"], e["test"]) for e in two.evaluations]
         assert [u["weights"] for u in one.updates] == [u["weights"] for u in two.updates]

@@ -57,7 +57,7 @@ def one_thread() -> Iterator[None]:
 
 
 def paper(tokenizer_dir: Path, out: Path) -> None:
-    run(RunConfig.from_dict(tiny_config(tokenizer_dir, out)), progress=False)
+    run(RunConfig.from_dict(tiny_config(tokenizer_dir, out, variant="paper")), progress=False)
 
 
 def robust(tokenizer_dir: Path, out: Path) -> None:
@@ -65,7 +65,7 @@ def robust(tokenizer_dir: Path, out: Path) -> None:
 
 
 def backtrack(tokenizer_dir: Path, out: Path) -> None:
-    data = tiny_config(tokenizer_dir, out, backtrack=1)
+    data = tiny_config(tokenizer_dir, out, variant="paper", backtrack=1)
     data["optimizer"]["lr"] = 1.0  # breaks the orca constraint after step 4 (see test_run)
     run(RunConfig.from_dict(data), progress=False)
 
@@ -99,7 +99,7 @@ def resumed(tokenizer_dir: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def trainer(tokenizer_dir: Path, out: Path) -> None:
-    train_with_callback(RunConfig.from_dict(tiny_config(tokenizer_dir, out)), out.parent / f"{out.name}-hf")
+    train_with_callback(RunConfig.from_dict(tiny_config(tokenizer_dir, out, variant="paper")), out.parent / f"{out.name}-hf")
 
 
 CASES: dict[str, Callable[..., None]] = {

@@ -83,7 +83,7 @@ def test_the_card_describes_the_run_from_its_files(run_folder):
     assert f"Worst constraint slack at step {step}: {worst}," in text
     # How to load it, and how it was trained.
     assert 'PeftModel.from_pretrained(base, "' + str(run_folder / "best_checkpoint") + '")' in text
-    assert "DynaMiCS, variant paper, schedule [0, 2, 4]" in text and "8 optimizer steps" in text
+    assert "DynaMiCS, variant robust, schedule [0, 2, 4]" in text and "8 optimizer steps" in text
     assert "LoRA rank 4, alpha 8.0, on q_proj, v_proj" in text
 
 

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from dynamics.core.options import VARIANTS, RobustOptions
+from dynamics.core.options import DEFAULT_VARIANT, VARIANTS, RobustOptions
 from dynamics.core.schedules import ScheduleError, build_schedule
 from dynamics.engine.config_section import ConfigError, ConfigSection
 from dynamics.engine.config_text import apply_overrides, format_validation_error, yaml_position
@@ -226,10 +226,11 @@ class MethodConfig(ConfigSection):
         description="Gradient alignment: batches per gradient average (at most evaluation.batches: the "
         "domain gradients average the first eval batches).",
     )
-    variant: Literal["paper", "robust"] = Field(
-        "paper",
-        description="DynaMiCS as the paper states it, or with the robustness options chosen in "
-        "docs/beyond-the-paper.md; the fields below override single options.",
+    variant: Literal["paper", "robust"] | None = Field(
+        None,
+        description="DynaMiCS with the robustness options chosen in docs/beyond-the-paper.md (robust, what "
+        "method.name: dynamics gets when this is not set), or as the paper states it (paper, the reference); "
+        "the fields below override single options.",
     )
     lp_candidate: bool | None = Field(
         None, description="Add the directly solved constrained optimum to the (lambda, eps) grid's candidates."
@@ -287,9 +288,19 @@ class MethodConfig(ConfigSection):
         "constraint, and decide again with that violation as a margin (0: never, as in the paper).",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_variant(cls, data: Any) -> Any:
+        """DynaMiCS without a variant gets the default one, written out so that the saved
+        config says which ran; the other methods have no probes and no variant."""
+        if isinstance(data, dict) and data.get("name", "dynamics") == "dynamics" and data.get("variant") is None:
+            return {**data, "variant": DEFAULT_VARIANT}
+        return data
+
     def robust_options(self) -> RobustOptions:
-        """The variant's options with the fields set here overriding it."""
-        preset = VARIANTS[self.variant]
+        """The variant's options with the fields set here overriding it (the paper's method
+        under a method without a variant)."""
+        preset = VARIANTS[self.variant or "paper"]
         chosen = {
             name: getattr(self, name) if getattr(self, name) is not None else getattr(preset, name)
             for name in RobustOptions.__dataclass_fields__

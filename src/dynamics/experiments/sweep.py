@@ -78,7 +78,9 @@ class DynamicsMethods(_Section):
         description="Update schedules, one DynaMiCS run each (presets, fixed:H, or a list of steps).",
     )
     variants: list[Variant] = Field(
-        default_factory=_paper, description="method.variant values, crossed with the schedules."
+        default_factory=_paper,
+        description="method.variant values, crossed with the schedules (default: the paper's method, the "
+        "reference).",
     )
     predictors: list[Predictor] = Field(
         default_factory=_linear, description="method.predictor values, crossed with the above."
