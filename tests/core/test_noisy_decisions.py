@@ -324,6 +324,41 @@ def test_target_share_leaves_a_mixture_that_must_recover_alone():
     assert share.limited_by_constraints and share.share == 0.0
 
 
+def noisy_share_problem(reference: float, harm_error: float) -> RobustProblem:
+    """:func:`share_problem` with a standard error on the target data's constraint slope."""
+    rp = share_problem(reference)
+    return RobustProblem(rp.problem, np.array([[0.0, 0.0], [harm_error, 0.0]]))
+
+
+def test_in_the_fallback_the_share_is_kept_while_the_harm_is_within_noise():
+    # Broken at theta_t (reference 0.9 < 1.0). Raising target data to 0.2 adds
+    # 100 x 1e-3 x 0.2 = 0.02 to the predicted violation; one standard error of the
+    # prediction at that mixture is 100 x 2e-3 x 0.2 = 0.04: within noise, so the share stays.
+    rp = noisy_share_problem(reference=0.9, harm_error=2e-3)
+    weights, share = keep_target_share(rp, np.array([0.0, 1.0]), [0], 0.2, in_fallback=True)
+    np.testing.assert_allclose(weights, [0.2, 0.8])
+    assert not share.limited_by_constraints and share.broken == (1,)
+    assert share.to_dict()["broken_constraints"] == [1]
+
+
+def test_in_the_fallback_a_harm_above_noise_leaves_the_budget_to_recovery():
+    # The same harm with a standard error of 100 x 5e-4 x w0, half of it: any target data
+    # makes the violation worse by more than noise.
+    rp = noisy_share_problem(reference=0.9, harm_error=5e-4)
+    weights, share = keep_target_share(rp, np.array([0.0, 1.0]), [0], 0.2, in_fallback=True)
+    np.testing.assert_allclose(weights, [0.0, 1.0], atol=1e-7)  # up to FEASIBILITY_TOL's slack
+    assert share.limited_by_constraints and share.broken == (1,)
+    # Without in_fallback the mixture is left alone whatever the noise, and says why.
+    untouched, share = keep_target_share(noisy_share_problem(0.9, 2e-3), np.array([0.0, 1.0]), [0], 0.2)
+    np.testing.assert_array_equal(untouched, [0.0, 1.0])
+    assert share.limited_by_constraints and share.broken == (1,)
+
+
+def test_share_in_fallback_needs_a_target_share():
+    with pytest.raises(ValueError, match=r"share_in_fallback.*target_share > 0"):
+        RobustOptions(share_in_fallback=True)
+
+
 def test_bad_option_values_are_refused_with_their_names():
     with pytest.raises(ValueError, match="target_share"):
         RobustOptions(target_share=1.0)
@@ -387,6 +422,41 @@ def test_target_data_keeps_weight_through_a_noisy_run():
         assert share["wanted"] == 0.25
         assert update.weights[0] >= 0.25 - 1e-9 or share["limited_by_constraints"]
     assert any(not u.extra["robust"]["target_share"]["limited_by_constraints"] for u in history.updates)
+
+
+# A constraint that sits at its reference and moves only by noise (like a quiz that a short
+# probe cannot move): the target data d0 does not touch it, d1 nudges it down by less than
+# the noise. At every update where the noise reads it above its reference no mixture is
+# predicted to keep it, and the paper's fallback gives the whole budget to d1.
+FLAT_SLOPES = np.array([[-2e-3, 0.0, 0.0], [0.0, -1e-4, 0.0]])
+FLAT_INITIAL = np.array([3.0, 2.0])
+
+
+def flat_run(options: RobustOptions, seed: int):
+    learner = ToyLearner(FLAT_SLOPES, FLAT_INITIAL, seed=seed, noise=0.02, dataset_names=["e0", "d1", "d2"])
+    policy = DynamicsPolicy(build_schedule([0, 8, 16, 32, 48, 64, 80, 96, 112], 128, probe_cap=8), options=options)
+    history = run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4)
+    return history, learner.values()  # the true values at the end, without evaluation noise
+
+
+@pytest.mark.parametrize("seed", [1, 2])  # seeds whose noise breaks the constraint at an update
+def test_target_data_keeps_its_share_when_a_constraint_is_broken_by_noise(seed: int):
+    plain, plain_end = flat_run(RobustOptions(target_share=0.2), seed)
+    starved = [u for u in plain.updates if u.weights[0] < 0.2 - 1e-9]
+    assert starved  # the case happens: a fallback took the targets' data away
+    assert all(u.extra["robust"]["target_share"]["broken_constraints"] == [1] for u in starved)
+    kept, kept_end = flat_run(RobustOptions(target_share=0.2, share_in_fallback=True), seed)
+    fallbacks = [u for u in kept.updates if "broken_constraints" in u.extra["robust"]["target_share"]]
+    assert fallbacks  # the case happens here too
+    assert all(u.weights[0] >= 0.2 - 1e-9 for u in fallbacks)
+    # Where some mixture was predicted feasible, the share still stops where it would break
+    # a predicted constraint, as without the option.
+    assert all(u.weights[0] >= 0.2 - 1e-9 or u.extra["robust"]["target_share"]["limited_by_constraints"]
+               for u in kept.updates)
+    # More target data, a lower target loss, and the constraint's true value still at or
+    # below its reference (the target data does not touch it).
+    assert kept_end[0] < plain_end[0]
+    assert kept_end[1] <= FLAT_INITIAL[1]
 
 
 # ------------------------------------------------------------- perturbed evaluations

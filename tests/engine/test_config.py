@@ -177,6 +177,20 @@ def test_single_robustness_options_override_the_variant():
     assert RunConfig.from_dict(config).method.robust_options().is_paper
 
 
+@pytest.mark.parametrize(
+    ("method", "message"),
+    [
+        ({"share_in_fallback": True}, r"method: share_in_fallback .* set target_share > 0"),
+        ({"calibration": True, "dataset_calibration": True}, r"method: calibration and dataset_calibration"),
+    ],
+)
+def test_options_that_contradict_each_other_are_refused_with_the_config(method, message):
+    config = minimal()
+    config["method"] = {"name": "dynamics", **method}
+    with pytest.raises(ConfigError, match=message):
+        RunConfig.from_dict(config)
+
+
 def test_dynamics_runs_the_default_variant_and_the_saved_config_names_it():
     config = minimal()
     config["method"] = {"name": "dynamics"}

@@ -268,21 +268,35 @@ class TargetShare:
     share: float  # target datasets' total weight after it
     wanted: float
     limited_by_constraints: bool  # True: the constraints allowed less than ``wanted``
+    broken: tuple[int, ...] = ()  # constraint domains predicted broken by the mixture before it
 
     def to_dict(self) -> dict[str, Any]:
-        return {"share": self.share, "wanted": self.wanted, "limited_by_constraints": self.limited_by_constraints}
+        return {
+            "share": self.share,
+            "wanted": self.wanted,
+            "limited_by_constraints": self.limited_by_constraints,
+            **({"broken_constraints": list(self.broken)} if self.broken else {}),
+        }
 
 
 def keep_target_share(
-    rp: RobustProblem, weights: np.ndarray, target_datasets: Sequence[int], wanted: float
+    rp: RobustProblem,
+    weights: np.ndarray,
+    target_datasets: Sequence[int],
+    wanted: float,
+    in_fallback: bool = False,
 ) -> tuple[np.ndarray, TargetShare]:
     """Give the target datasets at least ``wanted`` of the mixture while the constraints allow.
 
     Below ``wanted``, the target datasets' mass is raised (the extra split equally among
     them, the other datasets scaled down together) along the segment toward a mixture with
     exactly ``wanted`` on them, as far as every robust constraint stays satisfied. A mixture
-    that already breaks a predicted constraint is left as it is: then the constraints need
-    the whole budget to recover, and the record says so.
+    that already breaks a predicted constraint (the fallback: no mixture was predicted to
+    keep them all) is left as it is: then the constraints need the whole budget to recover,
+    and the record says which constraints were broken. With ``in_fallback`` the share is
+    raised there too, as far as no constraint's predicted violation grows by more than one
+    standard error of its predicted change at the raised mixture (``H ||sigma_i * w||``): a
+    difference the probes cannot tell from noise does not take the targets' data away.
 
     With a floor ``min_weight`` the other datasets give up only their weight above it, so
     the targets get at most ``1 - (number of others) min_weight``."""
@@ -301,16 +315,30 @@ def keep_target_share(
     if others and other_mass > others_floor:
         lifted[others] = m + (lifted[others] - m) * ((1.0 - goal - others_floor) / (other_mass - others_floor))
     lifted = rp.mixture(lifted)
-    if rp.max_violation(weights) > FEASIBILITY_TOL:
-        return weights, TargetShare(mass, wanted, True)
-    if rp.max_violation(lifted) <= FEASIBILITY_TOL:
-        return lifted, TargetShare(float(lifted[targets].sum()), wanted, False)
-    low, high = 0.0, 1.0  # low is feasible
+    before = rp.violations(weights)
+    broken = tuple(int(c) for c, v in zip(rp.problem.constraints, before, strict=True) if v > FEASIBILITY_TOL)
+    if broken and not in_fallback:
+        return weights, TargetShare(mass, wanted, True, broken)
+    if broken:
+        allowed = np.maximum(before, 0.0)
+
+        def acceptable(w: np.ndarray) -> bool:
+            noise = rp.problem.horizon * np.sqrt(((rp.slope_errors[list(rp.problem.constraints)] * w) ** 2).sum(axis=1))
+            return bool(np.all(rp.violations(w) <= allowed + noise + FEASIBILITY_TOL))
+
+    else:
+
+        def acceptable(w: np.ndarray) -> bool:
+            return rp.max_violation(w) <= FEASIBILITY_TOL
+
+    if acceptable(lifted):
+        return lifted, TargetShare(float(lifted[targets].sum()), wanted, False, broken)
+    low, high = 0.0, 1.0  # low is acceptable
     for _ in range(60):
         mid = 0.5 * (low + high)
-        if rp.max_violation(rp.mixture((1 - mid) * weights + mid * lifted)) <= FEASIBILITY_TOL:
+        if acceptable(rp.mixture((1 - mid) * weights + mid * lifted)):
             low = mid
         else:
             high = mid
     kept = rp.mixture((1 - low) * weights + low * lifted)
-    return kept, TargetShare(float(kept[targets].sum()), wanted, True)
+    return kept, TargetShare(float(kept[targets].sum()), wanted, True, broken)

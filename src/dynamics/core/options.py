@@ -42,7 +42,9 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   value its metric can have (0 nats; an accuracy of 1), so an extrapolated gain that cannot
   happen does not offset a harm (:func:`dynamics.core.robust.predicted_changes`).
 * ``full_step_z`` and ``target_share``: how far the weights move toward the solver's answer,
-  and a share kept on target data (:mod:`dynamics.core.decisions`).
+  and a share kept on target data (:mod:`dynamics.core.decisions`); ``share_in_fallback``
+  keeps that share also when no mixture is predicted to keep every constraint, as far as
+  no constraint's predicted violation grows by more than its prediction's standard error.
 
 A direct candidate whose SLSQP run failed is recorded and replaced by the mixture in force.
 
@@ -71,6 +73,7 @@ class RobustOptions:
     full_step_z: float = 0.0
     target_share: float = 0.0
     dataset_calibration: bool = False
+    share_in_fallback: bool = False
 
     def __post_init__(self) -> None:
         for name in ("noise_margin", "target_noise", "full_step_z"):
@@ -81,6 +84,11 @@ class RobustOptions:
             raise ValueError(f"gain_exponent must be in (0, 1] (1: linear, as eq. 3.3), got {self.gain_exponent}")
         if not (math.isfinite(self.target_share) and 0 <= self.target_share < 1):
             raise ValueError(f"target_share must be in [0, 1) (0: off), got {self.target_share}")
+        if self.share_in_fallback and self.target_share == 0:
+            raise ValueError(
+                "share_in_fallback keeps target_share's share when no mixture is predicted feasible: "
+                "set target_share > 0 (e.g. 0.1) or share_in_fallback: false"
+            )
         if self.calibration and self.dataset_calibration:
             raise ValueError(
                 "calibration and dataset_calibration both correct predictions by the same past misses: "

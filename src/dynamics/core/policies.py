@@ -289,7 +289,9 @@ class DynamicsPolicy:
             weights, fraction = confident_step(robust, previous, weights, self.options.full_step_z)
             decision["step_fraction"] = fraction
         if self.options.target_share > 0:
-            weights, share = keep_target_share(robust, weights, target_datasets, self.options.target_share)
+            weights, share = keep_target_share(
+                robust, weights, target_datasets, self.options.target_share, self.options.share_in_fallback
+            )
             decision["target_share"] = share.to_dict()
         solution = solution_of(
             problem,

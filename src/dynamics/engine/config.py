@@ -274,6 +274,12 @@ class MethodConfig(ConfigSection):
         description="Keep at least this share of the mixture on target datasets while every predicted "
         "constraint still holds (0: none, as the paper).",
     )
+    share_in_fallback: bool | None = Field(
+        None,
+        description="Keep target_share's share also when no mixture is predicted to keep every constraint, "
+        "as far as no constraint's predicted violation grows by more than one standard error of its "
+        "predicted change (needs target_share > 0).",
+    )
     min_weight: float = Field(
         0.0,
         ge=0,
@@ -296,6 +302,13 @@ class MethodConfig(ConfigSection):
         if isinstance(data, dict) and data.get("name", "dynamics") == "dynamics" and data.get("variant") is None:
             return {**data, "variant": DEFAULT_VARIANT}
         return data
+
+    @model_validator(mode="after")
+    def _options_fit_together(self) -> MethodConfig:
+        """Options that contradict each other are refused with the config, not at the first
+        update (RobustOptions says which and how to fix it)."""
+        self.robust_options()
+        return self
 
     def robust_options(self) -> RobustOptions:
         """The variant's options with the fields set here overriding it (the paper's method

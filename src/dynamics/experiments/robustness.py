@@ -149,6 +149,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "floors_steps_share_dataset_calibration": {
         "variant": "paper", "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1, "dataset_calibration": True,
     },
+    # The robust variant keeping a tenth of the mixture on target data also where no mixture
+    # is predicted to keep every constraint, unless that is worse by more than noise.
+    "robust_share_fallback": {"variant": "robust", "target_share": 0.1, "share_in_fallback": True},
 }
 """DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
 method, each option alone, combinations, the robust variant, and backtracking."""
