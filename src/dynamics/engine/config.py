@@ -16,16 +16,15 @@ import yaml
 from pydantic import (
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from dynamics.core.options import DEFAULT_VARIANT, VARIANTS, RobustOptions
 from dynamics.core.schedules import ScheduleError, build_schedule
 from dynamics.engine.config_section import ConfigError, ConfigSection
 from dynamics.engine.config_text import apply_overrides, format_validation_error, yaml_position
 from dynamics.engine.dataset_config import DatasetConfig
+from dynamics.engine.method_config import MethodConfig
 
 
 class QuantizationConfig(ConfigSection):
@@ -185,142 +184,6 @@ class EvaluationConfig(ConfigSection):
         return self
 
 
-class GridConfig(ConfigSection):
-    lambdas: list[float] | None = Field(None, description="Penalty strengths, each > 0 (default: 15 log-spaced in [1, 5000]).")
-    epsilons: list[float] | None = Field(None, description="Safety margins, each >= 0 (default: 0, 0.05, 0.1).")
-
-    @field_validator("lambdas", "epsilons")
-    @classmethod
-    def _grid_values(cls, values: list[float] | None, info: ValidationInfo) -> list[float] | None:
-        if values is None:
-            return None
-        if not values:
-            raise ValueError("an empty list; give at least one value, or remove the field for the default grid")
-        if info.field_name == "lambdas" and any(v <= 0 for v in values):
-            raise ValueError(f"every penalty strength must be > 0, got {values}")
-        if info.field_name == "epsilons" and any(v < 0 for v in values):
-            raise ValueError(f"every safety margin must be >= 0, got {values}")
-        return values
-
-
-class MethodConfig(ConfigSection):
-    name: Literal["dynamics", "fixed", "gradient-alignment"] = Field(
-        "dynamics",
-        description="Mixture policy: DynaMiCS, fixed weights, or gradient alignment (loss constraints only).",
-    )
-    schedule: str | list[int] = Field(
-        "dense-warmup",
-        description="Update schedule: no-warmup, light-warmup, dense-warmup, fixed:H, or a list of steps.",
-    )
-    probe_cap: int | None = Field(
-        None, ge=1, description="c_max; default 128 scaled by total_steps / 2048."
-    )
-    predictor: Literal["linear", "curve"] = Field("linear", description="Loss predictor (curve: appendix J).")
-    grid: GridConfig = Field(default_factory=GridConfig, description="The (lambda, eps) solver grid.")
-    weights: dict[str, float] | None = Field(
-        None, description="Fixed method only: weight per fine-tuning dataset name (>= 0, normalised)."
-    )
-    alignment_batches: int = Field(
-        200,
-        ge=1,
-        description="Gradient alignment: batches per gradient average (at most evaluation.batches: the "
-        "domain gradients average the first eval batches).",
-    )
-    variant: Literal["paper", "robust"] | None = Field(
-        None,
-        description="DynaMiCS with the robustness options chosen in docs/beyond-the-paper.md (robust, what "
-        "method.name: dynamics gets when this is not set), or as the paper states it (paper, the reference); "
-        "the fields below override single options.",
-    )
-    lp_candidate: bool | None = Field(
-        None, description="Add the directly solved constrained optimum to the (lambda, eps) grid's candidates."
-    )
-    noise_margin: float | None = Field(
-        None, ge=0, description="Constraint margin in standard errors of each predicted change (0: none)."
-    )
-    target_noise: float | None = Field(
-        None, ge=0, description="Score the target objective this many standard errors pessimistically (0: none)."
-    )
-    calibration: bool | None = Field(
-        None, description="Correct predictions by the per-step error realized at past updates."
-    )
-    dataset_calibration: bool | None = Field(
-        None,
-        description="Attribute the error realized at past updates to the datasets trained on, and raise each "
-        "constraint slope by its share (only tightens; replaces calibration, so set calibration: false).",
-    )
-    gain_exponent: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="Diminishing returns: an improvement extrapolated past the probe's length grows as a "
-        "power with this exponent instead of linearly (1: linear, as the paper).",
-    )
-    metric_floors: bool | None = Field(
-        None,
-        description="No dataset's predicted improvement takes a domain below the lowest value its metric can "
-        "have (a loss of 0, an accuracy of 100%).",
-    )
-    full_step_z: float | None = Field(
-        None,
-        ge=0,
-        description="Move from the mixture in force toward the solver's answer in proportion to its predicted "
-        "target gain in standard errors, all the way at this many (0: always all the way, as the paper).",
-    )
-    target_share: float | None = Field(
-        None,
-        ge=0,
-        lt=1,
-        description="Keep at least this share of the mixture on target datasets while every predicted "
-        "constraint still holds (0: none, as the paper).",
-    )
-    share_in_fallback: bool | None = Field(
-        None,
-        description="Keep target_share's share also when no mixture is predicted to keep every constraint, "
-        "as far as no constraint's predicted violation grows by more than one standard error of its "
-        "predicted change (needs target_share > 0).",
-    )
-    min_weight: float = Field(
-        0.0,
-        ge=0,
-        description="The least weight of every training dataset at every update (N * min_weight <= 1); the "
-        "solver finds the best mixture among those. With the fixed method, each normalised weight must be at "
-        "least this.",
-    )
-    backtrack: int = Field(
-        0,
-        ge=0,
-        description="Times a run may return to its last feasible main evaluation when one shows a broken "
-        "constraint, and decide again with that violation as a margin (0: never, as in the paper).",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_variant(cls, data: Any) -> Any:
-        """DynaMiCS without a variant gets the default one, written out so that the saved
-        config says which ran; the other methods have no probes and no variant."""
-        if isinstance(data, dict) and data.get("name", "dynamics") == "dynamics" and data.get("variant") is None:
-            return {**data, "variant": DEFAULT_VARIANT}
-        return data
-
-    @model_validator(mode="after")
-    def _options_fit_together(self) -> MethodConfig:
-        """Options that contradict each other are refused with the config, not at the first
-        update (RobustOptions says which and how to fix it)."""
-        self.robust_options()
-        return self
-
-    def robust_options(self) -> RobustOptions:
-        """The variant's options with the fields set here overriding it (the paper's method
-        under a method without a variant)."""
-        preset = VARIANTS[self.variant or "paper"]
-        chosen = {
-            name: getattr(self, name) if getattr(self, name) is not None else getattr(preset, name)
-            for name in RobustOptions.__dataclass_fields__
-        }
-        return RobustOptions(**chosen)
-
-
 class RunConfig(ConfigSection):
     model: ModelConfig = Field(
         default_factory=ModelConfig,
@@ -418,11 +281,6 @@ class RunConfig(ConfigSection):
                 )
         elif self.method.weights is not None:
             raise ValueError("method.weights is only used by the fixed method; remove it or set method.name: fixed")
-        if self.method.name != "dynamics" and not self.method.robust_options().is_paper:
-            raise ValueError(
-                "method.variant and the robustness options need probes, so only method.name: dynamics "
-                "uses them; remove them or set method.name: dynamics"
-            )
         if self.method.name == "gradient-alignment":
             accuracy = [d.name for d in self.datasets if d.metric == "accuracy"]
             if accuracy:

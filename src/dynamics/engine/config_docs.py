@@ -10,15 +10,14 @@ from pydantic import BaseModel
 
 from dynamics.engine.config import (
     EvaluationConfig,
-    GridConfig,
     LoraConfig,
-    MethodConfig,
     ModelConfig,
     OptimizerConfig,
     RunConfig,
     TrainingConfig,
 )
 from dynamics.engine.dataset_config import DatasetConfig
+from dynamics.engine.method_config import GridConfig, MethodConfig
 
 
 def config_reference_markdown() -> str:
