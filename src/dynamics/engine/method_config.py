@@ -124,10 +124,13 @@ class MethodConfig(ConfigSection):
     @classmethod
     def _default_variant(cls, data: Any) -> Any:
         """DynaMiCS without a variant gets the default one, written out so that the saved
-        config says which ran; the other methods have no probes and no variant."""
-        if isinstance(data, dict) and data.get("name", "dynamics") == "dynamics" and data.get("variant") is None:
-            return {**data, "variant": DEFAULT_VARIANT}
-        return data
+        config says which ran; the other methods have no probes and no variant (``paper``,
+        which asks for no option, is read as none: configs saved with it resume)."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("name", "dynamics") == "dynamics":
+            return data if data.get("variant") is not None else {**data, "variant": DEFAULT_VARIANT}
+        return {**data, "variant": None} if data.get("variant") == "paper" else data
 
     @model_validator(mode="after")
     def _options_fit_together(self) -> MethodConfig:
