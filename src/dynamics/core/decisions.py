@@ -323,8 +323,7 @@ def keep_target_share(
         allowed = np.maximum(before, 0.0)
 
         def acceptable(w: np.ndarray) -> bool:
-            noise = rp.problem.horizon * np.sqrt(((rp.slope_errors[list(rp.problem.constraints)] * w) ** 2).sum(axis=1))
-            return bool(np.all(rp.violations(w) <= allowed + noise + FEASIBILITY_TOL))
+            return bool(np.all(rp.violations(w) <= allowed + rp.prediction_errors(w) + FEASIBILITY_TOL))
 
     else:
 

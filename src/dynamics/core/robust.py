@@ -143,11 +143,16 @@ class RobustProblem:
         t = list(self.problem.targets)
         return np.sqrt((self.slope_errors[t] ** 2).sum(axis=0))
 
-    def margins(self, weights: np.ndarray) -> np.ndarray:
-        """z H_t ||sigma_i * w|| for each constraint, shape (|C|,); never negative."""
+    def prediction_errors(self, weights: np.ndarray) -> np.ndarray:
+        """H_t ||sigma_i * w|| for each constraint, shape (|C|,): the standard error of its
+        predicted change over the horizon."""
         w = np.asarray(weights, dtype=float)
         sigma = self.slope_errors[self._constraint_rows]
-        return self.constraint_z * self.problem.horizon * np.sqrt(((sigma * w) ** 2).sum(axis=1))
+        return self.problem.horizon * np.sqrt(((sigma * w) ** 2).sum(axis=1))
+
+    def margins(self, weights: np.ndarray) -> np.ndarray:
+        """z H_t ||sigma_i * w|| for each constraint, shape (|C|,); never negative."""
+        return self.constraint_z * self.prediction_errors(weights)
 
     def violations(self, weights: np.ndarray) -> np.ndarray:
         """Predicted loss plus margin minus reference, per constraint (positive = violated)."""
