@@ -51,10 +51,13 @@ def test_feasible_needs_every_constraint_held_and_the_target_sum_down() -> None:
 
 
 def test_a_constraint_equal_up_to_rounding_holds() -> None:
-    # E.g. the same number of right answers averaged over differently filled batches.
+    # E.g. the same number of right answers averaged over differently filled batches, or
+    # the same model evaluated on another machine (differences in the sixth digit).
     assert feasible([1.8, 1.0, -0.60 + 1e-15])
     assert feasible([1.8, 1.0 + 1e-12, -0.60])
-    assert not feasible([1.8, 1.0 + 1e-6, -0.60])  # a real change is never a tie
+    assert feasible([1.8, 1.0 + 2e-6, -0.60 * (1 - 1e-6)])
+    assert not feasible([1.8, 1.0 + 1e-4, -0.60])  # a real change is never a tie
+    assert not feasible([1.8, 1.0, -0.60 + 1 / 1000])  # one question of a thousand
 
 
 def test_feasibility_is_on_the_summed_target_loss() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import OptimizeResult
 
+from dynamics.core import policies as policies_module
 from dynamics.core import robust as robust_module
 from dynamics.core.controller import run_mixture_training
 from dynamics.core.decisions import (
@@ -30,12 +32,13 @@ from dynamics.core.decisions import (
     slope_standard_errors,
 )
 from dynamics.core.learner import DomainKind
-from dynamics.core.options import RobustOptions
+from dynamics.core.options import VARIANTS, RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.probes import PerturbedEvaluations, ProbeRuns, probe_datasets, probe_in_turn
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
-from dynamics.core.robust import RobustProblem
+from dynamics.core.robust import RobustProblem, at_resolution, select_robust, solve_direct
 from dynamics.core.schedules import build_schedule
+from dynamics.core.solver import grid_candidates
 from tests.core.toy_learner import ToyLearner
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -502,3 +505,93 @@ def test_probe_evaluations_are_perturbed_too(learner_type):
     assert perturbed.shape == plain.shape
     assert 0 < np.abs(perturbed / plain - 1).max() < 5e-3
     assert wrapped.learner.trained_steps == 0  # back where it started
+
+
+# ------------------------------------------------------------- ties at an evaluation's resolution
+
+# A constraint like a quiz that no short probe moves: datasets 0 and 1 leave it exactly
+# where it is, dataset 2 costs it a question (0.02) per 16 steps. Without dataset 2 it sits
+# exactly at its reference all run, so every decision is made at a tie, which evaluations
+# perturbed by one part in a million (two machines) break one way or the other.
+TIED_SLOPES = np.array([[-3e-3, -2e-3, -4e-3], [0.0, 0.0, 1.25e-3]])
+
+
+def tied(steps: np.ndarray) -> np.ndarray:
+    values = TIED_SLOPES @ steps
+    values[1] = 0.02 * np.floor(values[1] / 0.02 + 0.5)
+    return values
+
+
+def tied_run(relative_noise: float, noise_seed: int = 0):
+    learner = ToyLearner(TIED_SLOPES, NOISY_INITIAL, effect=tied)
+    run_on = PerturbedEvaluations(learner, relative_noise, noise_seed) if relative_noise > 0 else learner
+    policy = DynamicsPolicy(build_schedule([0, 1, 2, 4, 8, 16, 32, 64], 128, probe_cap=16), options=VARIANTS["robust"])
+    return run_mixture_training(run_on, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4)
+
+
+def largest_difference(a, b) -> float:
+    """The largest L1 distance between the two runs' mixtures at the same update."""
+    return max(float(np.abs(x.weights - y.weights).sum()) for x, y in zip(a.updates, b.updates, strict=True))
+
+
+def test_differences_below_the_resolution_are_read_as_none():
+    problem = MixtureProblem(
+        slopes=np.array([[-1e-3, -2e-3], [3e-7, 1e-3], [-1 / 48 / 16 + 1e-9, 2 / 48 / 16]]),
+        current_losses=np.array([3.0, 2.0 + 4e-6, -0.75 + 1 / 48 - 2e-7]),
+        reference_losses=np.array([np.nan, 2.0, -0.75]),
+        targets=(0,),
+        constraints=(1, 2),
+        horizon=64,
+    )
+    # Domain 2 is an accuracy over 48 questions: its changes are whole answers.
+    resolved = at_resolution(problem, probe_budget=16, questions=[0, 0, 48])
+    np.testing.assert_array_equal(resolved.slopes[:2], [[-1e-3, -2e-3], [0.0, 1e-3]])  # 16 * 3e-7 < 1e-5
+    np.testing.assert_allclose(resolved.slopes[2], [-1 / 48 / 16, 2 / 48 / 16], rtol=0, atol=1e-17)
+    np.testing.assert_array_equal(resolved.current_losses[:2], [3.0, 2.0])
+    assert resolved.current_losses[2] == -0.75 + 1 / 48
+    far = replace(problem, current_losses=np.array([3.0, 2.0 + 1e-4, -0.75 + 0.01]), slopes=problem.slopes * 100)
+    np.testing.assert_array_equal(at_resolution(far, 16, [0, 0, 48]).current_losses, far.current_losses)
+    np.testing.assert_array_equal(at_resolution(far, 16, [0, 0, 48]).slopes[:2], far.slopes[:2])
+    with pytest.raises(ValueError, match="questions"):
+        at_resolution(problem, 16, [0, 48])
+
+
+def fallback_choice(perturbation: np.ndarray, resolve: bool) -> np.ndarray:
+    # An accuracy over 48 questions broken by two answers; datasets 0 and 1 each won one
+    # back in their 8-step probe, and the 8-step horizon wins back one more at most, so no
+    # mixture is feasible and both tie on the violation. The tie goes to the target's data.
+    problem = MixtureProblem(
+        slopes=np.array([[-3e-3, -1e-3, 0.0], [-1 / 48 / 8, -1 / 48 / 8, 0.0]]) * (1 + perturbation),
+        current_losses=np.array([3.0, -0.75 + 2 / 48]) * (1 + 1e-6 * perturbation[:, 2]),
+        reference_losses=np.array([np.nan, -0.75]),
+        targets=(0,),
+        constraints=(1,),
+        horizon=8,
+    )
+    if resolve:
+        problem = at_resolution(problem, probe_budget=8, questions=[0, 48])
+    rp = RobustProblem(problem, np.full((2, 3), 1e-4), target_z=1.0, gain_exponent=0.5, probe_budget=8)
+    return select_robust(rp, [c.weights for c in grid_candidates(problem)], solve_direct(rp)).weights
+
+
+def test_two_datasets_that_won_back_the_same_answers_tie_in_the_fallback():
+    rng = np.random.default_rng(0)
+    draws = [1e-6 * rng.standard_normal((2, 3)) for _ in range(8)]
+    np.testing.assert_allclose(fallback_choice(np.zeros((2, 3)), resolve=True), [1.0, 0.0, 0.0], atol=1e-6)
+    for draw in draws:
+        np.testing.assert_allclose(fallback_choice(draw, resolve=True), [1.0, 0.0, 0.0], atol=1e-6)
+    # Read exactly, the hair decides: dataset 1 wins whenever its slope draws the larger gain.
+    assert any(fallback_choice(draw, resolve=False)[1] > 0.5 for draw in draws)
+
+
+@pytest.mark.parametrize("noise_seed", [0, 1, 2, 3])
+def test_a_tie_at_the_reference_is_decided_alike_on_two_machines(noise_seed: int):
+    plain = tied_run(0.0)
+    assert {u.current_losses[1] for u in plain.updates} == {plain.updates[0].current_losses[1]}  # at a tie
+    assert largest_difference(plain, tied_run(1e-6, noise_seed)) < 1e-3
+
+
+def test_read_exactly_the_same_tie_flips_decisions(monkeypatch):
+    monkeypatch.setattr(policies_module, "at_resolution", lambda problem, probe_budget, questions: problem)
+    plain = tied_run(0.0)
+    assert max(largest_difference(plain, tied_run(1e-6, seed)) for seed in range(4)) > 0.5

@@ -35,6 +35,7 @@ from dynamics.core.problem import MixtureProblem, SolverGrid, to_floored_simplex
 from dynamics.core.records import UpdateRecord
 from dynamics.core.robust import (
     RobustProblem,
+    at_resolution,
     select_robust,
     solve_direct,
 )
@@ -265,6 +266,8 @@ class DynamicsPolicy:
             extra["calibration_bias"] = bias
         if self.options.dataset_calibration:
             problem = self._dataset_calibrated(context, problem, columns, num_datasets, extra)
+        questions = [context.reduced_batches * k.batch_size if k.metric == "accuracy" else 0 for k in context.domain_kinds]
+        problem = at_resolution(problem, context.probe_budget, questions)
         robust = RobustProblem(
             problem,
             slope_errors,
