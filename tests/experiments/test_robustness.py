@@ -212,3 +212,13 @@ def test_sensitivity_reruns_a_method_under_each_perturbation(tmp_path):
     assert row["spread"] == pytest.approx(max(values) - min(values))
     assert report["conflict"]["best_fixed_seed_spread"] is None  # one seed, no fixed sweep
     assert "| seed0/paper |" in robustness.sensitivity_markdown(report)
+
+
+def test_the_base_weight_nudge_is_refused_for_the_real_model_before_anything_runs(tmp_path):
+    # The nudge perturbs the demo's base model, which the smollm2 scenario never trains: its
+    # "perturbed" run would be the unperturbed one under another name.
+    with pytest.raises(ValueError, match=r"weights-a.*smollm2.*--perturbations"):
+        robustness.measure_sensitivity(
+            tmp_path, "smollm2", 0, ["robust"], base_folder=tmp_path, perturbations=["evaluations-a", "weights-a"]
+        )
+    assert list(tmp_path.iterdir()) == []

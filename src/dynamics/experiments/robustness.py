@@ -585,6 +585,12 @@ def measure_sensitivity(
     ``out/sensitivity/<scenario>/seed<seed>/<method>/<perturbation>``; the unperturbed run
     is the protocol's own (:func:`measure`), run first if missing."""
     settings = settings or DemoSettings()
+    nudged = [name for name in perturbations if "weights_seed" in PERTURBATIONS[name]]
+    if nudged and scenario_name == "smollm2":
+        raise ValueError(
+            f"perturbations {nudged} nudge the demo's base model, which scenario 'smollm2' does not "
+            "train (it fine-tunes SmolLM2): leave them out of --perturbations for it"
+        )
     measure(out, [scenario_name], [seed], methods, fixed=False, base_folder=base_folder, settings=settings,
             progress=progress, log=log)
     files = _files(out / "data", base_folder)
