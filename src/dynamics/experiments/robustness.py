@@ -152,6 +152,8 @@ METHODS: dict[str, dict[str, Any]] = {
     # The robust variant keeping a tenth of the mixture on target data also where no mixture
     # is predicted to keep every constraint, unless that is worse by more than noise.
     "robust_share_fallback": {"variant": "robust", "target_share": 0.1, "share_in_fallback": True},
+    # The robust variant on the paper's no-warmup schedule: fewer updates, so fewer probes.
+    "robust_no_warmup": {"variant": "robust", "schedule": "no-warmup"},
 }
 """DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
 method, each option alone, combinations, the robust variant, and backtracking."""
