@@ -198,7 +198,7 @@ def test_sensitivity_reruns_a_method_under_each_perturbation(tmp_path):
     import torch
 
     original = safetensors.torch.load_file(str(base / "model.safetensors"))
-    nudged = safetensors.torch.load_file(str(out / "sensitivity" / "base-weights-a" / "model.safetensors"))
+    nudged = safetensors.torch.load_file(str(out / "sensitivity" / f"{base.name}-weights-a" / "model.safetensors"))
     ratios = torch.cat([(nudged[k] / original[k] - 1).flatten() for k in original if original[k].abs().min() > 0])
     assert 0 < ratios.abs().max() < 1e-5
     import yaml
@@ -214,11 +214,31 @@ def test_sensitivity_reruns_a_method_under_each_perturbation(tmp_path):
     assert "| seed0/paper |" in robustness.sensitivity_markdown(report)
 
 
-def test_the_base_weight_nudge_is_refused_for_the_real_model_before_anything_runs(tmp_path):
-    # The nudge perturbs the demo's base model, which the smollm2 scenario never trains: its
-    # "perturbed" run would be the unperturbed one under another name.
-    with pytest.raises(ValueError, match=r"weights-a.*smollm2.*--perturbations"):
-        robustness.measure_sensitivity(
-            tmp_path, "smollm2", 0, ["robust"], base_folder=tmp_path, perturbations=["evaluations-a", "weights-a"]
-        )
-    assert list(tmp_path.iterdir()) == []
+def test_the_weight_nudge_perturbs_the_model_the_config_fine_tunes(tmp_path):
+    # smollm2 fine-tunes another model than the demo's base: the nudge follows the config's
+    # model folder, and the original is left as it was.
+    import safetensors.torch
+    import torch
+
+    model = tmp_path / "other-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    original = {"w": torch.linspace(0.5, 2.0, 1000), "steps": torch.arange(3)}
+    safetensors.torch.save_file(original, str(model / "model.safetensors"))
+    config = {"model": {"name_or_path": str(model)}, "evaluation": {"batches": 2}}
+    robustness.perturb_config(config, "weights-a", tmp_path / "models")
+
+    assert config["model"]["name_or_path"] == str(tmp_path / "models" / "other-model-weights-a")
+    assert config["evaluation"] == {"batches": 2}
+    nudged = safetensors.torch.load_file(str(tmp_path / "models" / "other-model-weights-a" / "model.safetensors"))
+    ratio = nudged["w"] / original["w"] - 1
+    assert 1e-7 < ratio.abs().max() < 1e-5
+    assert torch.equal(nudged["steps"], original["steps"])  # integers are not weights
+    assert torch.equal(safetensors.torch.load_file(str(model / "model.safetensors"))["w"], original["w"])
+
+    config = {"model": {"name_or_path": str(model)}, "evaluation": {"batches": 2}}
+    robustness.perturb_config(config, "evaluations-b", tmp_path / "models")
+    assert config == {
+        "model": {"name_or_path": str(model)},
+        "evaluation": {"batches": 2, "relative_noise": 1e-6, "noise_seed": 2},
+    }

@@ -515,16 +515,16 @@ PERTURBATIONS: dict[str, dict[str, Any]] = {
     "kernels-avx2": {"env": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}},
 }
 """Perturbations of the size that separates two machines or two builds: every evaluation
-multiplied by 1 + 1e-6 N(0, 1) (``evaluation.relative_noise``), the base model's weights
-multiplied by 1 + 1e-6 N(0, 1) (:func:`nudged_base_model`), and other CPU kernels, in a fresh
+multiplied by 1 + 1e-6 N(0, 1) (``evaluation.relative_noise``), the weights of the model the
+scenario fine-tunes multiplied by 1 + 1e-6 N(0, 1) (:func:`nudged_model`), and other CPU kernels, in a fresh
 process: torch's without vector instructions (``ATEN_CPU_CAPABILITY=default``), or torch's
 and MKL's for AVX2, as on a CPU without AVX-512."""
 
 WEIGHT_NUDGE = 1e-6
 
 
-def nudged_base_model(base_folder: Path, out: Path, seed: int, relative: float = WEIGHT_NUDGE) -> Path:
-    """A copy of the base model folder whose floating-point weights are multiplied by
+def nudged_model(model_folder: Path, out: Path, seed: int, relative: float = WEIGHT_NUDGE) -> Path:
+    """A copy of a model folder whose floating-point weights are multiplied by
     ``1 + relative N(0, 1)`` (one seeded draw per weight); made once."""
     import safetensors.torch
     import torch
@@ -533,7 +533,7 @@ def nudged_base_model(base_folder: Path, out: Path, seed: int, relative: float =
         return out
 
     def write(tmp: Path) -> None:
-        shutil.copytree(base_folder, tmp, dirs_exist_ok=True)
+        shutil.copytree(model_folder, tmp, dirs_exist_ok=True)
         weights = safetensors.torch.load_file(str(tmp / "model.safetensors"))
         generator = torch.Generator().manual_seed(seed)
         nudged = {
@@ -546,6 +546,20 @@ def nudged_base_model(base_folder: Path, out: Path, seed: int, relative: float =
 
     rundir.atomic_write_dir(out, write)
     return out
+
+
+def perturb_config(config: dict[str, Any], perturbation: str, models: Path) -> None:
+    """Apply a perturbation of :data:`PERTURBATIONS` that lives in the run config: noise on
+    every evaluation, or the weights of the model the config fine-tunes nudged (the copy is
+    made once under ``models``, named after that model's folder and the perturbation). CPU
+    kernels are chosen by the environment of the run's process instead."""
+    spec = PERTURBATIONS[perturbation]
+    if "relative_noise" in spec:
+        config["evaluation"].update(relative_noise=spec["relative_noise"], noise_seed=spec["noise_seed"])
+    if "weights_seed" in spec:
+        model = Path(config["model"]["name_or_path"])
+        nudged = nudged_model(model, models / f"{model.name}-{perturbation}", spec["weights_seed"])
+        config["model"]["name_or_path"] = str(nudged)
 
 
 def run_in_subprocess(config: dict, folder: Path, env: dict[str, str]) -> None:
@@ -587,12 +601,6 @@ def measure_sensitivity(
     ``out/sensitivity/<scenario>/seed<seed>/<method>/<perturbation>``; the unperturbed run
     is the protocol's own (:func:`measure`), run first if missing."""
     settings = settings or DemoSettings()
-    nudged = [name for name in perturbations if "weights_seed" in PERTURBATIONS[name]]
-    if nudged and scenario_name == "smollm2":
-        raise ValueError(
-            f"perturbations {nudged} nudge the demo's base model, which scenario 'smollm2' does not "
-            "train (it fine-tunes SmolLM2): leave them out of --perturbations for it"
-        )
     measure(out, [scenario_name], [seed], methods, fixed=False, base_folder=base_folder, settings=settings,
             progress=progress, log=log)
     files = _files(out / "data", base_folder)
@@ -604,15 +612,9 @@ def measure_sensitivity(
             if not needs_training(folder):
                 continue
             log(f"sensitivity {scenario_name} seed {seed} {label} {name}")
-            base = base_folder
-            if "weights_seed" in perturbation:
-                base = nudged_base_model(base_folder, out / "sensitivity" / f"base-{name}", perturbation["weights_seed"])
-            config = scenario_config(scenario, base, files, folder, seed, settings)
+            config = scenario_config(scenario, base_folder, files, folder, seed, settings)
             config["method"] = {"name": "dynamics", "schedule": "dense-warmup", **METHODS[label]}
-            if "relative_noise" in perturbation:
-                config["evaluation"].update(
-                    relative_noise=perturbation["relative_noise"], noise_seed=perturbation["noise_seed"]
-                )
+            perturb_config(config, name, out / "sensitivity")
             if "env" in perturbation:
                 run_in_subprocess(config, folder, perturbation["env"])
             else:
