@@ -12,6 +12,8 @@
   as the answer's predicted gain is worth in standard errors.
 - :func:`keep_target_share`: keep a share of the mixture on the targets' own data while the
   constraints allow.
+- :func:`target_floor`: a least weight for each target dataset, lifted at an update where a
+  constraint is measurably broken.
 """
 
 from __future__ import annotations
@@ -341,3 +343,61 @@ def keep_target_share(
             high = mid
     kept = rp.mixture((1 - low) * weights + low * lifted)
     return kept, TargetShare(float(kept[targets].sum()), wanted, True, broken)
+
+
+
+def deficit_errors(anchor: np.ndarray, reference: np.ndarray, kinds: Sequence[DomainKind]) -> np.ndarray:
+    """Standard error of each domain's change from its reference, shape (M,), from the R
+    per-batch values of both, (M, R) each, measured on the same batches: the spread of the
+    paired differences over sqrt(R), and for an accuracy at least one answer of its
+    ``R * batch_size`` questions, so that one flipped answer is never read as more than
+    noise (0 for a loss measured on one batch)."""
+    change = np.asarray(anchor, dtype=float) - np.asarray(reference, dtype=float)
+    num_batches = change.shape[1]
+    errors = change.std(axis=1, ddof=1) / math.sqrt(num_batches) if num_batches > 1 else np.zeros(len(change))
+    for i, kind in enumerate(kinds):
+        if kind.metric == "accuracy":
+            errors[i] = max(errors[i], 1.0 / (num_batches * kind.batch_size))
+    return errors
+
+
+def target_floor(
+    anchor: np.ndarray,
+    reference: np.ndarray | None,
+    constraints: Sequence[int],
+    kinds: Sequence[DomainKind],
+    target_datasets: Sequence[int],
+    num_datasets: int,
+    floor: float,
+) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """Each target dataset's least weight at this update (``floor``; 0 for the others), or
+    None where the floor gives way, with what the record says about it.
+
+    The floor gives way when a constraint is measurably broken: its reduced evaluation
+    ``anchor`` (M, R) is worse than its ``reference`` (M, R, the same batches at step 0) by
+    more than one standard error of the difference (:func:`deficit_errors`). Then the
+    constraints may need the whole budget to recover, and the record's ``lifted_by`` names
+    the constraint domains that asked for it. A constraint below its reference by less than
+    that is within what other evaluation batches could undo, and the target data keeps its
+    weight: the least-violating mixture alone would give it none."""
+    if floor * len(target_datasets) >= 1.0:
+        raise ValueError(
+            f"target_floor {floor} for each of {len(target_datasets)} target datasets leaves no weight to the "
+            f"others: set method.target_floor below {1.0 / max(len(target_datasets), 1):.3g}"
+        )
+    if reference is None:
+        raise ValueError(
+            "method.target_floor compares each constraint with its references per evaluation batch, which this "
+            "run's saved state does not hold: start the run again, or remove method.target_floor"
+        )
+    c = list(constraints)
+    anchor, reference = np.asarray(anchor, dtype=float)[c], np.asarray(reference, dtype=float)[c]
+    deficit = (anchor - reference).mean(axis=1)
+    errors = deficit_errors(anchor, reference, [kinds[i] for i in c])
+    lifted_by = [i for i, d, e in zip(c, deficit, errors, strict=True) if d > e]
+    record = {"floor": floor, "target_datasets": list(target_datasets), "lifted_by": lifted_by}
+    if lifted_by or not target_datasets:
+        return None, record
+    least = np.zeros(num_datasets)
+    least[list(target_datasets)] = floor
+    return least, record

@@ -46,6 +46,14 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   keeps that share also when no mixture is predicted to keep every constraint, as far as
   no constraint's predicted violation grows by more than its prediction's standard error.
 
+* ``target_floor`` (f in [0, 1)): every target dataset (one named like a target domain)
+  keeps at least f of the mixture at every update, inside the solver (so the other weights
+  are chosen knowing it, in the fallback too), unless a constraint's reduced evaluation is
+  worse than its reference by more than one standard error of that evaluation: then the
+  floor gives way for that update, and the record says which constraints lifted it
+  (:func:`dynamics.core.decisions.target_floor`). A floor on every dataset, target or not,
+  is ``method.min_weight``.
+
 A direct candidate whose SLSQP run failed is recorded and replaced by the mixture in force.
 
 ``variant: robust`` turns on the direct candidate, the pessimistic target objective, the
@@ -74,6 +82,7 @@ class RobustOptions:
     target_share: float = 0.0
     dataset_calibration: bool = False
     share_in_fallback: bool = False
+    target_floor: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("noise_margin", "target_noise", "full_step_z"):
@@ -84,6 +93,8 @@ class RobustOptions:
             raise ValueError(f"gain_exponent must be in (0, 1] (1: linear, as eq. 3.3), got {self.gain_exponent}")
         if not (math.isfinite(self.target_share) and 0 <= self.target_share < 1):
             raise ValueError(f"target_share must be in [0, 1) (0: off), got {self.target_share}")
+        if not (math.isfinite(self.target_floor) and 0 <= self.target_floor < 1):
+            raise ValueError(f"target_floor must be in [0, 1) (0: off), got {self.target_floor}")
         if self.share_in_fallback and self.target_share == 0:
             raise ValueError(
                 "share_in_fallback keeps target_share's share when no mixture is predicted feasible: "

@@ -25,6 +25,7 @@ from dynamics.core.decisions import (
     dataset_calibrated,
     keep_target_share,
     slope_standard_errors,
+    target_floor,
 )
 from dynamics.core.learner import AlignmentLearner, Diverged, Learner
 from dynamics.core.options import RobustOptions
@@ -253,21 +254,18 @@ class DynamicsPolicy:
         if self.min_weight > 0:
             # A dataset left out of an earlier update (its probe diverged) had weight 0 there.
             previous = to_floored_simplex(previous, self.min_weight)
-        problem = nominal
-        if self.options.calibration:
-            if self._calibration is None:
-                self._calibration = PredictionCalibration(len(nominal.current_losses))
-            # After a backtrack the last prediction's horizon was never completed.
-            if self._last_prediction is not None and not context.after_backtrack:
-                predicted, horizon = self._last_prediction
-                self._calibration.observe(predicted, nominal.current_losses, horizon)
-            bias = self._calibration.bias(context.horizon)
-            problem = calibrated(nominal, bias)
-            extra["calibration_bias"] = bias
+        problem = self._calibrated(context, nominal, extra) if self.options.calibration else nominal
         if self.options.dataset_calibration:
             problem = self._dataset_calibrated(context, problem, columns, num_datasets, extra)
         questions = [context.reduced_batches * k.batch_size if k.metric == "accuracy" else 0 for k in context.domain_kinds]
         problem = at_resolution(problem, context.probe_budget, questions)
+        decision: dict[str, Any] = {}
+        least = None
+        if self.options.target_floor > 0:
+            least, decision["target_floor"] = target_floor(
+                context.anchor.per_batch[:, : context.reduced_batches], context.reference_batches, context.constraints,
+                context.domain_kinds, target_datasets, len(columns), self.options.target_floor,
+            )
         robust = RobustProblem(
             problem,
             slope_errors,
@@ -276,12 +274,12 @@ class DynamicsPolicy:
             gain_exponent=self.options.gain_exponent,
             probe_budget=context.probe_budget,
             floors=np.array([kind.floor for kind in context.domain_kinds]) if self.options.metric_floors else None,
+            least_weights=least,
         )
         candidates = grid_candidates(problem)
         direct = solve_direct(robust) if self.options.lp_candidate else None
         choice = select_robust(robust, [c.weights for c in candidates], direct)
         grid_choice = candidates[choice.index] if choice.source == "grid" else None
-        decision: dict[str, Any] = {}
         weights = choice.weights
         if direct is not None and not direct.converged:
             decision["solver_failure"] = direct.message
@@ -311,6 +309,17 @@ class DynamicsPolicy:
         self._last_prediction = (replace(robust, problem=nominal).predicted_losses(weights), context.horizon)
         extra["robust"] = {**self.options.to_dict(), **choice.to_dict(), **decision}
         return _update_record(self.name, context, nominal, solution, probe_seconds, extra)
+
+    def _calibrated(self, context: UpdateContext, nominal: MixtureProblem, extra: dict) -> MixtureProblem:
+        """``nominal`` shifted by the per-step bias past updates' misses show (``calibration``)."""
+        if self._calibration is None:
+            self._calibration = PredictionCalibration(len(nominal.current_losses))
+        # After a backtrack the last prediction's horizon was never completed.
+        if self._last_prediction is not None and not context.after_backtrack:
+            predicted, horizon = self._last_prediction
+            self._calibration.observe(predicted, nominal.current_losses, horizon)
+        extra["calibration_bias"] = bias = self._calibration.bias(context.horizon)
+        return calibrated(nominal, bias)
 
     def _dataset_calibrated(
         self, context: UpdateContext, problem: MixtureProblem, columns: list[int], num_datasets: int, extra: dict

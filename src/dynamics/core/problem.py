@@ -158,11 +158,17 @@ def to_simplex(w: np.ndarray) -> np.ndarray:
     return w / total
 
 
-def to_floored_simplex(w: np.ndarray, min_weight: float) -> np.ndarray:
-    """:func:`to_simplex` for mixtures with every weight >= ``min_weight``: what a solver
-    leaves below the floor is clipped to it and the weight above the floor renormalised to
-    ``1 - N min_weight``. Exactly :func:`to_simplex` when ``min_weight`` is 0."""
-    if min_weight == 0:
-        return to_simplex(w)
+def to_floored_simplex(w: np.ndarray, min_weight: float | np.ndarray) -> np.ndarray:
+    """:func:`to_simplex` for mixtures with every weight >= ``min_weight`` (one floor for all,
+    or one per weight): what a solver leaves below its floor is clipped to it and the weight
+    above the floors renormalised to one minus their sum. Exactly :func:`to_simplex` when
+    every floor is 0."""
     w = np.asarray(w, dtype=float)
-    return min_weight + max(0.0, 1.0 - w.size * min_weight) * to_simplex(w - min_weight)
+    if np.ndim(min_weight) == 0:
+        if min_weight == 0:
+            return to_simplex(w)
+        return min_weight + max(0.0, 1.0 - w.size * min_weight) * to_simplex(w - min_weight)
+    floors = np.asarray(min_weight, dtype=float)
+    if not np.any(floors):
+        return to_simplex(w)
+    return floors + max(0.0, 1.0 - float(floors.sum())) * to_simplex(w - floors)

@@ -125,6 +125,8 @@ class RobustProblem:
     probe_budget:     c_t, the probe's length in steps (sets where diminishing returns start).
     floors:           the lowest value of each domain's metric (:attr:`DomainKind.floor`), or
                       None to predict without them; kept only where they can bind.
+    least_weights:    each dataset's least weight (N,), at or above the problem's min_weight
+                      (``target_floor`` raises the target datasets'), or None: min_weight.
     """
 
     problem: MixtureProblem
@@ -134,8 +136,17 @@ class RobustProblem:
     gain_exponent: float = 1.0
     probe_budget: int = 1
     floors: np.ndarray | None = None
+    least_weights: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if self.least_weights is not None:
+            least = np.maximum(np.asarray(self.least_weights, dtype=float), self.problem.min_weight)
+            if least.shape != (self.problem.num_datasets,) or float(least.sum()) > 1.0 + 1e-12:
+                raise ValueError(
+                    f"least_weights must have one entry per dataset ({self.problem.num_datasets}) and sum to "
+                    f"at most 1, got {self.least_weights}"
+                )
+            object.__setattr__(self, "least_weights", least)
         if self.floors is not None:
             floors = np.asarray(self.floors, dtype=float)
             if floors.shape != self.problem.current_losses.shape:
@@ -150,12 +161,15 @@ class RobustProblem:
 
     @property
     def bounds(self) -> list[tuple[float, float]]:
-        """Each weight's bounds for a solver: [min_weight, 1]."""
-        return [(self.problem.min_weight, 1.0)] * self.problem.num_datasets
+        """Each weight's bounds for a solver: [its least weight, 1]."""
+        if self.least_weights is None:
+            return [(self.problem.min_weight, 1.0)] * self.problem.num_datasets
+        return [(float(least), 1.0) for least in self.least_weights]
 
     def mixture(self, w: np.ndarray) -> np.ndarray:
-        """A solver's answer made an exact mixture: on the simplex, every weight >= min_weight."""
-        return to_floored_simplex(w, self.problem.min_weight)
+        """A solver's answer made an exact mixture: on the simplex, every weight at or above
+        its least weight."""
+        return to_floored_simplex(w, self.problem.min_weight if self.least_weights is None else self.least_weights)
 
     @property
     def nonlinear_prediction(self) -> bool:
@@ -385,7 +399,7 @@ def _linear_optimum(rp: RobustProblem) -> np.ndarray | None:
         b_ub=(problem.reference_losses[c] - problem.current_losses[c]) if c else None,
         A_eq=np.ones((1, n)),
         b_eq=[1.0],
-        bounds=(problem.min_weight, None),
+        bounds=rp.bounds,
         method="highs",
         options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
     )
@@ -433,8 +447,11 @@ def select_robust(rp: RobustProblem, grid_weights: Sequence[np.ndarray], direct:
     """Appendix G's rule with the robust measures: among candidates whose robust violations
     are all <= FEASIBILITY_TOL, the lowest pessimistic objective; if none, the smallest
     largest robust violation, then the smallest total violation, then the objective. The
-    grid's candidates come first, so ties keep the paper's choice."""
+    grid's candidates come first, so ties keep the paper's choice. With least weights above
+    the problem's min_weight the grid's candidates are raised to them first."""
     scored = [("grid", np.asarray(w, dtype=float)) for w in grid_weights]
+    if rp.least_weights is not None:
+        scored = [(source, rp.mixture(w)) for source, w in scored]
     if direct is not None:
         scored.append(("direct", direct.weights))
     rows = [(index, source, w, rp.max_violation(w), rp.objective(w)) for index, (source, w) in enumerate(scored)]

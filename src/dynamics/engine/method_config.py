@@ -106,6 +106,14 @@ class MethodConfig(ConfigSection):
         "as far as no constraint's predicted violation grows by more than one standard error of its "
         "predicted change (needs target_share > 0).",
     )
+    target_floor: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="The least weight of every target dataset (one named like a target domain) at every "
+        "update, given way at an update where a constraint is worse than its reference by more than one "
+        "standard error of its evaluation (0: none, as the paper).",
+    )
     min_weight: float = Field(
         0.0,
         ge=0,

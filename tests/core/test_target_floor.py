@@ -1,0 +1,169 @@
+"""The target floor (``method.target_floor``): every target dataset keeps a least weight at
+every update, inside the solver and in its fallback, and the floor gives way where a
+constraint is broken by more than one standard error of its evaluation.
+
+The toy learner's noise is known, so each test says which breaks are within noise and
+which are not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from dynamics.core.controller import run_mixture_training
+from dynamics.core.decisions import deficit_errors, target_floor
+from dynamics.core.learner import DomainKind
+from dynamics.core.options import RobustOptions
+from dynamics.core.policies import DynamicsPolicy
+from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
+from dynamics.core.robust import RobustProblem, select_robust, solve_direct
+from dynamics.core.schedules import build_schedule
+from dynamics.core.solver import grid_candidates
+from dynamics.engine.method_config import MethodConfig
+from tests.core.toy_learner import ToyLearner
+
+LOSSES = [DomainKind("loss", 4), DomainKind("loss", 4)]
+# The constraint's references on four evaluation batches: they differ a lot between batches,
+# which says nothing about how far a change measured on the same batches can be trusted.
+REFERENCE = np.array([[np.nan] * 4, [0.5, 1.5, 0.8, 1.2]])
+# A change measured on the same batches, with a known spread: standard error 0.05.
+SPREAD = np.array([-0.1, 0.0, 0.1, 0.0])
+ERROR = SPREAD.std(ddof=1) / 2
+
+
+def anchor_with_deficit(deficit: float) -> np.ndarray:
+    return np.stack([np.full(4, 3.0), REFERENCE[1] + deficit + SPREAD])
+
+
+def test_a_deficit_s_error_is_the_spread_of_the_paired_changes_not_of_the_batches():
+    errors = deficit_errors(anchor_with_deficit(0.3), REFERENCE, LOSSES)
+    assert errors[1] == pytest.approx(ERROR)  # the batches' own spread (0.43) plays no part
+    # Four batches of 18 questions, each one answer down: no spread, one answer of 72.
+    quiz = deficit_errors(np.full((1, 4), -62 / 72), np.full((1, 4), -66 / 72), [DomainKind("accuracy", 18)])
+    assert quiz[0] == pytest.approx(1 / 72)
+
+
+@pytest.mark.parametrize("deficit_in_errors, floor_holds", [(-2.0, True), (0.0, True), (0.9, True), (1.1, False), (3.0, False)])
+def test_the_floor_gives_way_only_where_a_constraint_is_broken_beyond_one_standard_error(
+    deficit_in_errors: float, floor_holds: bool
+):
+    least, record = target_floor(anchor_with_deficit(deficit_in_errors * ERROR), REFERENCE, (1,), LOSSES, [0], 3, 0.1)
+    if floor_holds:
+        np.testing.assert_array_equal(least, [0.1, 0.0, 0.0])
+        assert record["lifted_by"] == []
+    else:
+        assert least is None
+        assert record["lifted_by"] == [1]
+    assert record["floor"] == 0.1 and record["target_datasets"] == [0]
+
+
+def test_one_quiz_answer_below_its_reference_is_within_noise_and_four_in_four_batches_are_not():
+    kinds = [DomainKind("loss", 4), DomainKind("accuracy", 18)]  # 72 questions
+    reference = np.stack([np.full(4, np.nan), np.full(4, -15 / 18)])
+
+    def answers_lost(per_batch: list[int]) -> np.ndarray:
+        return np.stack([np.full(4, 3.0), -(15 - np.array(per_batch)) / 18])
+
+    least, _ = target_floor(answers_lost([1, 0, 0, 0]), reference, (1,), kinds, [0], 2, 0.05)
+    assert least is not None
+    least, record = target_floor(answers_lost([1, 1, 1, 1]), reference, (1,), kinds, [0], 2, 0.05)
+    assert least is None and record["lifted_by"] == [1]
+
+
+def test_bad_floors_and_missing_references_are_refused_with_the_field_to_change():
+    anchor = anchor_with_deficit(0.0)
+    with pytest.raises(ValueError, match=r"method.target_floor below 0.25"):
+        target_floor(anchor, REFERENCE, (1,), LOSSES, [0, 1, 2, 3], 5, 0.25)
+    with pytest.raises(ValueError, match=r"start the run again, or remove method.target_floor"):
+        target_floor(anchor, None, (1,), LOSSES, [0], 3, 0.1)
+    with pytest.raises(ValueError, match="target_floor"):
+        RobustOptions(target_floor=1.0)
+    with pytest.raises(ValidationError, match="target_floor"):
+        MethodConfig(target_floor=-0.1)
+    assert MethodConfig(target_floor=0.02).robust_options().target_floor == 0.02
+
+
+# ------------------------------------------------------------- inside the solver
+
+
+def broken_problem() -> MixtureProblem:
+    """The constraint is already above its reference: target data (dataset 0) harms it a
+    little, dataset 1 repairs it, so no mixture is predicted to keep it."""
+    slopes = np.array([[-1e-2, 0.0], [1e-4, -1e-5]])
+    return MixtureProblem(slopes, np.array([3.0, 1.1]), np.array([np.nan, 1.0]), (0,), (1,), horizon=100)
+
+
+def test_in_the_fallback_the_floor_keeps_target_data_and_the_rest_repairs_the_constraint():
+    problem = broken_problem()
+    plain = solve_direct(RobustProblem(problem, np.zeros((2, 2))))
+    assert not plain.feasible
+    np.testing.assert_allclose(plain.weights, [0.0, 1.0], atol=1e-9)
+    floored_rp = RobustProblem(problem, np.zeros((2, 2)), least_weights=np.array([0.2, 0.0]))
+    floored = solve_direct(floored_rp)
+    assert not floored.feasible
+    np.testing.assert_allclose(floored.weights, [0.2, 0.8], atol=1e-9)
+    # The grid's candidates are raised to the floor before the choice.
+    choice = select_robust(floored_rp, [c.weights for c in grid_candidates(problem)], floored)
+    assert choice.weights[0] >= 0.2 - 1e-12
+    assert choice.weights.sum() == pytest.approx(1.0)
+
+
+def test_where_a_mixture_is_feasible_the_floor_only_bounds_the_optimum():
+    slopes = np.array([[-1e-2, -2e-2], [1e-3, -1e-3]])
+    problem = MixtureProblem(slopes, np.array([3.0, 1.0]), np.array([np.nan, 1.0]), (0,), (1,), horizon=100)
+    rp = RobustProblem(problem, np.zeros((2, 2)), least_weights=np.array([0.3, 0.0]))
+    direct = solve_direct(rp)
+    assert direct.feasible and rp.max_violation(direct.weights) <= FEASIBILITY_TOL
+    np.testing.assert_allclose(direct.weights, [0.3, 0.7], atol=1e-9)  # dataset 1 teaches the target faster
+
+
+# ------------------------------------------------------------- the policy on a noisy toy
+
+# As in test_noisy_decisions: a constraint that sits at its reference and moves only by
+# noise (like a quiz that a short probe cannot move). d0 is the target's own data and does
+# not touch it; d1 nudges it down by less than the noise.
+FLAT_SLOPES = np.array([[-2e-3, 0.0, 0.0], [0.0, -1e-4, 0.0]])
+FLAT_INITIAL = np.array([3.0, 2.0])
+SCHEDULE = [0, 8, 16, 32, 48, 64, 80, 96, 112]
+
+
+def toy_run(slopes: np.ndarray, options: RobustOptions, seed: int, noise: float):
+    learner = ToyLearner(slopes, FLAT_INITIAL, seed=seed, noise=noise, dataset_names=["e0", "d1", "d2"])
+    policy = DynamicsPolicy(build_schedule(SCHEDULE, 128, probe_cap=8), options=options)
+    history = run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4)
+    return history, learner.values()  # the true values at the end, without evaluation noise
+
+
+@pytest.mark.parametrize("seed", [1, 2])  # seeds whose noise reads the constraint broken at an update
+def test_target_data_keeps_its_floor_where_a_constraint_is_broken_by_noise(seed: int):
+    plain, plain_end = toy_run(FLAT_SLOPES, RobustOptions(lp_candidate=True), seed, noise=0.02)
+    assert any(u.weights[0] < 0.2 - 1e-9 for u in plain.updates)  # the fallback took the target data away
+    floored, floored_end = toy_run(FLAT_SLOPES, RobustOptions(lp_candidate=True, target_floor=0.2), seed, noise=0.02)
+    fallbacks = [u for u in floored.updates if not u.extra["robust"]["feasible"]]
+    assert fallbacks  # the case happens with the floor too
+    for update in floored.updates:
+        record = update.extra["robust"]["target_floor"]
+        assert record["lifted_by"] in ([], [1])
+        if not record["lifted_by"]:
+            assert update.weights[0] >= 0.2 - 1e-9
+    # More target data, a lower target loss, and the constraint's true value still at or
+    # below its reference (the target data does not touch it).
+    assert floored_end[0] < plain_end[0]
+    assert floored_end[1] <= FLAT_INITIAL[1]
+
+
+def test_the_floor_gives_way_where_the_target_data_measurably_breaks_a_constraint():
+    # Target data harms the constraint far beyond the noise; d1 repairs it. With 30% of the
+    # mixture held on the target data the constraint breaks, the break is measured, and the
+    # floor gives way until the constraint is back within noise.
+    harmful = np.array([[-2e-3, 0.0, 0.0], [4e-3, -1e-3, 0.0]])
+    history, _ = toy_run(harmful, RobustOptions(lp_candidate=True, target_floor=0.3), seed=0, noise=0.002)
+    records = [u.extra["robust"]["target_floor"] for u in history.updates]
+    lifted = [u for u, r in zip(history.updates, records, strict=True) if r["lifted_by"]]
+    assert lifted
+    assert all(r["lifted_by"] == [1] for r in records if r["lifted_by"])
+    assert any(u.weights[0] < 0.3 - 1e-6 for u in lifted)
+    for update, record in zip(history.updates, records, strict=True):
+        if not record["lifted_by"]:
+            assert update.weights[0] >= 0.3 - 1e-9
