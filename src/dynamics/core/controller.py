@@ -169,7 +169,6 @@ class MixtureController:
         # The loop's state: everything state_dict saves.
         self.event_index = 0
         self.reference_losses: np.ndarray | None = None  # probe-batch references, NaN for non-constraints
-        self.reference_batches: np.ndarray | None = None  # the same per batch, (M, R)
         self.margins = np.zeros(len(self.history.domain_names))
         self.weights: np.ndarray | None = None  # the mixture in force
         self.last_update: UpdateRecord | None = None  # the latest update not abandoned by a backtrack
@@ -228,8 +227,6 @@ class MixtureController:
             self.reference_losses = np.full(len(self.history.domain_names), np.nan)
             idx = list(self.history.constraints)
             self.reference_losses[idx] = main_eval.means(self.reduced_batches)[idx]
-            self.reference_batches = np.full((len(self.history.domain_names), self.reduced_batches), np.nan)
-            self.reference_batches[idx] = main_eval.per_batch[idx, : self.reduced_batches]
         self.history.evaluations.append(
             EvaluationRecord(
                 step=step,
@@ -321,7 +318,6 @@ class MixtureController:
             anchor=anchor,
             recycled_anchor=main_eval is not None,
             reference_losses=self.reference_losses - self.margins,
-            reference_batches=None if self.reference_batches is None else self.reference_batches - self.margins[:, None],
             targets=history.targets,
             constraints=history.constraints,
             reduced_batches=self.reduced_batches,
@@ -371,9 +367,6 @@ class MixtureController:
             "event_index": self.event_index,
             "step": self.step,
             "reference_losses": [None if np.isnan(v) else float(v) for v in self.reference_losses],
-            "reference_batches": None
-            if self.reference_batches is None
-            else [[None if np.isnan(v) else float(v) for v in row] for row in self.reference_batches],
             "margins": self.margins.tolist(),
             "weights": self.weights.tolist(),
             "last_update": None
@@ -421,12 +414,6 @@ class MixtureController:
         )
         self.event_index = event_index
         self.reference_losses = np.array([np.nan if v is None else v for v in state["reference_losses"]], dtype=float)
-        saved_batches = state.get("reference_batches")
-        self.reference_batches = (
-            None
-            if saved_batches is None
-            else np.array([[np.nan if v is None else v for v in row] for row in saved_batches], dtype=float)
-        )
         self.margins = np.asarray(state["margins"], dtype=float)
         self.weights = np.asarray(state["weights"], dtype=float)
         last = state["last_update"]

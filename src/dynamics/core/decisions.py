@@ -12,8 +12,8 @@
   as the answer's predicted gain is worth in standard errors.
 - :func:`keep_target_share`: keep a share of the mixture on the targets' own data while the
   constraints allow.
-- :func:`target_floor`: a least weight for each target dataset, lifted at an update where a
-  constraint is measurably broken.
+- :func:`target_floor`: a least weight for each target dataset, given way where it alone
+  stands between the mixture and the constraints.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from dynamics.core.learner import DomainKind
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
-from dynamics.core.robust import RobustProblem
+from dynamics.core.robust import RobustProblem, most_feasible
 
 
 def slope_standard_errors(
@@ -346,58 +346,39 @@ def keep_target_share(
 
 
 
-def deficit_errors(anchor: np.ndarray, reference: np.ndarray, kinds: Sequence[DomainKind]) -> np.ndarray:
-    """Standard error of each domain's change from its reference, shape (M,), from the R
-    per-batch values of both, (M, R) each, measured on the same batches: the spread of the
-    paired differences over sqrt(R), and for an accuracy at least one answer of its
-    ``R * batch_size`` questions, so that one flipped answer is never read as more than
-    noise (0 for a loss measured on one batch)."""
-    change = np.asarray(anchor, dtype=float) - np.asarray(reference, dtype=float)
-    num_batches = change.shape[1]
-    errors = change.std(axis=1, ddof=1) / math.sqrt(num_batches) if num_batches > 1 else np.zeros(len(change))
-    for i, kind in enumerate(kinds):
-        if kind.metric == "accuracy":
-            errors[i] = max(errors[i], 1.0 / (num_batches * kind.batch_size))
-    return errors
 
+def target_floor(rp: RobustProblem, target_datasets: Sequence[int], floor: float) -> tuple[RobustProblem, dict[str, Any]]:
+    """``rp`` with each target dataset held at ``floor`` or more (:attr:`RobustProblem.least_weights`),
+    unless the floor alone stands between the mixture and the constraints, with what the
+    record says about it.
 
-def target_floor(
-    anchor: np.ndarray,
-    reference: np.ndarray | None,
-    constraints: Sequence[int],
-    kinds: Sequence[DomainKind],
-    target_datasets: Sequence[int],
-    num_datasets: int,
-    floor: float,
-) -> tuple[np.ndarray | None, dict[str, Any]]:
-    """Each target dataset's least weight at this update (``floor``; 0 for the others), or
-    None where the floor gives way, with what the record says about it.
-
-    The floor gives way when a constraint is measurably broken: its reduced evaluation
-    ``anchor`` (M, R) is worse than its ``reference`` (M, R, the same batches at step 0) by
-    more than one standard error of the difference (:func:`deficit_errors`). Then the
-    constraints may need the whole budget to recover, and the record's ``lifted_by`` names
-    the constraint domains that asked for it. A constraint below its reference by less than
-    that is within what other evaluation batches could undo, and the target data keeps its
-    weight: the least-violating mixture alone would give it none."""
-    if floor * len(target_datasets) >= 1.0:
+    - Some mixture with the floor is predicted to keep every constraint: the floor holds,
+      and the solver picks the best such mixture.
+    - None is, but one without the floor is: the target data is what the constraints cannot
+      afford over this horizon, so the floor gives way, and ``lifted_by`` names the
+      constraints the floored mixtures were predicted to break.
+    - None is either way (a constraint below its reference that no probe is predicted to
+      repair in time, often by noise): the floor holds, so the fallback's least-violating
+      mixture keeps target data (``no_mixture_feasible``) instead of giving it none."""
+    targets = list(target_datasets)
+    if floor * len(targets) >= 1.0:
         raise ValueError(
-            f"target_floor {floor} for each of {len(target_datasets)} target datasets leaves no weight to the "
-            f"others: set method.target_floor below {1.0 / max(len(target_datasets), 1):.3g}"
+            f"target_floor {floor} for each of {len(targets)} target datasets leaves no weight to the "
+            f"others: set method.target_floor below {1.0 / len(targets):.3g}"
         )
-    if reference is None:
-        raise ValueError(
-            "method.target_floor compares each constraint with its references per evaluation batch, which this "
-            "run's saved state does not hold: start the run again, or remove method.target_floor"
-        )
-    c = list(constraints)
-    anchor, reference = np.asarray(anchor, dtype=float)[c], np.asarray(reference, dtype=float)[c]
-    deficit = (anchor - reference).mean(axis=1)
-    errors = deficit_errors(anchor, reference, [kinds[i] for i in c])
-    lifted_by = [i for i, d, e in zip(c, deficit, errors, strict=True) if d > e]
-    record = {"floor": floor, "target_datasets": list(target_datasets), "lifted_by": lifted_by}
-    if lifted_by or not target_datasets:
-        return None, record
-    least = np.zeros(num_datasets)
-    least[list(target_datasets)] = floor
-    return least, record
+    record: dict[str, Any] = {"floor": floor, "target_datasets": targets, "lifted_by": []}
+    if not targets:
+        return rp, record
+    least = np.zeros(rp.problem.num_datasets)
+    least[targets] = floor
+    floored = replace(rp, least_weights=least)
+    held = most_feasible(floored)
+    if floored.max_violation(held) <= FEASIBILITY_TOL:
+        return floored, record
+    if rp.max_violation(most_feasible(rp)) > FEASIBILITY_TOL:
+        record["no_mixture_feasible"] = True
+        return floored, record
+    record["lifted_by"] = [
+        int(c) for c, v in zip(rp.problem.constraints, floored.violations(held), strict=True) if v > FEASIBILITY_TOL
+    ]
+    return rp, record

@@ -48,11 +48,11 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
 
 * ``target_floor`` (f in [0, 1)): every target dataset (one named like a target domain)
   keeps at least f of the mixture at every update, inside the solver (so the other weights
-  are chosen knowing it, in the fallback too), unless a constraint's reduced evaluation is
-  worse than its reference by more than one standard error of that evaluation: then the
-  floor gives way for that update, and the record says which constraints lifted it
-  (:func:`dynamics.core.decisions.target_floor`). A floor on every dataset, target or not,
-  is ``method.min_weight``.
+  are chosen knowing it, in the fallback too), unless the floor alone stands between the
+  mixture and the constraints (no floored mixture is predicted to keep them all, and one
+  without the floor is): then it gives way for that update, and the record says which
+  constraints the floor would have broken (:func:`dynamics.core.decisions.target_floor`).
+  A floor on every dataset, target or not, is ``method.min_weight``.
 
 A direct candidate whose SLSQP run failed is recorded and replaced by the mixture in force.
 

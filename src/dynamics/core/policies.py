@@ -259,13 +259,6 @@ class DynamicsPolicy:
             problem = self._dataset_calibrated(context, problem, columns, num_datasets, extra)
         questions = [context.reduced_batches * k.batch_size if k.metric == "accuracy" else 0 for k in context.domain_kinds]
         problem = at_resolution(problem, context.probe_budget, questions)
-        decision: dict[str, Any] = {}
-        least = None
-        if self.options.target_floor > 0:
-            least, decision["target_floor"] = target_floor(
-                context.anchor.per_batch[:, : context.reduced_batches], context.reference_batches, context.constraints,
-                context.domain_kinds, target_datasets, len(columns), self.options.target_floor,
-            )
         robust = RobustProblem(
             problem,
             slope_errors,
@@ -274,8 +267,10 @@ class DynamicsPolicy:
             gain_exponent=self.options.gain_exponent,
             probe_budget=context.probe_budget,
             floors=np.array([kind.floor for kind in context.domain_kinds]) if self.options.metric_floors else None,
-            least_weights=least,
         )
+        decision: dict[str, Any] = {}
+        if self.options.target_floor > 0:
+            robust, decision["target_floor"] = target_floor(robust, target_datasets, self.options.target_floor)
         candidates = grid_candidates(problem)
         direct = solve_direct(robust) if self.options.lp_candidate else None
         choice = select_robust(robust, [c.weights for c in candidates], direct)

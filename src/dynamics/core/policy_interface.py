@@ -23,8 +23,6 @@ class UpdateContext:
                        (the solver's references use the probe's batches), lowered by
                        the margins backtracking learned.
     domain_kinds:      each domain's metric and evaluation batch size.
-    reference_batches: the references per batch, shape (M, R), NaN rows for non-constraints
-                       (None in a run resumed from a state saved without them).
     weights_in_force:  the mixture trained on up to this step (None at the first update).
     """
 
@@ -40,7 +38,6 @@ class UpdateContext:
     domain_kinds: tuple[DomainKind, ...]
     weights_in_force: np.ndarray | None
     after_backtrack: bool = False  # the learner was just returned to this step's state
-    reference_batches: np.ndarray | None = None
 
 
 class MixturePolicy(Protocol):

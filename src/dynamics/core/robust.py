@@ -259,8 +259,7 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     """
     problem = rp.problem
     n = problem.num_datasets
-    conic = rp.constraint_z > 0 and bool(np.any(rp.slope_errors[list(problem.constraints)] > 0))
-    nonlinear = conic or rp.nonlinear_prediction
+    nonlinear = _nonlinear(rp)
     centre = _most_feasible(rp, nonlinear)
     if rp.max_violation(centre) > FEASIBILITY_TOL:
         fallback = _least_violating(rp, centre)
@@ -290,6 +289,17 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
         weights = start
     weights = _pull_into_feasible(rp, weights, centre)
     return DirectCandidate(weights, True, rp.max_violation(weights), bool(result.success), str(result.message))
+
+
+def _nonlinear(rp: RobustProblem) -> bool:
+    """Whether the robust violations are not linear in w (noise margins, diminishing returns)."""
+    conic = rp.constraint_z > 0 and bool(np.any(rp.slope_errors[list(rp.problem.constraints)] > 0))
+    return conic or rp.nonlinear_prediction
+
+
+def most_feasible(rp: RobustProblem) -> np.ndarray:
+    """The mixture with the smallest largest robust violation: feasible if any mixture is."""
+    return _most_feasible(rp, _nonlinear(rp))
 
 
 def _most_feasible(rp: RobustProblem, nonlinear: bool) -> np.ndarray:

@@ -111,8 +111,8 @@ class MethodConfig(ConfigSection):
         ge=0,
         lt=1,
         description="The least weight of every target dataset (one named like a target domain) at every "
-        "update, given way at an update where a constraint is worse than its reference by more than one "
-        "standard error of its evaluation (0: none, as the paper).",
+        "update, given way where no mixture with it but one without it is predicted to keep every "
+        "constraint (0: none, as the paper).",
     )
     min_weight: float = Field(
         0.0,
