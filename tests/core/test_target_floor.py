@@ -15,7 +15,7 @@ from dynamics.core.controller import run_mixture_training
 from dynamics.core.decisions import target_floor
 from dynamics.core.options import RobustOptions
 from dynamics.core.policies import DynamicsPolicy
-from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
+from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, to_floored_simplex
 from dynamics.core.robust import RobustProblem, select_robust, solve_direct
 from dynamics.core.schedules import build_schedule
 from dynamics.core.solver import grid_candidates
@@ -72,6 +72,16 @@ def test_bad_floors_are_refused_with_the_field_to_change():
 
 
 # ------------------------------------------------------------- inside the solver
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_mixture_with_one_floor_per_weight_keeps_each_floor_and_sums_to_one(seed: int):
+    rng = np.random.default_rng(seed)
+    floors = np.array([0.2, 0.0, 0.1, 0.0])
+    w = to_floored_simplex(rng.normal(0.3, 0.5, size=4), floors)
+    assert np.all(w >= floors - 1e-15) and w.sum() == pytest.approx(1.0)
+    np.testing.assert_allclose(to_floored_simplex(w, floors), w)  # already a floored mixture
+    np.testing.assert_array_equal(to_floored_simplex(w, np.zeros(4)), to_floored_simplex(w, 0.0))
 
 
 def broken_problem() -> MixtureProblem:
