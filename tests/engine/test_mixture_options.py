@@ -32,6 +32,17 @@ def test_bad_values_name_the_field(override: str, words: list[str]):
         assert word in str(err.value)
 
 
+def test_a_target_floor_that_leaves_the_others_nothing_is_refused():
+    assert RunConfig.from_dict(minimal(), ["method.target_floor=0.5"]).method.target_floor == 0.5
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_dict(minimal(), ["method.target_floor=1.0"])
+    assert "method.target_floor" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # 0.6 on the target, 0.4 held on the other dataset
+        RunConfig.from_dict(minimal(), ["method.min_weight=0.4", "method.target_floor=0.6"])
+    assert "method.target_floor (0.6) for each of the 1 target datasets" in str(err.value)
+    assert "lower it below 0.6" in str(err.value)
+
+
 def test_half_each_for_two_datasets_is_allowed():
     assert RunConfig.from_dict(minimal(), ["method.min_weight=0.5"]).method.min_weight == 0.5
 

@@ -345,8 +345,6 @@ def keep_target_share(
     return kept, TargetShare(float(kept[targets].sum()), wanted, True, broken)
 
 
-
-
 def target_floor(rp: RobustProblem, target_datasets: Sequence[int], floor: float) -> tuple[RobustProblem, dict[str, Any]]:
     """``rp`` with each target dataset held at ``floor`` or more (:attr:`RobustProblem.least_weights`),
     unless the floor alone stands between the mixture and the constraints, with what the

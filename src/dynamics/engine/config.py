@@ -259,6 +259,14 @@ class RunConfig(ConfigSection):
                 f"method.min_weight ({floor:g}) times the {num_trained} training datasets is "
                 f"{floor * num_trained:g}, more than the whole mixture: lower it to at most {1 / num_trained:g}"
             )
+        target_floor, num_targets = self.method.target_floor or 0.0, roles.count("target")
+        held = max(target_floor, floor) * num_targets + floor * (num_trained - num_targets)
+        if target_floor > 0 and held >= 1.0:
+            raise ValueError(
+                f"method.target_floor ({target_floor:g}) for each of the {num_targets} target datasets, with "
+                f"method.min_weight for the others, holds {held:g} of the mixture: lower it below "
+                f"{(1 - floor * (num_trained - num_targets)) / num_targets:g}"
+            )
         if self.method.name == "fixed":
             if not self.method.weights:
                 raise ValueError("method.weights: the fixed method needs a weight per training dataset")
