@@ -139,6 +139,7 @@ def test_target_data_keeps_its_floor_where_a_constraint_is_broken_by_noise(seed:
     floored, floored_end = toy_run(FLAT_SLOPES, RobustOptions(lp_candidate=True, target_floor=0.2), seed, noise=0.02)
     fallbacks = [u for u in floored.updates if not u.extra["robust"]["feasible"]]
     assert fallbacks  # the case happens with the floor too
+    assert any(not u.extra["robust"]["target_floor"]["lifted_by"] for u in fallbacks)  # held in a fallback
     for update in floored.updates:
         record = update.extra["robust"]["target_floor"]
         assert record["lifted_by"] in ([], [1])
@@ -152,15 +153,10 @@ def test_target_data_keeps_its_floor_where_a_constraint_is_broken_by_noise(seed:
 
 def test_the_floor_gives_way_where_the_target_data_breaks_a_constraint():
     # Target data harms the constraint far beyond the noise; d1 repairs it. 30% of the
-    # mixture on the target data breaks the constraint, so the floor gives way where d1 alone
-    # can keep it.
+    # mixture on the target data breaks the constraint (d1 offsets at most 20% of target
+    # data: 4e-3 w = 1e-3 (1 - w)), so the floor gives way at every update, and the solver
+    # keeps about as much target data as the constraint allows instead of none.
     harmful = np.array([[-2e-3, 0.0, 0.0], [4e-3, -1e-3, 0.0]])
     history, _ = toy_run(harmful, RobustOptions(lp_candidate=True, target_floor=0.3), seed=0, noise=0.002)
-    records = [u.extra["robust"]["target_floor"] for u in history.updates]
-    lifted = [u for u, r in zip(history.updates, records, strict=True) if r["lifted_by"]]
-    assert lifted
-    assert all(r["lifted_by"] == [1] for r in records if r["lifted_by"])
-    assert any(u.weights[0] < 0.3 - 1e-6 for u in lifted)
-    for update, record in zip(history.updates, records, strict=True):
-        if not record["lifted_by"]:
-            assert update.weights[0] >= 0.3 - 1e-9
+    assert all(u.extra["robust"]["target_floor"]["lifted_by"] == [1] for u in history.updates)
+    assert all(0.1 < u.weights[0] < 0.3 - 1e-6 for u in history.updates)

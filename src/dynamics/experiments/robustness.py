@@ -158,7 +158,7 @@ METHODS: dict[str, dict[str, Any]] = {
     # no stretch of training goes without target data.
     "robust_min_weight": {"variant": "robust", "min_weight": 0.02},
     # The robust variant with 2% of the mixture on each target dataset at every update,
-    # given way where a constraint is broken by more than its evaluation's noise.
+    # given way where the floor alone stands between the mixture and the constraints.
     "robust_target_floor": {"variant": "robust", "target_floor": 0.02},
 }
 """DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
