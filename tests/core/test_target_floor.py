@@ -160,3 +160,69 @@ def test_the_floor_gives_way_where_the_target_data_breaks_a_constraint():
     history, _ = toy_run(harmful, RobustOptions(lp_candidate=True, target_floor=0.3), seed=0, noise=0.002)
     assert all(u.extra["robust"]["target_floor"]["lifted_by"] == [1] for u in history.updates)
     assert all(0.1 < u.weights[0] < 0.3 - 1e-6 for u in history.updates)
+
+
+# ------------------------------------------------------------- the general floor
+
+
+def three_datasets(current: float, general_harm: float) -> RobustProblem:
+    """Dataset 0 is the target's own data and leaves the constraint alone; dataset 1 (general
+    data) moves it by ``general_harm`` per step, dataset 2 repairs it by 2e-4 per step; the
+    constraint stands at ``current`` against a reference of 0.99."""
+    slopes = np.array([[-1e-2, 0.0, 0.0], [0.0, general_harm, -2e-4]])
+    problem = MixtureProblem(slopes, np.array([3.0, current]), np.array([np.nan, 0.99]), (0,), (1,), horizon=100)
+    return RobustProblem(problem, np.zeros((2, 3)))
+
+
+def test_the_general_floor_holds_every_other_dataset_while_a_constraint_is_kept():
+    rp = three_datasets(current=0.98, general_harm=1e-4)
+    floored, record = target_floor(rp, [0], 0.2, general=0.1)
+    np.testing.assert_array_equal(floored.least_weights, [0.2, 0.1, 0.1])
+    assert record == {"floor": 0.2, "target_datasets": [0], "lifted_by": [], "general_floor": 0.1}
+    # Without the general floor the solver gives the data that does nothing for the target nothing.
+    assert solve_direct(rp).weights[1:] == pytest.approx([0.0, 0.0], abs=1e-6)
+    np.testing.assert_allclose(solve_direct(floored).weights, [0.8, 0.1, 0.1], atol=1e-6)
+
+
+def test_without_a_constraint_only_the_target_floor_holds():
+    slopes = np.array([[-1e-2, 0.0, 0.0]])
+    rp = RobustProblem(MixtureProblem(slopes, np.array([3.0]), np.array([np.nan]), (0,), (), horizon=100), np.zeros((1, 3)))
+    floored, record = target_floor(rp, [0], 0.2, general=0.1)
+    np.testing.assert_array_equal(floored.least_weights, [0.2, 0.0, 0.0])
+    assert "general_floor" not in record
+    unchanged, _ = target_floor(rp, [0], 0.0, general=0.1)
+    assert unchanged is rp and unchanged.least_weights is None
+
+
+def test_the_floors_give_way_together_where_the_general_one_alone_breaks_a_constraint():
+    # The constraint is 0.01 above its reference. 100 steps of dataset 2 repair 0.02 at most;
+    # 10% of dataset 1 costs 0.01 of that, so with 10% on each general dataset the repair
+    # needs all of the other 90% and gets at most 0.018 - 0.01: no floored mixture recovers.
+    rp = three_datasets(current=1.0, general_harm=1e-3)
+    lifted, record = target_floor(rp, [0], 0.05, general=0.1)
+    assert lifted.least_weights is None
+    assert record["lifted_by"] == [1] and record["general_floor"] == 0.1
+    solved = solve_direct(lifted)
+    assert solved.feasible and solved.weights[1] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_floors_that_hold_the_whole_mixture_are_refused_with_the_fields_to_change():
+    with pytest.raises(ValueError, match=r"general_floor 0\.4 for each of the 2 others hold 1"):
+        target_floor(three_datasets(0.98, 0.0), [0], 0.2, general=0.4)
+    with pytest.raises(ValueError, match="general_floor"):
+        RobustOptions(general_floor=1.0)
+    assert MethodConfig(general_floor=0.02).robust_options().general_floor == 0.02
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_general_floor_keeps_every_dataset_in_the_noisy_runs_mixture(seed: int):
+    plain, _ = toy_run(FLAT_SLOPES, RobustOptions(lp_candidate=True, target_floor=0.2), seed, noise=0.02)
+    assert any(u.weights[2] < 0.05 - 1e-9 for u in plain.updates)  # d2 moves nothing: without the floor it gets none
+    options = RobustOptions(lp_candidate=True, target_floor=0.2, general_floor=0.05)
+    floored, floored_end = toy_run(FLAT_SLOPES, options, seed, noise=0.02)
+    assert all(u.extra["robust"]["target_floor"]["general_floor"] == 0.05 for u in floored.updates)
+    held = [u for u in floored.updates if not u.extra["robust"]["target_floor"]["lifted_by"]]
+    assert len(held) >= len(floored.updates) - 1  # noise may lift the floors once, not more
+    for update in held:
+        assert update.weights[0] >= 0.2 - 1e-9 and update.weights[1:].min() >= 0.05 - 1e-9
+    assert floored_end[1] <= FLAT_INITIAL[1]

@@ -12,8 +12,9 @@
   as the answer's predicted gain is worth in standard errors.
 - :func:`keep_target_share`: keep a share of the mixture on the targets' own data while the
   constraints allow.
-- :func:`target_floor`: a least weight for each target dataset, given way where it alone
-  stands between the mixture and the constraints.
+- :func:`target_floor`: a least weight for each target dataset (and, with ``general``, for
+  every other one while there are constraints), given way where the floors alone stand
+  between the mixture and the constraints.
 """
 
 from __future__ import annotations
@@ -345,38 +346,56 @@ def keep_target_share(
     return kept, TargetShare(float(kept[targets].sum()), wanted, True, broken)
 
 
-def target_floor(rp: RobustProblem, target_datasets: Sequence[int], floor: float) -> tuple[RobustProblem, dict[str, Any]]:
-    """``rp`` with each target dataset held at ``floor`` or more (:attr:`RobustProblem.least_weights`),
-    unless the floor alone stands between the mixture and the constraints, with what the
-    record says about it.
+def target_floor(
+    rp: RobustProblem, target_datasets: Sequence[int], floor: float, general: float = 0.0
+) -> tuple[RobustProblem, dict[str, Any]]:
+    """``rp`` with each target dataset held at ``floor`` or more and, while ``rp`` has a
+    constraint, every other dataset at ``general`` or more (:attr:`RobustProblem.least_weights`),
+    unless the floors alone stand between the mixture and the constraints, with what the
+    record says about them.
 
-    - Some mixture with the floor is predicted to keep every constraint: the floor holds,
-      and the solver picks the best such mixture.
-    - None is, but one without the floor is: the target data is what the constraints cannot
-      afford over this horizon, so the floor gives way, and ``lifted_by`` names the
+    - Some mixture with the floors is predicted to keep every constraint: they hold, and
+      the solver picks the best such mixture.
+    - None is, but one without the floors is: what they hold is what the constraints cannot
+      afford over this horizon, so they give way together, and ``lifted_by`` names the
       constraints the floored mixtures were predicted to break.
     - None is either way (a constraint below its reference that no probe is predicted to
-      repair in time, often by noise): the floor holds, so the fallback's least-violating
-      mixture keeps target data (``no_mixture_feasible``) instead of giving it none."""
+      repair in time, often by noise): the floors hold, so the fallback's least-violating
+      mixture keeps target data (``no_mixture_feasible``) instead of giving it none, and keeps
+      every other dataset in the mixture instead of betting it on one."""
     targets = list(target_datasets)
-    if floor * len(targets) >= 1.0:
+    num_others = rp.problem.num_datasets - len(targets)
+    # Non-target data is trained for the constraints' sake: without one it needs no floor.
+    general = general if len(rp.problem.constraints) else 0.0
+    held = floor * len(targets) + general * num_others
+    if held >= 1.0:
+        if general == 0:
+            raise ValueError(
+                f"target_floor {floor} for each of {len(targets)} target datasets leaves no weight to the "
+                f"others: set method.target_floor below {1.0 / len(targets):.3g}"
+            )
         raise ValueError(
-            f"target_floor {floor} for each of {len(targets)} target datasets leaves no weight to the "
-            f"others: set method.target_floor below {1.0 / len(targets):.3g}"
+            f"target_floor {floor} for each of {len(targets)} target datasets and general_floor {general} for "
+            f"each of the {num_others} others hold {held:.3g} of the mixture, all of it: lower them so that "
+            "the floors hold less than the whole mixture"
         )
     record: dict[str, Any] = {"floor": floor, "target_datasets": targets, "lifted_by": []}
-    if not targets:
-        return rp, record
-    least = np.zeros(rp.problem.num_datasets)
+    if general > 0:
+        record["general_floor"] = general
+    least = np.full(rp.problem.num_datasets, general)
     least[targets] = floor
+    if not least.any():
+        return rp, record
     floored = replace(rp, least_weights=least)
-    held = most_feasible(floored)
-    if floored.max_violation(held) <= FEASIBILITY_TOL:
+    held_mixture = most_feasible(floored)
+    if floored.max_violation(held_mixture) <= FEASIBILITY_TOL:
         return floored, record
     if rp.max_violation(most_feasible(rp)) > FEASIBILITY_TOL:
         record["no_mixture_feasible"] = True
         return floored, record
     record["lifted_by"] = [
-        int(c) for c, v in zip(rp.problem.constraints, floored.violations(held), strict=True) if v > FEASIBILITY_TOL
+        int(c)
+        for c, v in zip(rp.problem.constraints, floored.violations(held_mixture), strict=True)
+        if v > FEASIBILITY_TOL
     ]
     return rp, record

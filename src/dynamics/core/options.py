@@ -53,6 +53,10 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   without the floor is): then it gives way for that update, and the record says which
   constraints the floor would have broken (:func:`dynamics.core.decisions.target_floor`).
   A floor on every dataset, target or not, is ``method.min_weight``.
+* ``general_floor`` (g in [0, 1)): the same for every dataset that is not a target, while the
+  problem has a constraint (non-target data is trained for the constraints' sake; with none
+  it has nothing to protect and gets no floor). With ``target_floor`` the two floors hold or
+  give way together, as one.
 
 A direct candidate whose SLSQP run failed is recorded and replaced by the mixture in force.
 
@@ -83,6 +87,7 @@ class RobustOptions:
     dataset_calibration: bool = False
     share_in_fallback: bool = False
     target_floor: float = 0.0
+    general_floor: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("noise_margin", "target_noise", "full_step_z"):
@@ -93,8 +98,10 @@ class RobustOptions:
             raise ValueError(f"gain_exponent must be in (0, 1] (1: linear, as eq. 3.3), got {self.gain_exponent}")
         if not (math.isfinite(self.target_share) and 0 <= self.target_share < 1):
             raise ValueError(f"target_share must be in [0, 1) (0: off), got {self.target_share}")
-        if not (math.isfinite(self.target_floor) and 0 <= self.target_floor < 1):
-            raise ValueError(f"target_floor must be in [0, 1) (0: off), got {self.target_floor}")
+        for name in ("target_floor", "general_floor"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 <= value < 1):
+                raise ValueError(f"{name} must be in [0, 1) (0: off), got {value}")
         if self.share_in_fallback and self.target_share == 0:
             raise ValueError(
                 "share_in_fallback keeps target_share's share when no mixture is predicted feasible: "

@@ -269,8 +269,10 @@ class DynamicsPolicy:
             floors=np.array([kind.floor for kind in context.domain_kinds]) if self.options.metric_floors else None,
         )
         decision: dict[str, Any] = {}
-        if self.options.target_floor > 0:
-            robust, decision["target_floor"] = target_floor(robust, target_datasets, self.options.target_floor)
+        if self.options.target_floor > 0 or self.options.general_floor > 0:
+            robust, decision["target_floor"] = target_floor(
+                robust, target_datasets, self.options.target_floor, self.options.general_floor
+            )
         candidates = grid_candidates(problem)
         direct = solve_direct(robust) if self.options.lp_candidate else None
         choice = select_robust(robust, [c.weights for c in candidates], direct)

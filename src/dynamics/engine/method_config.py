@@ -114,6 +114,13 @@ class MethodConfig(ConfigSection):
         "update, given way where no mixture with it but one without it is predicted to keep every "
         "constraint (0: none, as the paper).",
     )
+    general_floor: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="The least weight of every non-target dataset at every update while some constraint is "
+        "kept (none without one), held or given way together with target_floor (0: none, as the paper).",
+    )
     min_weight: float = Field(
         0.0,
         ge=0,

@@ -160,6 +160,9 @@ METHODS: dict[str, dict[str, Any]] = {
     # The robust variant with 2% of the mixture on each target dataset at every update,
     # given way where the floor alone stands between the mixture and the constraints.
     "robust_target_floor": {"variant": "robust", "target_floor": 0.02},
+    # The same floor on every dataset while some constraint is kept (2% each), all given way
+    # together where the floors alone stand between the mixture and the constraints.
+    "robust_floors": {"variant": "robust", "target_floor": 0.02, "general_floor": 0.02},
 }
 """DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
 method, each option alone, combinations, the robust variant, and backtracking."""
