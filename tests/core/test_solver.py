@@ -22,8 +22,10 @@ from scipy.optimize import Bounds, LinearConstraint, linprog, minimize
 
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, SolverGrid
 from dynamics.core.solver import (
+    GridCandidate,
     LPResult,
     Solution,
+    _select,
     duality_gap,
     penalized_objective,
     solve,
@@ -469,3 +471,19 @@ def test_solution_arrays_are_read_only() -> None:
     assert isinstance(solution, Solution)
     with pytest.raises(ValueError):
         solution.weights[0] = 1.0
+
+
+def test_candidates_tied_up_to_rounding_go_to_the_earliest_grid_point():
+    # The same mixture found at two grid points, its objective differing in the last digit
+    # (one machine's rounding puts 4e-14 of weight where another puts 0): the earlier point
+    # wins whichever of the two rounds lower, so the record is the same on every machine.
+    def candidate(lam: float, eps: float, objective: float, violation: float = 0.0) -> GridCandidate:
+        return GridCandidate(lam, eps, np.array([0.0, 1.0]), objective, violation)
+
+    for later in (-1.2, -1.2 * (1 + 1e-15), -1.2 * (1 - 1e-15)):
+        chosen = _select([candidate(1.0, 0.0, -1.0), candidate(20.9, 0.05, -1.2), candidate(6.2, 0.1, later)])
+        assert (chosen.lam, chosen.eps) == (20.9, 0.05)
+    # A real difference still decides, and with nothing feasible the least violation first.
+    assert _select([candidate(20.9, 0.05, -1.2), candidate(6.2, 0.1, -1.2001)]).lam == 6.2
+    infeasible = [candidate(1.0, 0.0, -2.0, 0.3), candidate(2.0, 0.0, -1.0, 0.1), candidate(3.0, 0.0, -1.5, 0.1 * (1 + 1e-14))]
+    assert _select(infeasible).lam == 3.0

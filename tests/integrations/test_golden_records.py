@@ -7,13 +7,17 @@ must leave these files alone. A change meant to alter behaviour regenerates them
 
     DYNAMICS_WRITE_GOLDEN=1 .venv/bin/python -m pytest tests/integrations/test_golden_records.py
 
-and the diff of ``tests/fixtures/golden/`` shows what it altered. One thread, so that
-floating-point sums are reduced in the same order on every machine of the same kind.
+and the diff of ``tests/fixtures/golden/`` shows what it altered. Every key, string and
+count must match exactly and every number to a relative 1e-6 (absolute 1e-9 near zero):
+CPUs with other vector instructions round the same sums differently in the last digits
+(a weight of 4e-14 on one, 0 on another), and behaviour changes move them far more. One
+thread, so that sums are reduced in the same order on every machine.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -125,4 +129,35 @@ def test_run_files_match_the_golden_records(case: str, tokenizer_dir: Path, tmp_
         if WRITE:
             golden.parent.mkdir(parents=True, exist_ok=True)
             golden.write_text(written)
-        assert written == golden.read_text(), f"{case}/{name} differs from its golden record"
+        differences = list(_differences(_records(written), _records(golden.read_text()), f"{case}/{name}"))
+        assert not differences, f"{case}/{name} differs from its golden record: " + "; ".join(differences[:5])
+
+
+def _records(text: str) -> list:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def _differences(written, golden, where: str) -> Iterator[str]:
+    """Where ``written`` departs from ``golden``: any key, string, flag or length, or a
+    number beyond a relative 1e-6 (absolute 1e-9)."""
+    if isinstance(golden, dict) and isinstance(written, dict):
+        if set(written) != set(golden):
+            yield f"{where}: keys {sorted(set(written) ^ set(golden))} only on one side"
+            return
+        for key in golden:
+            yield from _differences(written[key], golden[key], f"{where}.{key}")
+    elif isinstance(golden, list) and isinstance(written, list):
+        if len(written) != len(golden):
+            yield f"{where}: {len(written)} entries, golden {len(golden)}"
+            return
+        for k, (w, g) in enumerate(zip(written, golden, strict=True)):
+            yield from _differences(w, g, f"{where}[{k}]")
+    elif _is_number(golden) and _is_number(written):
+        if not math.isclose(written, golden, rel_tol=1e-6, abs_tol=1e-9):
+            yield f"{where}: {written!r}, golden {golden!r}"
+    elif written != golden or type(written) is not type(golden):
+        yield f"{where}: {written!r}, golden {golden!r}"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

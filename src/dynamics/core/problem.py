@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -172,3 +173,16 @@ def to_floored_simplex(w: np.ndarray, min_weight: float | np.ndarray) -> np.ndar
     if not np.any(floors):
         return to_simplex(w)
     return floors + max(0.0, 1.0 - float(floors.sum())) * to_simplex(w - floors)
+
+
+SELECTION_TIE = 1e-12
+"""Relative difference below which two candidates' objectives (or violations) count as
+equal: differences that small are the solvers' rounding, which moves between machines."""
+
+T = TypeVar("T")
+
+
+def lowest_up_to_rounding(items: Sequence[T], value: Callable[[T], float]) -> list[T]:
+    """The items whose ``value`` is the lowest up to :data:`SELECTION_TIE`, in their order."""
+    best = min(value(item) for item in items)
+    return [item for item in items if value(item) <= best + SELECTION_TIE * max(1.0, abs(best))]

@@ -43,7 +43,7 @@ import numpy as np
 from scipy.optimize import linprog, minimize
 from threadpoolctl import ThreadpoolController
 
-from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, to_simplex
+from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, lowest_up_to_rounding, to_simplex
 
 # A penalised solve is accepted when its certified duality gap is at most this fraction
 # of max(|F(w)|, max_j |g_j|); the tests hold every solve to 1e-6 of the same scale.
@@ -411,13 +411,13 @@ class GridCandidate:
 
 
 def _select(candidates: list[GridCandidate]) -> GridCandidate:
-    """Appendix G: the feasible candidate with the lowest target objective; if none is
-    feasible, the one with the smallest maximum violation (then the lower objective).
-    Remaining ties go to the earliest grid point."""
+    """Appendix G: the feasible candidate with the lowest target objective; if none is, the one with
+    the least maximum violation (then objective). Ties up to rounding go to the earliest grid point."""
     feasible = [c for c in candidates if c.feasible]
     if feasible:
-        return min(feasible, key=lambda c: c.objective)
-    return min(candidates, key=lambda c: (c.max_violation, c.objective))
+        return lowest_up_to_rounding(feasible, lambda c: c.objective)[0]
+    least = lowest_up_to_rounding(candidates, lambda c: c.max_violation)
+    return lowest_up_to_rounding(least, lambda c: c.objective)[0]
 
 
 def solve(problem: MixtureProblem) -> Solution:
