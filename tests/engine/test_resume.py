@@ -107,15 +107,31 @@ def test_a_killed_run_resumes_to_the_same_files(reference, kill):
     assert len(summary["resumed_at"]) == 1
 
 
-def test_a_run_killed_at_a_random_moment_resumes_to_the_same_files(reference):
-    base, expected = reference
-    out = base / "killed-random"
+def _started_until_first_resume_point(base: Path, out: Path) -> tuple[subprocess.Popen, float]:
+    """``dynamics run`` of the reference config in a child process, returned once its first
+    resume point exists, with the time that happened."""
     command = [sys.executable, "-m", "dynamics.cli", "run", str(base / "config.yaml"), "--out", str(out), "--no-progress"]
     process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while not (out / run_state.RESUME_DIR).exists():
         assert process.poll() is None, "the run ended before its first resume point"
-        time.sleep(0.05)
-    time.sleep(random.Random(0).uniform(0.0, 0.5))
+        time.sleep(0.01)
+    return process, time.perf_counter()
+
+
+def test_a_run_killed_at_a_random_moment_resumes_to_the_same_files(reference):
+    base, expected = reference
+    # How long this machine takes from the first resume point to the summary (the run's
+    # last file), measured on a whole run, so that the kill lands inside the run on a fast
+    # CPU as on a slow one.
+    timed, since = _started_until_first_resume_point(base, base / "timed")
+    while not (base / "timed" / "summary.json").exists():
+        assert timed.poll() is None, "the timed run ended without a summary"
+        time.sleep(0.01)
+    remaining = time.perf_counter() - since
+    assert timed.wait(timeout=600) == 0
+    out = base / "killed-random"
+    process, _ = _started_until_first_resume_point(base, out)
+    time.sleep(random.Random(0).uniform(0.0, 0.5) * remaining)
     process.kill()
     assert process.wait() == -9
     assert not (out / "summary.json").exists()
