@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from dynamics.core.controller import run_mixture_training
 from dynamics.core.decisions import target_floor
+from dynamics.core.metrics import checkpoint_feasible
 from dynamics.core.options import RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, to_floored_simplex
@@ -139,9 +140,9 @@ def test_target_data_keeps_its_floor_where_a_constraint_is_broken_by_noise(seed:
     floored, floored_end = toy_run(FLAT_SLOPES, RobustOptions(lp_candidate=True, target_floor=0.2), seed, noise=0.02)
     fallbacks = [u for u in floored.updates if not u.extra["robust"]["feasible"]]
     assert fallbacks  # the case happens with the floor too
-    assert any(not u.extra["robust"]["target_floor"]["lifted_by"] for u in fallbacks)  # held in a fallback
+    assert any(not u.extra["robust"]["floors"]["lifted_by"] for u in fallbacks)  # held in a fallback
     for update in floored.updates:
-        record = update.extra["robust"]["target_floor"]
+        record = update.extra["robust"]["floors"]
         assert record["lifted_by"] in ([], [1])
         if not record["lifted_by"]:
             assert update.weights[0] >= 0.2 - 1e-9
@@ -158,7 +159,7 @@ def test_the_floor_gives_way_where_the_target_data_breaks_a_constraint():
     # keeps about as much target data as the constraint allows instead of none.
     harmful = np.array([[-2e-3, 0.0, 0.0], [4e-3, -1e-3, 0.0]])
     history, _ = toy_run(harmful, RobustOptions(lp_candidate=True, target_floor=0.3), seed=0, noise=0.002)
-    assert all(u.extra["robust"]["target_floor"]["lifted_by"] == [1] for u in history.updates)
+    assert all(u.extra["robust"]["floors"]["lifted_by"] == [1] for u in history.updates)
     assert all(0.1 < u.weights[0] < 0.3 - 1e-6 for u in history.updates)
 
 
@@ -220,9 +221,80 @@ def test_the_general_floor_keeps_every_dataset_in_the_noisy_runs_mixture(seed: i
     assert any(u.weights[2] < 0.05 - 1e-9 for u in plain.updates)  # d2 moves nothing: without the floor it gets none
     options = RobustOptions(lp_candidate=True, target_floor=0.2, general_floor=0.05)
     floored, floored_end = toy_run(FLAT_SLOPES, options, seed, noise=0.02)
-    assert all(u.extra["robust"]["target_floor"]["general_floor"] == 0.05 for u in floored.updates)
-    held = [u for u in floored.updates if not u.extra["robust"]["target_floor"]["lifted_by"]]
+    assert all(u.extra["robust"]["floors"]["general_floor"] == 0.05 for u in floored.updates)
+    held = [u for u in floored.updates if not u.extra["robust"]["floors"]["lifted_by"]]
     assert len(held) >= len(floored.updates) - 1  # noise may lift the floors once, not more
     for update in held:
         assert update.weights[0] >= 0.2 - 1e-9 and update.weights[1:].min() >= 0.05 - 1e-9
     assert floored_end[1] <= FLAT_INITIAL[1]
+
+
+# ------------------------------------------------------------- the floors' deadline
+
+
+def test_dropped_floors_leave_the_problem_as_it_is_and_say_so():
+    rp = three_datasets(current=0.98, general_harm=1e-4)
+    unfloored, record = target_floor(rp, [0], 0.2, general=0.1, dropped=True)
+    assert unfloored is rp and unfloored.least_weights is None
+    assert record == {"floor": 0.2, "target_datasets": [0], "lifted_by": [], "general_floor": 0.1, "dropped": True}
+
+
+class ContextSpy:
+    """The policy, with the context of each update kept."""
+
+    def __init__(self, policy: DynamicsPolicy) -> None:
+        self.policy, self.contexts = policy, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.policy, name)
+
+    def decide(self, learner, context):
+        self.contexts.append(context)
+        return self.policy.decide(learner, context)
+
+
+# Every dataset harms the constraint (d1 least), so no mixture keeps it and no main
+# evaluation is feasible: the floors hold through the fallbacks until the deadline.
+HARMED = np.array([[-2e-3, 0.0, 0.0], [2e-3, 5e-4, 1e-3]])
+FLOORS = {"lp_candidate": True, "target_floor": 0.2, "general_floor": 0.05}
+
+
+def deadline_run(slopes: np.ndarray, deadline: float, seed: int = 0):
+    learner = ToyLearner(slopes, FLAT_INITIAL, seed=seed, noise=0.002, dataset_names=["e0", "d1", "d2"])
+    policy = ContextSpy(DynamicsPolicy(build_schedule(SCHEDULE, 128, probe_cap=8), options=RobustOptions(**FLOORS, floor_deadline=deadline)))
+    history = run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4)
+    return history, policy.contexts, learner.values()
+
+
+def test_past_the_deadline_a_run_without_a_feasible_checkpoint_drops_the_floors():
+    kept, _, kept_end = deadline_run(HARMED, deadline=1.0)
+    history, contexts, end = deadline_run(HARMED, deadline=0.5)
+    assert not any(c.feasible_checkpoint for c in contexts)
+    for update in history.updates:
+        record = update.extra["robust"]["floors"]
+        if update.step < 64:
+            assert "dropped" not in record and update.weights[0] >= 0.2 - 1e-9
+        else:
+            assert record["dropped"] and update.weights[0] < 0.2 - 1e-6  # the rest goes to the constraint
+    assert all("dropped" not in u.extra["robust"]["floors"] for u in kept.updates)
+    assert end[1] < kept_end[1]  # the constraint's true value ends less broken
+
+
+def test_a_run_with_a_feasible_checkpoint_keeps_its_floors_past_the_deadline():
+    history, contexts, _ = deadline_run(FLAT_SLOPES, deadline=0.5)
+    reference = history.evaluations[0]
+    for context in contexts:
+        seen = [e for e in history.evaluations[1:] if e.step <= context.step]
+        assert context.feasible_checkpoint == any(
+            checkpoint_feasible(e, reference, [0], [1]) for e in seen
+        )
+    assert any(c.feasible_checkpoint for c in contexts if c.step >= 64)
+    late = [u for u, c in zip(history.updates, contexts, strict=True) if c.feasible_checkpoint]
+    assert late and all("dropped" not in u.extra["robust"]["floors"] for u in late)
+
+
+def test_a_deadline_without_a_floor_is_refused():
+    with pytest.raises(ValueError, match="floor_deadline drops the floors"):
+        RobustOptions(floor_deadline=0.5)
+    with pytest.raises(ValidationError, match="floor_deadline"):
+        MethodConfig(floor_deadline=0.0)

@@ -14,7 +14,8 @@
   constraints allow.
 - :func:`target_floor`: a least weight for each target dataset (and, with ``general``, for
   every other one while there are constraints), given way where the floors alone stand
-  between the mixture and the constraints.
+  between the mixture and the constraints; :func:`past_floor_deadline`: whether an update
+  drops them because the run has no feasible checkpoint yet.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from dynamics.core.learner import DomainKind
+from dynamics.core.policy_interface import UpdateContext
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
 from dynamics.core.robust import RobustProblem, most_feasible
 
@@ -346,8 +348,14 @@ def keep_target_share(
     return kept, TargetShare(float(kept[targets].sum()), wanted, True, broken)
 
 
+def past_floor_deadline(context: UpdateContext, deadline: float, total_steps: int) -> bool:
+    """Whether an update drops the floors (``floor_deadline``): it is at or past ``deadline``
+    of the run's ``total_steps`` and no main evaluation has been feasible yet."""
+    return context.step >= deadline * total_steps and not context.feasible_checkpoint
+
+
 def target_floor(
-    rp: RobustProblem, target_datasets: Sequence[int], floor: float, general: float = 0.0
+    rp: RobustProblem, target_datasets: Sequence[int], floor: float, general: float = 0.0, dropped: bool = False
 ) -> tuple[RobustProblem, dict[str, Any]]:
     """``rp`` with each target dataset held at ``floor`` or more and, while ``rp`` has a
     constraint, every other dataset at ``general`` or more (:attr:`RobustProblem.least_weights`),
@@ -362,7 +370,9 @@ def target_floor(
     - None is either way (a constraint below its reference that no probe is predicted to
       repair in time, often by noise): the floors hold, so the fallback's least-violating
       mixture keeps target data (``no_mixture_feasible``) instead of giving it none, and keeps
-      every other dataset in the mixture instead of betting it on one."""
+      every other dataset in the mixture instead of betting it on one.
+
+    With ``dropped`` (:func:`past_floor_deadline`) neither floor holds, and the record says so."""
     targets = list(target_datasets)
     num_others = rp.problem.num_datasets - len(targets)
     # Non-target data is trained for the constraints' sake: without one it needs no floor.
@@ -382,6 +392,9 @@ def target_floor(
     record: dict[str, Any] = {"floor": floor, "target_datasets": targets, "lifted_by": []}
     if general > 0:
         record["general_floor"] = general
+    if dropped:
+        record["dropped"] = True
+        return rp, record
     least = np.full(rp.problem.num_datasets, general)
     least[targets] = floor
     if not least.any():

@@ -57,6 +57,11 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   problem has a constraint (non-target data is trained for the constraints' sake; with none
   it has nothing to protect and gets no floor). With ``target_floor`` the two floors hold or
   give way together, as one.
+* ``floor_deadline`` (d in (0, 1]): from step d·T of a T-step run on, the floors are dropped
+  at every update until some main evaluation after step 0 is feasible (every constraint at
+  or below its reference, the targets' summed loss below step 0's): a run that has not
+  reached a feasible checkpoint by then spends what is left of it on the constraints, as
+  the options without floors do. 1: the floors are never dropped this way.
 
 A direct candidate whose SLSQP run failed is recorded and replaced by the mixture in force.
 
@@ -88,6 +93,7 @@ class RobustOptions:
     share_in_fallback: bool = False
     target_floor: float = 0.0
     general_floor: float = 0.0
+    floor_deadline: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("noise_margin", "target_noise", "full_step_z"):
@@ -102,6 +108,13 @@ class RobustOptions:
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 <= value < 1):
                 raise ValueError(f"{name} must be in [0, 1) (0: off), got {value}")
+        if not (math.isfinite(self.floor_deadline) and 0 < self.floor_deadline <= 1):
+            raise ValueError(f"floor_deadline must be in (0, 1] (1: never), got {self.floor_deadline}")
+        if self.floor_deadline < 1 and self.target_floor == 0 and self.general_floor == 0:
+            raise ValueError(
+                "floor_deadline drops the floors, and none is set: set target_floor or general_floor "
+                "(e.g. 0.02), or floor_deadline: 1"
+            )
         if self.share_in_fallback and self.target_share == 0:
             raise ValueError(
                 "share_in_fallback keeps target_share's share when no mixture is predicted feasible: "

@@ -24,6 +24,7 @@ from dynamics.core.decisions import (
     confident_step,
     dataset_calibrated,
     keep_target_share,
+    past_floor_deadline,
     slope_standard_errors,
     target_floor,
 )
@@ -270,8 +271,9 @@ class DynamicsPolicy:
         )
         decision: dict[str, Any] = {}
         if self.options.target_floor > 0 or self.options.general_floor > 0:
-            robust, decision["target_floor"] = target_floor(
-                robust, target_datasets, self.options.target_floor, self.options.general_floor
+            dropped = past_floor_deadline(context, self.options.floor_deadline, self.schedule.total_steps)
+            robust, decision["floors"] = target_floor(
+                robust, target_datasets, self.options.target_floor, self.options.general_floor, dropped=dropped
             )
         candidates = grid_candidates(problem)
         direct = solve_direct(robust) if self.options.lp_candidate else None

@@ -24,6 +24,9 @@ class UpdateContext:
                        the margins backtracking learned.
     domain_kinds:      each domain's metric and evaluation batch size.
     weights_in_force:  the mixture trained on up to this step (None at the first update).
+    feasible_checkpoint: some main evaluation after step 0 (not left behind by a backtrack)
+                       was feasible on the eval split: every constraint at or below its
+                       reference and the targets' summed loss below step 0's.
     """
 
     step: int
@@ -38,6 +41,7 @@ class UpdateContext:
     domain_kinds: tuple[DomainKind, ...]
     weights_in_force: np.ndarray | None
     after_backtrack: bool = False  # the learner was just returned to this step's state
+    feasible_checkpoint: bool = False
 
 
 class MixturePolicy(Protocol):

@@ -121,6 +121,13 @@ class MethodConfig(ConfigSection):
         description="The least weight of every non-target dataset at every update while some constraint is "
         "kept (none without one), held or given way together with target_floor (0: none, as the paper).",
     )
+    floor_deadline: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="From this fraction of training on, an update drops target_floor and general_floor while "
+        "no main evaluation has yet been feasible, so that the rest of the run goes to the constraints (1: never).",
+    )
     min_weight: float = Field(
         0.0,
         ge=0,

@@ -163,6 +163,10 @@ METHODS: dict[str, dict[str, Any]] = {
     # The same floor on every dataset while some constraint is kept (2% each), all given way
     # together where the floors alone stand between the mixture and the constraints.
     "robust_floors": {"variant": "robust", "target_floor": 0.02, "general_floor": 0.02},
+    # Both floors dropped from the run's midpoint on while no main evaluation has been feasible.
+    "robust_floors_deadline": {
+        "variant": "robust", "target_floor": 0.02, "general_floor": 0.02, "floor_deadline": 0.5,
+    },
 }
 """DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
 method, each option alone, combinations, the robust variant, and backtracking."""
