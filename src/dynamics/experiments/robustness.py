@@ -154,6 +154,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "robust_share_fallback": {"variant": "robust", "target_share": 0.1, "share_in_fallback": True},
     # The robust variant on the paper's no-warmup schedule: fewer updates, so fewer probes.
     "robust_no_warmup": {"variant": "robust", "schedule": "no-warmup"},
+    # The robust variant with probes of at most 8 steps (the demo's scaled c_max is 16).
+    "robust_probe_cap_8": {"variant": "robust", "probe_cap": 8},
     # The robust variant with every dataset at 2% of the mixture or more at every update, so
     # no stretch of training goes without target data.
     "robust_min_weight": {"variant": "robust", "min_weight": 0.02},
