@@ -6,7 +6,8 @@ scenarios with several seeds (``docs/beyond-the-paper.md``).
 
 Runs that already finished under ``--out`` are skipped, so the command resumes. Every run
 trains on one thread, ``--jobs`` at a time (default: the CPU cores available). It then
-aggregates every finished run under ``--out`` into ``benchmarks/results/beyond_the_paper.json``
+aggregates every finished run under ``--out`` into ``--json`` (default ``<out>/report.json``,
+so that a partial run never overwrites the committed results in ``benchmarks/results/``)
 and prints the tables. Checkpoints are chosen on the eval split, reductions are reported on
 the test split; costs are training wall time over the same seed's median fixed run.
 """
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fixed", action="store_true", help="skip the fixed sweep")
     parser.add_argument("--jobs", type=int, default=available_cores(), help="runs trained at once")
     parser.add_argument("--report-only", action="store_true", help="only aggregate finished runs")
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "beyond_the_paper.json")
+    parser.add_argument("--json", type=Path, help="where the report goes (default: <out>/report.json)")
     args = parser.parse_args(argv)
     scenarios = [s for s in args.scenarios.split(",") if s]
     methods = [m for m in args.methods.split(",") if m]
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         measure(args.out, scenarios, [int(s) for s in args.seeds.split(",")], methods,
                 fixed=not args.no_fixed, base_folder=base, jobs=args.jobs, progress=True,
                 log=lambda m: print(m, flush=True))
-    report = write_report(args.out, args.json)
+    report = write_report(args.out, args.json or args.out / "report.json")
     print(markdown(report))
     return 0
 

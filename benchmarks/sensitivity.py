@@ -8,7 +8,8 @@ machines or two builds (``docs/beyond-the-paper.md``, "Sensitivity").
 Each method runs once per perturbation (evaluations x (1 + 1e-6 N(0, 1)), the base model's
 weights x (1 + 1e-6 N(0, 1)), torch's CPU kernels without vector instructions) beside its
 unperturbed run of the protocol under ``--out`` (run first if missing). Finished runs are
-skipped, so the command resumes. Writes ``benchmarks/results/sensitivity.json`` and prints
+skipped, so the command resumes. Writes ``--json`` (default ``<out>/sensitivity.json``; the
+committed results are ``benchmarks/results/sensitivity.json``) and prints
 the table: the spread of each method's test reduction, against the spread across seeds of
 the best fixed mixture where the protocol ran several seeds.
 """
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="paper,floors_steps_share")
     parser.add_argument("--perturbations", default=",".join(PERTURBATIONS))
     parser.add_argument("--report-only", action="store_true", help="only aggregate finished runs")
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "sensitivity.json")
+    parser.add_argument("--json", type=Path, help="where the report goes (default: <out>/sensitivity.json)")
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
     perturbations = [p for p in args.perturbations.split(",") if p]
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         measure_sensitivity(args.out, args.scenario, args.seed, methods, base_folder=base,
                             perturbations=perturbations, log=lambda m: print(m, flush=True))
     report = aggregate_sensitivity(args.out)
-    rundir.atomic_write_text(args.json, json.dumps(report, indent=1) + "\n")
+    rundir.atomic_write_text(args.json or args.out / "sensitivity.json", json.dumps(report, indent=1) + "\n")
     print(sensitivity_markdown(report))
     return 0
 
