@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from dynamics.core.learner import Evaluation, Learner
-from dynamics.core.metrics import TIE_TOLERANCE, checkpoint_feasible, constraint_slack
+from dynamics.core.metrics import TIE_TOLERANCE, constraint_slack, run_feasible
 from dynamics.core.policy_interface import MixturePolicy, UpdateContext
 from dynamics.core.records import EvaluationRecord, RunHistory, UpdateRecord
 from dynamics.core.schedules import UpdateSchedule
@@ -249,14 +249,6 @@ class MixtureController:
     def _constraints_held(self) -> bool:
         return bool((self._constraint_slack() >= -TIE_TOLERANCE).all())
 
-    def _reached_a_feasible_checkpoint(self) -> bool:
-        history = self.history
-        return any(
-            not record.backtracked
-            and checkpoint_feasible(record, history.evaluations[0], history.targets, history.constraints)
-            for record in history.evaluations[1:]
-        )
-
     def _should_backtrack(self) -> bool:
         return (
             self.max_backtracks > 0
@@ -332,7 +324,7 @@ class MixtureController:
             domain_kinds=tuple(learner.domain_kinds),
             weights_in_force=None if last is None else np.asarray(last.weights, dtype=float),
             after_backtrack=self._backtrack is not None,
-            feasible_checkpoint=self._reached_a_feasible_checkpoint(),
+            feasible_checkpoint=run_feasible(history.kept_evaluations, history.targets, history.constraints),
         )
         update = self.policy.decide(learner, context)
         if self._backtrack is not None:
