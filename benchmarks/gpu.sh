@@ -14,7 +14,7 @@
 #                  --paper-evaluation);
 #   paper_shape:   the paper's cost at the paper's shape: Qwen2.5-3B's shape, LoRA 32,
 #                  sequences of 512, batch 8, evaluations every 64 steps on 200 batches and
-#                  probes on 50, dense warm-up, as far as DYNAMICS_PAPER_SECONDS (60) allow;
+#                  probes on 50, dense warm-up, as far as DYNAMICS_PAPER_SECONDS (90) allow;
 #                  measured unit costs and the cost model's 2,048-step prediction from them
 #                  (run_overhead.py --paper-shape; DYNAMICS_PAPER_SCALE shrinks the model);
 #   fsdp_resume:   a LoRA run under FSDP2 stopped and resumed (benchmarks/fsdp_resume.py),
@@ -26,6 +26,8 @@
 #                  wheels/; pip --no-index), never from the internet.
 # Meant to take under 8 minutes on one H100 (each section's seconds are in the JSON); no
 # section starts after DYNAMICS_GPU_CHECK_SECONDS (480), and each is cut to what is left.
+# DYNAMICS_GPU_CHECK_SECTIONS (a comma-separated list, default all five) runs only the
+# sections it names; the others are recorded as skipped, saying so.
 # DYNAMICS_GPU_CHECK_TOY=1 runs the same script at a toy size on a CPU, profiler included,
 # in about a minute (the test suite does, so the script cannot rot).
 set -euo pipefail
@@ -43,7 +45,7 @@ else
   ENGINE_STEPS=20
   PROFILE=above-goal
   OVERHEAD=(--steps 32)
-  PAPER=(--scale "${DYNAMICS_PAPER_SCALE:-1}" --seconds "${DYNAMICS_PAPER_SECONDS:-60}")
+  PAPER=(--scale "${DYNAMICS_PAPER_SCALE:-1}" --seconds "${DYNAMICS_PAPER_SECONDS:-90}")
 fi
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
@@ -56,10 +58,23 @@ DEADLINE="${DYNAMICS_GPU_CHECK_SECONDS:-480}"
 # section NAME LIMIT_S COMMAND...: stdout to NAME.json, stderr to NAME.err, seconds and exit
 # status to NAME.meta; a failure or a timeout does not stop the script. The limit is cut to
 # what is left before DEADLINE; with under 20 s left the section is skipped.
+SECTIONS="${DYNAMICS_GPU_CHECK_SECTIONS:-engine,run_overhead,paper_shape,fsdp_resume,qlora}"
+for name in ${SECTIONS//,/ }; do
+  case "$name" in
+    engine|run_overhead|paper_shape|fsdp_resume|qlora) ;;
+    *) echo "DYNAMICS_GPU_CHECK_SECTIONS: unknown section '$name'; the sections are engine, run_overhead, paper_shape, fsdp_resume, qlora" >&2; exit 2 ;;
+  esac
+done
+wanted() { [[ ",$SECTIONS," == *",$1,"* ]]; }
+
 section() {
   local name=$1 limit=$2 begin=$SECONDS rc=0
   local left=$((DEADLINE - (SECONDS - started)))
   shift 2
+  if ! wanted "$name"; then
+    skip "$name" "not in DYNAMICS_GPU_CHECK_SECTIONS ($SECTIONS)"
+    return
+  fi
   if [ "$left" -lt 20 ]; then
     skip "$name" "the script's deadline (DYNAMICS_GPU_CHECK_SECONDS=$DEADLINE) left ${left} s"
     return
@@ -72,19 +87,23 @@ skip() { echo "$2" >"$OUT/$1.skip"; }
 
 section engine 150 "$PYTHON" benchmarks/engine.py "${SIZE[@]}" --steps "$ENGINE_STEPS" --profile "$PROFILE"
 section run_overhead 210 "$PYTHON" benchmarks/run_overhead.py "${SIZE[@]}" "${OVERHEAD[@]}" --paper-evaluation
-section paper_shape $((${DYNAMICS_PAPER_SECONDS:-60} + 90)) "$PYTHON" benchmarks/run_overhead.py --paper-shape "${PAPER[@]}"
+section paper_shape $((${DYNAMICS_PAPER_SECONDS:-90} + 90)) "$PYTHON" benchmarks/run_overhead.py --paper-shape "${PAPER[@]}"
 
 # The machine, read once: the GPU count, then the torch version and the device's name.
 mapfile -t machine < <("$PYTHON" -c "import torch; n = torch.cuda.device_count(); print(n); print(torch.__version__); print(torch.cuda.get_device_name(0) if n else 'cpu')")
 gpus=${machine[0]}
-if [ "$gpus" -ge 2 ]; then
+if ! wanted fsdp_resume; then
+  skip fsdp_resume "not in DYNAMICS_GPU_CHECK_SECTIONS ($SECTIONS)"
+elif [ "$gpus" -ge 2 ]; then
   section fsdp_resume 150 "$PYTHON" benchmarks/fsdp_resume.py --processes "$gpus"
 else
   skip fsdp_resume "needs two GPUs or more (a real test of gathering shards); this machine has $gpus"
 fi
 
 has_bnb() { "$PYTHON" -c "import bitsandbytes" >/dev/null 2>&1; }
-if [ "$gpus" -lt 1 ]; then
+if ! wanted qlora; then
+  skip qlora "not in DYNAMICS_GPU_CHECK_SECTIONS ($SECTIONS)"
+elif [ "$gpus" -lt 1 ]; then
   skip qlora "needs a CUDA GPU (bitsandbytes' 4-bit layers); this machine has none"
 else
   if ! has_bnb && [ -d "$WHEELS" ]; then

@@ -64,6 +64,20 @@ def test_the_gpu_check_prints_one_json_object_with_its_measurements(gpu_check):
     assert result["total_seconds"] >= 0
 
 
+def test_the_gpu_check_runs_only_the_sections_it_is_asked_for():
+    """DYNAMICS_GPU_CHECK_SECTIONS picks sections (a short GPU lease spends its time on what
+    has not run yet); the others say why they did not run, and a misspelt name is refused."""
+    result = run_json(
+        ["bash", "benchmarks/gpu.sh"], DYNAMICS_GPU_CHECK_TOY="1", DYNAMICS_GPU_CHECK_SECTIONS="engine"
+    )
+    assert "failed" not in result["engine"] and result["engine"]["tokens_per_s"]["engine_lora"] > 0
+    for name in ("run_overhead", "paper_shape", "fsdp_resume", "qlora"):
+        assert result[name] == {"skipped": "not in DYNAMICS_GPU_CHECK_SECTIONS (engine)"}
+    environment = {**os.environ, "DYNAMICS_GPU_CHECK_TOY": "1", "DYNAMICS_GPU_CHECK_SECTIONS": "engine,qlroa"}
+    done = subprocess.run(["bash", "benchmarks/gpu.sh"], cwd=ROOT, env=environment, capture_output=True, text=True)
+    assert done.returncode == 2 and "unknown section 'qlroa'" in done.stderr and not done.stdout
+
+
 PAPER_TOY = [sys.executable, "benchmarks/run_overhead.py", "--paper-shape", "--scale", "0.005", "--seq", "32", "--batch", "1"]
 
 
@@ -107,7 +121,7 @@ def test_the_paper_shape_reports_nothing_it_did_not_measure():
     assert measured["steps_trained"] == 0 and set(measured["counts"].values()) == {0}
     for unit in UNITS:
         assert measured["unit_s"][unit] is None
-        assert "--seconds 0 ran out before the main evaluation at step 0" in measured["reasons"][unit]
+        assert "--seconds 0 ran out before the training steps timed first" in measured["reasons"][unit]
     assert predicted["measured_train_fwd_ratio"] is None and predicted["reason_train_fwd_ratio"]
     assert predicted["all_measured_units"] is None and "train_step" in predicted["reason_all_measured_units"]
 
