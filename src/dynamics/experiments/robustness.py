@@ -169,6 +169,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "robust_floors_deadline": {
         "variant": "robust", "target_floor": 0.02, "general_floor": 0.02, "floor_deadline": 0.5,
     },
+    # The robust variant moving toward each feasible answer only as far as its predicted
+    # target gain stands above noise (all the way at 3 standard errors).
+    "robust_steps": {"variant": "robust", "full_step_z": 3.0},
 }
 """DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
 method, each option alone, combinations, the robust variant, and backtracking."""
