@@ -10,6 +10,7 @@ import yaml
 from dynamics.core.options import DEFAULT_VARIANT, VARIANTS
 from dynamics.engine.config import ConfigError, RunConfig
 from dynamics.engine.config_docs import config_reference_markdown
+from dynamics.experiments.robustness import METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -175,6 +176,22 @@ def test_single_robustness_options_override_the_variant():
     assert options.gain_exponent == VARIANTS["robust"].gain_exponent  # the rest from the variant
     config["method"] = {"name": "dynamics", "variant": "paper"}
     assert RunConfig.from_dict(config).method.robust_options().is_paper
+
+
+def test_every_setting_the_protocol_measures_is_a_valid_method_config():
+    """The benchmark's labelled settings are parsed as a user's config would be, and every
+    option they name reaches the run's options (a misspelt one would be refused here rather
+    than an hour into the protocol)."""
+    for label, settings in METHODS.items():
+        config = minimal()
+        config["method"] = {"name": "dynamics", "schedule": "dense-warmup", **settings}
+        method = RunConfig.from_dict(config).method
+        options = method.robust_options()
+        for key, value in settings.items():
+            if key in ("variant", "schedule", "probe_cap", "min_weight", "backtrack"):
+                assert getattr(method, key) == value, (label, key)
+            else:
+                assert getattr(options, key) == value, (label, key)
 
 
 @pytest.mark.parametrize(
