@@ -179,6 +179,43 @@ def test_methods_are_compared_with_the_fixed_sweep_at_equal_compute(tmp_path, mo
     assert f"| paper | 2 | 100% | 40.0% | 30.0, 50.0 | 45.0% | 2.50x (1 seed) | {100 * expected:.1f}% (1 seed) |" in table
 
 
+def test_where_no_fixed_mixture_is_feasible_the_violation_is_set_against_the_least_violating_one(
+    tmp_path, monkeypatch
+):
+    """The goal's clause for scenarios where nothing is feasible: on a seed where no fixed
+    run kept every constraint, each method's violation (test) stands beside that of the
+    fixed mixture least violating on eval (reported on test); seeds with a feasible fixed
+    run do not count."""
+
+    def run(feasible: bool, eval_violation: float, test_violation: float) -> dict:
+        return {
+            "feasible": feasible, "reduction_test": 0.1 * feasible, "reduction_eval": 0.1 * feasible,
+            "train_seconds": 10.0, "violation_eval": eval_violation, "violation_test": test_violation,
+        }
+
+    outcomes = {
+        # Nothing feasible: w0 is the least violating on eval (0.01), reported on test (0.03).
+        "seed0": {"fixed-w0": run(False, 0.01, 0.03), "fixed-w1": run(False, 0.05, 0.02), "robust": run(False, 0.02, 0.04)},
+        "seed1": {"fixed-w0": run(False, 0.02, 0.05), "fixed-w1": run(False, 0.01, 0.01), "robust": run(False, 0.03, 0.02)},
+        # A feasible fixed run: this seed says nothing about the clause.
+        "seed2": {"fixed-w0": run(True, 0.0, 0.0), "fixed-w1": run(False, 0.05, 0.05), "robust": run(False, 0.09, 0.09)},
+    }
+    for seed, labels in outcomes.items():
+        for label in labels:
+            folder = tmp_path / "demo" / seed / label
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text("{}")
+    monkeypatch.setattr(
+        robustness,
+        "run_outcome",
+        lambda folder: ({**outcomes[folder.parent.name][folder.name], "checkpoint": 8}, ([], ["t", "c"], [1])),
+    )
+    robust = robustness.aggregate(tmp_path)["demo"]["methods"]["robust"]
+    assert robust["nothing_feasible_seeds"] == robust["least_violating_fixed_seeds"] == 2
+    assert robust["median_violation_nothing_feasible"] == pytest.approx((0.04 + 0.02) / 2)
+    assert robust["median_least_violating_fixed"] == pytest.approx((0.03 + 0.01) / 2)
+
+
 def test_sensitivity_reruns_a_method_under_each_perturbation(tmp_path):
     base = ensure_base_model(spec=QUICK_SPEC, progress=False)
     out = tmp_path / "beyond"
