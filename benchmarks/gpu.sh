@@ -58,12 +58,13 @@ DEADLINE="${DYNAMICS_GPU_CHECK_SECONDS:-480}"
 # section NAME LIMIT_S COMMAND...: stdout to NAME.json, stderr to NAME.err, seconds and exit
 # status to NAME.meta; a failure or a timeout does not stop the script. The limit is cut to
 # what is left before DEADLINE; with under 20 s left the section is skipped.
-SECTIONS="${DYNAMICS_GPU_CHECK_SECTIONS:-engine,run_overhead,paper_shape,fsdp_resume,qlora}"
+ALL_SECTIONS=engine,run_overhead,paper_shape,fsdp_resume,qlora
+SECTIONS="${DYNAMICS_GPU_CHECK_SECTIONS:-$ALL_SECTIONS}"
 for name in ${SECTIONS//,/ }; do
-  case "$name" in
-    engine|run_overhead|paper_shape|fsdp_resume|qlora) ;;
-    *) echo "DYNAMICS_GPU_CHECK_SECTIONS: unknown section '$name'; the sections are engine, run_overhead, paper_shape, fsdp_resume, qlora" >&2; exit 2 ;;
-  esac
+  if [[ ",$ALL_SECTIONS," != *",$name,"* ]]; then
+    echo "DYNAMICS_GPU_CHECK_SECTIONS: unknown section '$name'; the sections are ${ALL_SECTIONS//,/, }" >&2
+    exit 2
+  fi
 done
 wanted() { [[ ",$SECTIONS," == *",$1,"* ]]; }
 

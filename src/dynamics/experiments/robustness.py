@@ -401,6 +401,10 @@ def aggregate(out: Path) -> dict[str, Any]:
         for seed, by_method in runs.items():
             fixed = {k: v for k, v in by_method.items() if k.startswith("fixed-")}
             unit = statistics.median(v["train_seconds"] for v in fixed.values()) if fixed else None
+            # Where no fixed mixture kept every constraint, the least-violating one (chosen on
+            # eval, reported on test) is the bar for every method's violation.
+            nothing_feasible = bool(fixed) and not any(v["feasible"] for v in fixed.values())
+            least = min(fixed, key=lambda k: (fixed[k]["violation_eval"], k)) if nothing_feasible else None
             for label, result in by_method.items():
                 row = {**result, "seed": seed, **({} if unit is None else {"cost": result["train_seconds"] / unit})}
                 if fixed and not label.startswith("fixed-"):
@@ -411,17 +415,12 @@ def aggregate(out: Path) -> dict[str, Any]:
                         [v["reduction_test"] for v in fixed.values()],
                         max(1.0, row["cost"]),
                     )
-                methods.setdefault(label, []).append(row)
-            if fixed and not any(v["feasible"] for v in fixed.values()):
-                # No fixed mixture kept every constraint: the least-violating one (chosen on
-                # eval, reported on test) is the bar for every method's violation.
-                least = min(fixed, key=lambda k: (fixed[k]["violation_eval"], k))
-                for label, rows in methods.items():
-                    if not label.startswith("fixed-") and rows and rows[-1]["seed"] == seed:
-                        rows[-1].update(
-                            violation_nothing_feasible=rows[-1]["violation_test"],
+                    if least is not None:
+                        row.update(
+                            violation_nothing_feasible=result["violation_test"],
                             least_violating_fixed=fixed[least]["violation_test"],
                         )
+                methods.setdefault(label, []).append(row)
             if fixed:
                 best = max(fixed, key=lambda k: _selection_score(fixed[k]))
                 methods.setdefault("best-fixed (eval)", []).append({**fixed[best], "seed": seed, "label": best, "cost": float(len(fixed))})
