@@ -28,6 +28,7 @@ from dynamics.core.decisions import (
     binomial_error,
     confident_step,
     dataset_calibrated,
+    general_fallback,
     keep_target_share,
     slope_standard_errors,
 )
@@ -595,3 +596,96 @@ def test_read_exactly_the_same_tie_flips_decisions(monkeypatch):
     monkeypatch.setattr(policies_module, "at_resolution", lambda problem, probe_budget, questions: problem)
     plain = tied_run(0.0)
     assert max(largest_difference(plain, tied_run(1e-6, seed)) for seed in range(4)) > 0.5
+
+
+# ------------------------------------------------------------- the fallback on non-target data
+
+
+def fallback_problem(advantage: float, error: float, reference: float) -> RobustProblem:
+    # The constraint e1 is broken at theta_t (1.0 against ``reference``). Dataset 0 is target
+    # data and repairs it faster than the non-target dataset 1 by ``advantage`` per step,
+    # measured with standard error ``error`` on each constraint slope.
+    slopes = np.array([[-1e-3, 0.0], [-1e-4 - advantage, -1e-4]])
+    problem = MixtureProblem(slopes, np.array([2.0, 1.0]), np.array([np.nan, reference]), (0,), (1,), horizon=100)
+    return RobustProblem(problem, np.array([[0.0, 0.0], [error, error]]))
+
+
+def test_a_fallback_bet_on_target_data_within_noise_goes_to_the_non_target_data():
+    # The least-violating mixture is all target data, 0.001 below the non-target answer's
+    # violation of 0.09 over the horizon; one standard error of that difference is
+    # 100 x 1e-4 x sqrt(2) = 0.014: within noise.
+    rp = fallback_problem(advantage=1e-5, error=1e-4, reference=0.9)
+    answer = solve_direct(rp).weights
+    np.testing.assert_allclose(answer, [1.0, 0.0], atol=1e-9)
+    weights, record = general_fallback(rp, answer, [0], z=1.0)
+    np.testing.assert_allclose(weights, [0.0, 1.0], atol=1e-9)
+    assert not record["kept_targets"]
+    assert record["violation"] == pytest.approx(0.089) and record["general_violation"] == pytest.approx(0.09)
+    # The same bet with no noise on it is taken.
+    kept, record = general_fallback(fallback_problem(advantage=1e-5, error=0.0, reference=0.9), answer, [0], z=1.0)
+    np.testing.assert_array_equal(kept, answer)
+    assert record["kept_targets"]
+
+
+def test_a_fallback_bet_on_target_data_above_noise_is_kept():
+    # Target data repairs 0.11 over the horizon, the non-target data 0.01; 0.1 is seven
+    # standard errors.
+    rp = fallback_problem(advantage=1e-3, error=1e-4, reference=0.5)
+    answer = solve_direct(rp).weights
+    weights, record = general_fallback(rp, answer, [0], z=1.0)
+    np.testing.assert_array_equal(weights, answer)
+    assert record["kept_targets"] and record["pessimistic_violation"] < record["general_violation"]
+
+
+def test_the_general_fallback_leaves_feasible_and_target_free_answers_alone():
+    feasible = fallback_problem(advantage=1e-3, error=1e-4, reference=1.0)  # not broken at theta_t
+    answer = solve_direct(feasible).weights
+    assert feasible.max_violation(answer) <= FEASIBILITY_TOL
+    assert general_fallback(feasible, answer, [0], z=1.0) == (answer, None)
+    broken = fallback_problem(advantage=1e-5, error=1e-4, reference=0.9)
+    target_free = np.array([0.0, 1.0])
+    assert general_fallback(broken, target_free, [0], z=1.0)[1] is None
+    assert general_fallback(broken, np.array([1.0, 0.0]), [], z=1.0)[1] is None  # no target data
+
+
+def test_the_general_fallback_refuses_a_least_weight_on_target_data():
+    rp = replace(fallback_problem(advantage=1e-5, error=1e-4, reference=0.9), least_weights=np.array([0.1, 0.0]))
+    with pytest.raises(ValueError, match=r"general_fallback.*least weight"):
+        general_fallback(rp, np.array([0.9, 0.1]), [0], z=1.0)
+    with pytest.raises(ValueError, match=r"general_fallback.*target_floor"):
+        RobustOptions(general_fallback=1.0, target_floor=0.02)
+    with pytest.raises(ValueError, match="general_fallback"):
+        RobustOptions(general_fallback=-1.0)
+
+
+# Nothing is feasible: every dataset harms the constraint e1, the target data d0 ("e0", it
+# also teaches the target) four times as much as d1. Short probes (one step at the dense
+# warmup's first updates) measure these slopes with an error of about 0.014 per step, ten
+# times their difference, so the fallback's least-violating answer is a coin toss between
+# the two datasets until the probes grow.
+HARM_SLOPES = np.array([[-2e-3, 0.0], [2e-3, 5e-4]])
+HARM_INITIAL = np.array([3.0, 2.0])
+
+
+def harm_run(options: RobustOptions, seed: int):
+    learner = ToyLearner(HARM_SLOPES, HARM_INITIAL, seed=seed, noise=0.02, dataset_names=["e0", "d1"])
+    policy = DynamicsPolicy(build_schedule([0, 1, 2, 4, 8, 16, 32, 64], 128, probe_cap=16), options=options)
+    history = run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4)
+    return history, learner.values()
+
+
+@pytest.mark.parametrize("seed", [0, 1])  # seeds whose noise makes a fallback bet on target data
+def test_where_nothing_is_feasible_noise_does_not_bet_the_mixture_on_target_data(seed: int):
+    plain, plain_end = harm_run(VARIANTS["robust"], seed)
+    guarded, guarded_end = harm_run(replace(VARIANTS["robust"], general_fallback=1.0), seed)
+    bets = [
+        u for u in guarded.updates
+        if u.extra["robust"]["general_fallback"] is not None and u.extra["robust"]["weights"][0] > 0.5
+    ]
+    assert bets  # the case happens: a fallback's answer put most of the mixture on target data
+    for update in bets:
+        assert not update.extra["robust"]["general_fallback"]["kept_targets"]
+        assert update.weights[0] == 0.0
+    # Less of the harmful data trained, so the constraint's true value ends lower.
+    assert guarded.updates[-1].step == plain.updates[-1].step
+    assert guarded_end[1] < plain_end[1]

@@ -199,6 +199,8 @@ def test_every_setting_the_protocol_measures_is_a_valid_method_config():
     [
         ({"share_in_fallback": True}, r"method: share_in_fallback .* set target_share > 0"),
         ({"calibration": True, "dataset_calibration": True}, r"method: calibration and dataset_calibration"),
+        ({"general_fallback": 1.0, "target_floor": 0.02}, r"method: general_fallback .* target_floor"),
+        ({"general_fallback": 1.0, "min_weight": 0.02}, r"method: general_fallback .* min_weight"),
     ],
 )
 def test_options_that_contradict_each_other_are_refused_with_the_config(method, message):

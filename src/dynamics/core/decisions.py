@@ -12,6 +12,9 @@
   as the answer's predicted gain is worth in standard errors.
 - :func:`keep_target_share`: keep a share of the mixture on the targets' own data while the
   constraints allow.
+- :func:`general_fallback`: where no mixture is predicted to keep every constraint, train
+  the non-target datasets' least-violating mixture unless target data is predicted to
+  violate less by more than noise.
 - :func:`target_floor`: a least weight for each target dataset (and, with ``general``, for
   every other one while there are constraints), given way where the floors alone stand
   between the mixture and the constraints; :func:`past_floor_deadline`: whether an update
@@ -30,7 +33,7 @@ import numpy as np
 from dynamics.core.learner import DomainKind
 from dynamics.core.policy_interface import UpdateContext
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
-from dynamics.core.robust import RobustProblem, most_feasible
+from dynamics.core.robust import RobustProblem, most_feasible, solve_direct
 
 
 def slope_standard_errors(
@@ -412,3 +415,53 @@ def target_floor(
         if v > FEASIBILITY_TOL
     ]
     return rp, record
+
+
+def general_fallback(
+    rp: RobustProblem, weights: np.ndarray, target_datasets: Sequence[int], z: float
+) -> tuple[np.ndarray, dict[str, Any] | None]:
+    """Where no mixture is predicted to keep every constraint, the non-target datasets'
+    least-violating mixture, unless the least-violating mixture of all datasets
+    (``weights``, the fallback's answer) still violates less after its predicted advantage
+    is cut by ``z`` standard errors.
+
+    The fallback's answer is the mixture predicted to violate least; the probes that predict
+    it can be short and noisy (one step at a dense warmup's first updates), and where they
+    cannot tell the datasets apart the answer is a bet on one of them, target data as often
+    as not. Target data is the data whose training the constraints guard against; the
+    non-target data is in the mixture for their sake. So the bet on target data is taken
+    only on evidence: ``weights`` is kept when, for every constraint, its predicted violation
+    plus ``z`` standard errors of its predicted difference from the non-target answer
+    (``H ||sigma_i * (w - w_general)||``) is below the non-target answer's largest violation.
+    A mixture predicted to keep every constraint, an answer without target data, or a
+    problem without non-target data is returned as it is. Returns the mixture and what the
+    record says (``None`` where the fallback did not apply)."""
+    weights = np.asarray(weights, dtype=float)
+    targets = [int(j) for j in target_datasets]
+    general = [j for j in range(rp.problem.num_datasets) if j not in targets]
+    if not targets or not general or rp.max_violation(weights) <= FEASIBILITY_TOL or weights[targets].sum() <= 0:
+        return weights, None
+    least = rp.least_weights if rp.least_weights is not None else np.full(rp.problem.num_datasets, rp.problem.min_weight)
+    if np.any(least[targets] > 0):
+        raise ValueError(
+            "general_fallback trains no target data where no mixture is predicted feasible, and a least weight "
+            "holds target data in every mixture: set method.general_fallback: 0, or method.min_weight and "
+            "method.target_floor to 0"
+        )
+    restricted = replace(
+        rp,
+        problem=replace(rp.problem, slopes=rp.problem.slopes[:, general]),
+        slope_errors=rp.slope_errors[:, general],
+        least_weights=None if rp.least_weights is None else least[general],
+    )
+    alternative = np.zeros_like(weights)
+    alternative[general] = solve_direct(restricted).weights
+    pessimistic = rp.violations(weights) + z * rp.prediction_errors(weights - alternative)
+    kept = bool(pessimistic.max() < rp.max_violation(alternative))
+    record = {
+        "kept_targets": kept,
+        "violation": rp.max_violation(weights),
+        "general_violation": rp.max_violation(alternative),
+        "pessimistic_violation": float(max(pessimistic.max(), 0.0)),
+    }
+    return (weights if kept else alternative), record

@@ -46,6 +46,13 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   keeps that share also when no mixture is predicted to keep every constraint, as far as
   no constraint's predicted violation grows by more than its prediction's standard error.
 
+* ``general_fallback`` (z >= 0, 0: off): where no mixture is predicted to keep every
+  constraint, the non-target datasets' least-violating mixture is trained instead of the
+  fallback's answer, unless that answer gives target data weight and is predicted to
+  violate less even with its advantage cut by z standard errors
+  (:func:`dynamics.core.decisions.general_fallback`): a short, noisy probe does not bet the
+  mixture on target data while the constraints are broken.
+
 * ``target_floor`` (f in [0, 1)): every target dataset (one named like a target domain)
   keeps at least f of the mixture at every update, inside the solver (so the other weights
   are chosen knowing it, in the fallback too), unless the floor alone stands between the
@@ -94,9 +101,10 @@ class RobustOptions:
     target_floor: float = 0.0
     general_floor: float = 0.0
     floor_deadline: float = 1.0
+    general_fallback: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("noise_margin", "target_noise", "full_step_z"):
+        for name in ("noise_margin", "target_noise", "full_step_z", "general_fallback"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0 (standard errors), got {value}")
@@ -119,6 +127,11 @@ class RobustOptions:
             raise ValueError(
                 "share_in_fallback keeps target_share's share when no mixture is predicted feasible: "
                 "set target_share > 0 (e.g. 0.1) or share_in_fallback: false"
+            )
+        if self.general_fallback > 0 and self.target_floor > 0:
+            raise ValueError(
+                "general_fallback trains no target data where no mixture is predicted feasible, which "
+                "target_floor forbids: set one of them to 0"
             )
         if self.calibration and self.dataset_calibration:
             raise ValueError(

@@ -23,6 +23,7 @@ from dynamics.core.decisions import (
     calibrated,
     confident_step,
     dataset_calibrated,
+    general_fallback,
     keep_target_share,
     past_floor_deadline,
     slope_standard_errors,
@@ -285,6 +286,9 @@ class DynamicsPolicy:
             if choice.source == "direct":
                 # A failed solve says nothing reliable about where to go: stay.
                 weights = previous
+        if self.options.general_fallback > 0:
+            z = self.options.general_fallback
+            weights, decision["general_fallback"] = general_fallback(robust, weights, target_datasets, z)
         if self.options.full_step_z > 0:
             weights, fraction = confident_step(robust, previous, weights, self.options.full_step_z)
             decision["step_fraction"] = fraction

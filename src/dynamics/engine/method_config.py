@@ -128,6 +128,13 @@ class MethodConfig(ConfigSection):
         description="From this fraction of training on, an update drops target_floor and general_floor while "
         "no main evaluation has yet been feasible, so that the rest of the run goes to the constraints (1: never).",
     )
+    general_fallback: float | None = Field(
+        None,
+        ge=0,
+        description="Where no mixture is predicted to keep every constraint, train the non-target datasets' "
+        "least-violating mixture unless a mixture with target data is predicted to violate less by more than "
+        "this many standard errors (0: off, as the paper; needs min_weight and target_floor at 0).",
+    )
     min_weight: float = Field(
         0.0,
         ge=0,
@@ -162,6 +169,11 @@ class MethodConfig(ConfigSection):
             raise ValueError(
                 "method.variant and the robustness options need probes, so only method.name: dynamics "
                 "uses them; remove them or set method.name: dynamics"
+            )
+        if self.robust_options().general_fallback > 0 and self.min_weight > 0:
+            raise ValueError(
+                "general_fallback trains no target data where no mixture is predicted feasible, which "
+                "min_weight forbids: set one of them to 0"
             )
         return self
 

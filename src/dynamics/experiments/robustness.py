@@ -179,6 +179,10 @@ METHODS: dict[str, dict[str, Any]] = {
     # The robust variant moving toward each feasible answer only as far as its predicted
     # target gain stands above noise (all the way at 3 standard errors).
     "robust_steps": {"variant": "robust", "full_step_z": 3.0},
+    # The robust variant training the non-target data's least-violating mixture where no
+    # mixture is predicted feasible, unless target data is predicted to violate less by more
+    # than one standard error.
+    "robust_general_fallback": {"variant": "robust", "general_fallback": 1.0},
 }
 """DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
 method, each option alone, combinations, the robust variant, and backtracking."""
