@@ -183,6 +183,9 @@ METHODS: dict[str, dict[str, Any]] = {
     # mixture is predicted feasible, unless target data is predicted to violate less by more
     # than one standard error.
     "robust_general_fallback": {"variant": "robust", "general_fallback": 1.0},
+    # Both floors, and up to two returns to the last main evaluation that kept every
+    # constraint when one shows a constraint broken.
+    "robust_floors_backtrack": {"variant": "robust", "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2},
 }
 """DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
 method, each option alone, combinations, the robust variant, and backtracking."""
