@@ -433,8 +433,9 @@ def general_fallback(
     only on evidence: ``weights`` is kept when, for every constraint, its predicted violation
     plus ``z`` standard errors of its predicted difference from the non-target answer
     (``H ||sigma_i * (w - w_general)||``) is below the non-target answer's largest violation.
-    A mixture predicted to keep every constraint, an answer without target data, or a
-    problem without non-target data is returned as it is. Returns the mixture and what the
+    A mixture predicted to keep every constraint, an answer without target data (any
+    positive weight counts, a solver's rounding residue too), or a problem without
+    non-target data is returned as it is. Returns the mixture and what the
     record says (``None`` where the fallback did not apply)."""
     weights = np.asarray(weights, dtype=float)
     targets = [int(j) for j in target_datasets]
