@@ -191,12 +191,12 @@ class StateLoggingLearner(ToyLearner):
         return super().evaluate(split, num_batches)
 
 
-def run_hidden(max_backtracks):
+def run_hidden(max_backtracks, backtrack_patience=1):
     learner = StateLoggingLearner(HIDDEN_SLOPES, HIDDEN_INITIAL, effect=hidden_harm)
     policy = RecordingPolicy(DynamicsPolicy(build_schedule([0, 32], 96, probe_cap=4)))
     history = run_mixture_training(
         learner, policy, targets=[0], constraints=[1], eval_interval=16, reduced_batches=4,
-        max_backtracks=max_backtracks,
+        max_backtracks=max_backtracks, backtrack_patience=backtrack_patience,
     )
     return learner, policy, history
 
@@ -242,6 +242,24 @@ def test_backtracking_stops_after_max_backtracks():
     assert len(history.backtracks) == 1
     with pytest.raises(ValueError, match="max_backtracks"):
         run_hidden(max_backtracks=-1)
+
+
+def test_backtrack_patience_returns_only_after_broken_evaluations_in_a_row():
+    _, _, eager = run_hidden(max_backtracks=1)
+    _, _, patient = run_hidden(max_backtracks=1, backtrack_patience=2)
+    first = patient.backtracks[0]
+    reference = patient.evaluations[0].eval[1]
+    left = [e for e in patient.evaluations if e.backtracked]
+    # Both evaluations of the streak broke the constraint and both are left behind, not kept.
+    assert [e.step for e in left] == [first["from_step"] - 16, first["from_step"]]
+    assert all(e.eval[1] > reference + 1e-9 for e in left)
+    kept_steps = [e.step for e in patient.kept_evaluations]
+    assert kept_steps == sorted(set(kept_steps)) == list(range(0, 97, 16))  # one kept branch
+    # The first broken evaluation alone returns the eager run; the patient one waits one more.
+    assert first["from_step"] == eager.backtracks[0]["from_step"] + 16
+    assert first["to_step"] == eager.backtracks[0]["to_step"]
+    with pytest.raises(ValueError, match="backtrack_patience"):
+        run_hidden(max_backtracks=1, backtrack_patience=0)
 
 
 class Crash(Exception):

@@ -66,6 +66,8 @@ def test_overrides_by_dotted_path_and_dataset_name():
         ({"method": {"name": "fixed", "weights": {"math": 1, "wiki": 1}, "backtrack": 2}}, ["method.backtrack"]),
         ({"method": {"name": "gradient-alignment", "calibration": True}}, ["method.name: dynamics"]),
         ({"method": {"backtrack": -1}}, ["method.backtrack"]),
+        ({"method": {"backtrack_patience": 2}}, ["method.backtrack_patience", "method.backtrack > 0"]),
+        ({"method": {"backtrack": 1, "backtrack_patience": 0}}, ["backtrack_patience"]),
     ],
 )
 def test_errors_name_the_field(change, fields):
@@ -188,7 +190,7 @@ def test_every_setting_the_protocol_measures_is_a_valid_method_config():
         method = RunConfig.from_dict(config).method
         options = method.robust_options()
         for key, value in settings.items():
-            if key in ("variant", "schedule", "probe_cap", "min_weight", "backtrack"):
+            if key in ("variant", "schedule", "probe_cap", "min_weight", "backtrack", "backtrack_patience"):
                 assert getattr(method, key) == value, (label, key)
             else:
                 assert getattr(options, key) == value, (label, key)

@@ -225,6 +225,27 @@ def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(
     assert redecided[0]["current_losses"] == first["current_losses"]
 
 
+def test_backtrack_patience_returns_only_after_broken_evaluations_in_a_row(tokenizer_dir, tmp_path):
+    # At lr 1.0 (seed 0, on CPU) the orca constraint is broken at step 8 and kept again at
+    # step 12 with evaluations every 4 steps: with patience 2 that costs no return.
+    data = tiny_config(tokenizer_dir, tmp_path / "once", backtrack=1, backtrack_patience=2)
+    data["optimizer"]["lr"] = 1.0
+    data["training"]["total_steps"] = 12
+    assert not run(RunConfig.from_dict(data), progress=False)["backtracks"]
+    slack = {row["step"]: row["constraint_slack"]["orca"] for row in read_run(tmp_path / "once").evaluations}
+    assert slack[8] < 0 <= slack[12]
+    # Every 2 steps it is broken at steps 8 and 10: the run returns to step 6 after both,
+    # and both rows of metrics.jsonl say they were left behind.
+    data["output_dir"] = str(tmp_path / "twice")
+    data["evaluation"]["interval"] = 2
+    (backtrack,) = run(RunConfig.from_dict(data), progress=False)["backtracks"]
+    records = read_run(tmp_path / "twice")
+    assert (backtrack["from_step"], backtrack["to_step"], backtrack["retrained_steps"]) == (10, 6, 4)
+    assert [row["step"] for row in records.evaluations if row["backtracked"]] == [8, 10]
+    assert not any(row["feasible"] for row in records.evaluations if row["backtracked"])
+    assert [p.step for p in records.eval_points()] == list(range(0, 13, 2))
+
+
 def test_under_sharding_every_rank_makes_rank_0s_gathering_calls_in_the_same_order(
     tokenizer_dir, tmp_path, monkeypatch
 ):

@@ -119,6 +119,9 @@ class MixtureController:
     of the run (a margin learned from the miss), and the policy decides again there. The
     abandoned evaluation stays in the history marked ``backtracked``, the abandoned
     updates are marked ``abandoned``, and the new update carries the ``backtrack``.
+    ``backtrack_patience`` main evaluations in a row must show a broken constraint before
+    the run returns (1: the first one), so that a violation that training repairs by the
+    next evaluation costs no steps trained again.
 
     At every step of ``checkpoint_steps`` the controller hands itself to
     ``callbacks.on_checkpoint``: its :meth:`state_dict` (plain JSON-able data) and its
@@ -140,6 +143,7 @@ class MixtureController:
         reduced_batches: int,
         callbacks: LoopCallbacks | None = None,
         max_backtracks: int = 0,
+        backtrack_patience: int = 1,
         checkpoint_steps: Collection[int] = (),
     ) -> None:
         schedule = policy.schedule
@@ -149,6 +153,8 @@ class MixtureController:
             raise ValueError(f"reduced_batches must be >= 1, got {reduced_batches}")
         if max_backtracks < 0:
             raise ValueError(f"max_backtracks must be >= 0, got {max_backtracks}")
+        if backtrack_patience < 1:
+            raise ValueError(f"backtrack_patience must be >= 1, got {backtrack_patience}")
         if not schedule.steps or schedule.steps[0] != 0:
             raise ValueError("the policy's schedule must start at step 0")
         self.learner = learner
@@ -157,6 +163,7 @@ class MixtureController:
         self.reduced_batches = reduced_batches
         self.callbacks = callbacks or LoopCallbacks()
         self.max_backtracks = max_backtracks
+        self.backtrack_patience = backtrack_patience
         self.checkpoint_steps = set(checkpoint_steps)
         self.eval_steps = evaluation_steps(schedule.total_steps, eval_interval)
         self.events = loop_events(schedule.total_steps, eval_interval, schedule, checkpoint_steps)
@@ -250,21 +257,20 @@ class MixtureController:
         return bool((self._constraint_slack() >= -TIE_TOLERANCE).all())
 
     def _should_backtrack(self) -> bool:
-        return (
-            self.max_backtracks > 0
-            and not self._constraints_held()
-            and self.feasible is not None
-            and len(self.history.backtracks) < self.max_backtracks
-        )
+        if self.max_backtracks == 0 or self.feasible is None or self._constraints_held():
+            return False
+        # Every kept evaluation after the last feasible one broke a constraint: that many in a row.
+        broken_in_a_row = sum(e.step > self.feasible.step for e in self.history.kept_evaluations)
+        return broken_in_a_row >= self.backtrack_patience and len(self.history.backtracks) < self.max_backtracks
 
     def _backtrack_from(self, step: int) -> None:
-        """Mark the evaluation just made and the updates since the last feasible state as
-        left behind, lower each broken constraint's reference by its violation, and return
+        """Mark the evaluations and updates since the last feasible state as left behind, lower each broken constraint's reference by its violation, and return
         the learner to that state."""
         history, feasible = self.history, self.feasible
         assert feasible is not None
         record = history.evaluations[-1]
-        record.backtracked = True
+        for left in history.evaluations:  # with patience, the broken evaluations before it too
+            left.backtracked = left.backtracked or left.step > feasible.step
         if self.callbacks.on_evaluation is not None:
             self.callbacks.on_evaluation(record, history)
         slack = self._constraint_slack()
@@ -457,6 +463,7 @@ def run_mixture_training(
     reduced_batches: int,
     callbacks: LoopCallbacks | None = None,
     max_backtracks: int = 0,
+    backtrack_patience: int = 1,
     checkpoint_steps: Collection[int] = (),
     resume: SavedLoop | None = None,
 ) -> RunHistory:
@@ -472,6 +479,7 @@ def run_mixture_training(
         reduced_batches=reduced_batches,
         callbacks=callbacks,
         max_backtracks=max_backtracks,
+        backtrack_patience=backtrack_patience,
         checkpoint_steps=checkpoint_steps,
     )
     if resume is not None:

@@ -148,6 +148,13 @@ class MethodConfig(ConfigSection):
         description="Times a run may return to its last feasible main evaluation when one shows a broken "
         "constraint, and decide again with that violation as a margin (0: never, as in the paper).",
     )
+    backtrack_patience: int = Field(
+        1,
+        ge=1,
+        description="Main evaluations in a row that must show a broken constraint before the run backtracks "
+        "(1: the first one); a violation repaired by the next evaluation then costs no steps trained again. "
+        "Needs backtrack > 0.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -174,6 +181,11 @@ class MethodConfig(ConfigSection):
             raise ValueError(
                 "general_fallback trains no target data where no mixture is predicted feasible, which "
                 "min_weight forbids: set one of them to 0"
+            )
+        if self.backtrack_patience > 1 and self.backtrack == 0:
+            raise ValueError(
+                "method.backtrack_patience says when a run backtracks, and method.backtrack is 0 (never): "
+                "set method.backtrack > 0, or remove backtrack_patience"
             )
         return self
 

@@ -123,6 +123,7 @@ def run(
         reduced_batches=config.evaluation.reduced_batches,
         callbacks=callbacks,
         max_backtracks=config.method.backtrack,
+        backtrack_patience=config.method.backtrack_patience,
         checkpoint_steps=checkpoint_steps(config),
     )
     if resume_point is not None:

@@ -191,7 +191,10 @@ class RunFolderWriter:
     def on_evaluation(self, record: EvaluationRecord, history: RunHistory) -> None:
         row = self.metrics_row(record, history)
         with self.writing(rundir.METRICS_FILE, self.metrics_log.path):
-            self.metrics_log.append(row)
+            if record.backtracked:  # rows written before it may have been left behind with it
+                self.metrics_log.rewrite(self.metrics_row(r, history) for r in history.evaluations)
+            else:
+                self.metrics_log.append(row)
         self.parts.accelerator.log(tracking.evaluation_values(row), step=record.step)
         if self.best.update(record, history):
             self._save_checkpoint(record.step)

@@ -186,6 +186,10 @@ METHODS: dict[str, dict[str, Any]] = {
     # Both floors, and up to two returns to the last main evaluation that kept every
     # constraint when one shows a constraint broken.
     "robust_floors_backtrack": {"variant": "robust", "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2},
+    # The same, returning only after two main evaluations in a row show a constraint broken.
+    "robust_floors_patience": {
+        "variant": "robust", "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2, "backtrack_patience": 2,
+    },
 }
 """DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
 method, each option alone, combinations, the robust variant, and backtracking."""
