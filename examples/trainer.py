@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import torch
 import yaml
 from peft import LoraConfig, get_peft_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
@@ -55,6 +56,9 @@ def main() -> None:
         callbacks=[dynamics],  # dynamics
     )
     trainer.train()
+    if torch.distributed.is_initialized():
+        # Under torchrun, without this a process can abort at exit (gloo's threads outlive Python).
+        torch.distributed.destroy_process_group()
 
     summary = dynamics.summary
     print(

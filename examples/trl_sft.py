@@ -60,6 +60,9 @@ def main() -> None:
         callbacks=[dynamics],  # dynamics
     )
     trainer.train()
+    if torch.distributed.is_initialized():
+        # Under torchrun, without this a process can abort at exit (gloo's threads outlive Python).
+        torch.distributed.destroy_process_group()
 
     summary = dynamics.summary
     print(

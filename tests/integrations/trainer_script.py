@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import torch
 from accelerate.utils import set_seed
 from transformers import Trainer
 
@@ -27,6 +28,10 @@ def main(path: str) -> None:
         callbacks=[callback],
     )
     trainer.train()
+    if torch.distributed.is_initialized():
+        # As a user's script should: without it a process can abort at exit under torchrun
+        # (gloo's threads outlive the interpreter, "terminate called without an active exception").
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
