@@ -117,7 +117,7 @@ class MixtureController:
     constraint (parameters, optimizer, scheduler, RNG and data positions, as in a probe),
     each broken constraint's reference is lowered by the violation just seen for the rest
     of the run (a margin learned from the miss), and the policy decides again there. The
-    abandoned evaluation stays in the history marked ``backtracked``, the abandoned
+    abandoned evaluations stay in the history marked ``backtracked``, the abandoned
     updates are marked ``abandoned``, and the new update carries the ``backtrack``.
     ``backtrack_patience`` main evaluations in a row must show a broken constraint before
     the run returns (1: the first one), so that a violation that training repairs by the
@@ -264,8 +264,9 @@ class MixtureController:
         return broken_in_a_row >= self.backtrack_patience and len(self.history.backtracks) < self.max_backtracks
 
     def _backtrack_from(self, step: int) -> None:
-        """Mark the evaluations and updates since the last feasible state as left behind, lower each broken constraint's reference by its violation, and return
-        the learner to that state."""
+        """Mark the evaluations and updates since the last feasible state as left behind,
+        lower each broken constraint's reference by its violation, and return the learner to
+        that state."""
         history, feasible = self.history, self.feasible
         assert feasible is not None
         record = history.evaluations[-1]
