@@ -177,6 +177,27 @@ def test_a_stuck_broken_constraint_does_not_hide_the_others():
     assert problem.target_objective(choice.weights) == pytest.approx(-0.5e-3, abs=1e-8)
 
 
+def test_the_fallback_does_not_flip_under_evaluations_a_billionth_apart():
+    """Constraint 1 is broken and stuck, so every mixture is infeasible. The most feasible
+    point is dataset 0 alone (it helps constraint 2 and teaches nothing); the best mixture
+    within the same violations shares the weight with dataset 1, the target's teacher, up to
+    where constraint 2 binds. That answer sits on the solver's bound: checked against the
+    same bound, rounding decided whether it was kept or the run stayed on dataset 0."""
+    slopes = np.array([[0.0, -1e-3, -1e-4], [0.0, 0.0, 0.0], [-1e-3, 1e-3, 0.0]])
+    rng = np.random.default_rng(0)
+    answers = []
+    for _ in range(20):
+        nudged = slopes * (1 + 1e-9 * rng.normal(size=slopes.shape))
+        current = np.array([2.0, -0.80, 1.0]) * (1 + 1e-9 * rng.normal(size=3))
+        problem = MixtureProblem(nudged, current, np.array([np.nan, -0.85, 1.0]), (0,), (1, 2), horizon=16)
+        direct = solve_direct(RobustProblem(problem, np.full_like(slopes, 1e-4), gain_exponent=0.5, probe_budget=4))
+        assert not direct.feasible
+        answers.append(direct.weights)
+    answers = np.array(answers)
+    assert np.ptp(answers, axis=0).max() < 1e-5
+    assert 0.4 < answers[0, 1] < 0.55  # the target's teacher up to constraint 2's bound
+
+
 def test_target_noise_shares_weight_between_datasets_within_noise():
     # Two datasets teach the target equally well up to a difference far below their
     # standard errors; no constraint binds. The paper's objective puts everything on the

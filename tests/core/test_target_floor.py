@@ -96,11 +96,12 @@ def test_in_the_fallback_the_floor_keeps_target_data_and_the_rest_repairs_the_co
     problem = broken_problem()
     plain = solve_direct(RobustProblem(problem, np.zeros((2, 2))))
     assert not plain.feasible
-    np.testing.assert_allclose(plain.weights, [0.0, 1.0], atol=1e-9)
+    # The fallback may spend half of FEASIBILITY_TOL of violation on the target: ~5e-8 here.
+    np.testing.assert_allclose(plain.weights, [0.0, 1.0], atol=1e-6)
     floored_rp = RobustProblem(problem, np.zeros((2, 2)), least_weights=np.array([0.2, 0.0]))
     floored = solve_direct(floored_rp)
     assert not floored.feasible
-    np.testing.assert_allclose(floored.weights, [0.2, 0.8], atol=1e-9)
+    np.testing.assert_allclose(floored.weights, [0.2, 0.8], atol=1e-6)
     # The grid's candidates are raised to the floor before the choice.
     choice = select_robust(floored_rp, [c.weights for c in grid_candidates(problem)], floored)
     assert choice.weights[0] >= 0.2 - 1e-12
