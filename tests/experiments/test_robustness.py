@@ -4,6 +4,7 @@ once into the tests' cache, tests/conftest.py), 8 steps."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -64,6 +65,26 @@ def test_measure_resumes_and_aggregates_what_the_run_folders_hold(tmp_path):
         assert rows[label]["reductions_test"] == [result["reduction_test"]]
         assert rows[label]["feasible"] == float(result["feasible"])
     assert "| robust | 1 |" in markdown(report)
+
+
+def test_a_method_rerun_alone_is_compared_with_the_fixed_sweep_of_an_earlier_report(tmp_path, monkeypatch):
+    base = ensure_base_model(spec=QUICK_SPEC, progress=False)
+    monkeypatch.setitem(SCENARIOS, "conflict", replace(SCENARIOS["conflict"], target_masses=(0.0, 0.5)))
+    first, again = tmp_path / "first", tmp_path / "again"
+    measure(first, ["conflict"], [0], ["robust"], base_folder=base, settings=SMALL, log=lambda m: None)
+    earlier = write_report(first, tmp_path / "first.json")
+    # The same method's run alone in another folder, as after a change to the controller.
+    shutil.copytree(first / "conflict" / "seed0" / "robust", again / "conflict" / "seed0" / "robust")
+
+    alone = write_report(again, tmp_path / "alone.json")["conflict"]
+    assert set(alone["methods"]) == {"robust"} and "median_cost" not in alone["methods"]["robust"]
+    assert "fixed_sweep_from_earlier_report" not in alone
+
+    merged = write_report(again, tmp_path / "merged.json", fixed_from=earlier)["conflict"]
+    assert merged["fixed_sweep_from_earlier_report"] == ["seed0"]
+    assert merged["runs"] == earlier["conflict"]["runs"]
+    assert merged["methods"] == earlier["conflict"]["methods"]  # cost, equal compute, best fixed
+    assert set(merged["methods"]) == {"robust", "fixed-w0", "fixed-w0.5", "best-fixed (eval)"}
 
 
 def test_four_targets_trains_each_arithmetic_operation_as_its_own_target(tmp_path, monkeypatch):

@@ -37,7 +37,7 @@ import itertools
 import json
 import shutil
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -391,12 +391,18 @@ def run_outcome(folder: Path) -> tuple[dict[str, Any], tuple[list[dict[str, Any]
     return result, (records.updates, records.domain_names, records.constraints)
 
 
-def aggregate(out: Path) -> dict[str, Any]:
+def aggregate(out: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Per scenario: every run's result, and per method the feasibility rate, the median
     test reduction and the median wall time over the same seed's median fixed run; the
     best fixed mixture of each seed is chosen on the eval split. A seed that ran without the
     fixed sweep (``--no-fixed``) counts for the reductions, not for the cost or the
-    comparison at equal cost, whose medians say over how many seeds they are."""
+    comparison at equal cost, whose medians say over how many seeds they are.
+
+    ``fixed_from``, an earlier report (what this function returns), supplies the fixed
+    sweep's results of every scenario and seed that has none under ``out``; such seeds are
+    listed under ``fixed_sweep_from_earlier_report``. The fixed mixtures do not depend on the
+    controller, so a change to it needs only its own runs again (their costs are then over
+    fixed runs timed on another occasion)."""
     report: dict[str, Any] = {}
     for scenario_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name in SCENARIOS):
         runs: dict[str, dict[str, dict[str, Any]]] = {}
@@ -408,6 +414,13 @@ def aggregate(out: Path) -> dict[str, Any]:
                     runs.setdefault(seed_dir.name, {})[run_dir.name] = result
                     if not run_dir.name.startswith("fixed-"):
                         adaptive.append(updates)
+        earlier = (fixed_from or {}).get(scenario_dir.name, {}).get("runs", {})
+        reused = []
+        for seed, by_method in runs.items():
+            earlier_fixed = {k: v for k, v in earlier.get(seed, {}).items() if k.startswith("fixed-")}
+            if earlier_fixed and not any(k.startswith("fixed-") for k in by_method):
+                by_method.update(earlier_fixed)
+                reused.append(seed)
         methods: dict[str, list[dict[str, Any]]] = {}
         for seed, by_method in runs.items():
             fixed = {k: v for k, v in by_method.items() if k.startswith("fixed-")}
@@ -459,6 +472,7 @@ def aggregate(out: Path) -> dict[str, Any]:
             "methods": summary,
             "predictions": prediction_errors(adaptive),
             "runs": runs,
+            **({"fixed_sweep_from_earlier_report": reused} if reused else {}),
         }
     return report
 
@@ -557,8 +571,8 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_report(out: Path, json_path: Path) -> dict[str, Any]:
-    report = aggregate(out)
+def write_report(out: Path, json_path: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    report = aggregate(out, fixed_from)
     rundir.atomic_write_text(json_path, json.dumps(report, indent=1) + "\n")
     return report
 
