@@ -3,7 +3,7 @@ scenarios with several seeds (``docs/beyond-the-paper.md``).
 
     .venv/bin/python benchmarks/beyond_the_paper.py [--out runs/beyond] [--scenarios demo,conflict,unconstrained]
         [--seeds 0,1,2] [--methods paper,robust,...] [--no-fixed] [--report-only] [--jobs N]
-        [--fixed-from benchmarks/results/protocol.json]
+        [--fixed-from benchmarks/results/protocol.json ...]
 
 Runs that already finished under ``--out`` are skipped, so the command resumes. Every run
 trains on one thread, ``--jobs`` at a time (default: the CPU cores available). It then
@@ -12,7 +12,7 @@ so that a partial run never overwrites the committed results in ``benchmarks/res
 and prints the tables. Checkpoints are chosen on the eval split, reductions are reported on
 the test split; costs are training wall time over the same seed's median fixed run.
 ``--fixed-from`` takes the fixed sweep of every scenario and seed that has none under
-``--out`` from an earlier report, so that a change to the controller needs only its own runs.
+``--out`` from earlier reports, so that a change to the controller needs only its own runs.
 """
 
 from __future__ import annotations
@@ -39,22 +39,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=available_cores(), help="runs trained at once")
     parser.add_argument("--report-only", action="store_true", help="only aggregate finished runs")
     parser.add_argument("--json", type=Path, help="where the report goes (default: <out>/report.json)")
-    parser.add_argument("--fixed-from", type=Path, help="an earlier report whose fixed sweep fills the seeds without one")
+    parser.add_argument("--fixed-from", type=Path, nargs="+", default=[],
+                        help="earlier reports whose fixed sweeps fill the seeds without one")
     args = parser.parse_args(argv)
     scenarios = [s for s in args.scenarios.split(",") if s]
     methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(scenarios) - set(SCENARIOS)) + sorted(set(methods) - set(METHODS))
     if unknown:
         parser.error(f"unknown scenarios or methods {unknown}: use {sorted(SCENARIOS)} and {sorted(METHODS)}")
-    if args.fixed_from is not None and not args.fixed_from.is_file():
-        parser.error(f"--fixed-from {args.fixed_from}: no such report (a JSON written by this script)")
+    missing = [str(path) for path in args.fixed_from if not path.is_file()]
+    if missing:
+        parser.error(f"--fixed-from: no such report {missing} (a JSON this script wrote)")
     if not args.report_only:
         base = ensure_base_model(spec=DEMO_BASE_SPEC)
         args.out.mkdir(parents=True, exist_ok=True)
         measure(args.out, scenarios, [int(s) for s in args.seeds.split(",")], methods,
                 fixed=not args.no_fixed, base_folder=base, jobs=args.jobs, progress=True,
                 log=lambda m: print(m, flush=True))
-    fixed_from = json.loads(args.fixed_from.read_text()) if args.fixed_from else None
+    fixed_from = {name: data for path in args.fixed_from for name, data in json.loads(path.read_text()).items()}
     report = write_report(args.out, args.json or args.out / "report.json", fixed_from)
     print(markdown(report))
     return 0
