@@ -3,7 +3,7 @@ machines or two builds (``docs/beyond-the-paper.md``, "Sensitivity").
 
     .venv/bin/python benchmarks/sensitivity.py [--out runs/beyond] [--scenario demo] [--seed 0]
         [--methods paper,floors_steps_share] [--perturbations evaluations-a,weights-a,kernels-default]
-        [--report-only]
+        [--report-only] [--fixed-from benchmarks/results/protocol.json ...]
 
 Each method runs once per perturbation (evaluations x (1 + 1e-6 N(0, 1)), the base model's
 weights x (1 + 1e-6 N(0, 1)), torch's CPU kernels without vector instructions) beside its
@@ -11,7 +11,8 @@ unperturbed run of the protocol under ``--out`` (run first if missing). Finished
 skipped, so the command resumes. Writes ``--json`` (default ``<out>/sensitivity.json``; the
 committed results are ``benchmarks/results/sensitivity.json``) and prints
 the table: the spread of each method's test reduction, against the spread across seeds of
-the best fixed mixture where the protocol ran several seeds.
+the best fixed mixture where the protocol ran several seeds (with ``--fixed-from``, the fixed
+sweeps of earlier reports where ``--out`` has none).
 """
 
 from __future__ import annotations
@@ -45,18 +46,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--perturbations", default=",".join(PERTURBATIONS))
     parser.add_argument("--report-only", action="store_true", help="only aggregate finished runs")
     parser.add_argument("--json", type=Path, help="where the report goes (default: <out>/sensitivity.json)")
+    parser.add_argument("--fixed-from", type=Path, nargs="+", default=[],
+                        help="earlier protocol reports whose fixed sweeps fill the seeds without one")
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
     perturbations = [p for p in args.perturbations.split(",") if p]
     unknown = sorted(set(methods) - set(METHODS)) + sorted(set(perturbations) - set(PERTURBATIONS))
     if unknown:
         parser.error(f"unknown methods or perturbations {unknown}: use {sorted(METHODS)} and {sorted(PERTURBATIONS)}")
+    missing = [str(path) for path in args.fixed_from if not path.is_file()]
+    if missing:
+        parser.error(f"--fixed-from: no such report {missing} (a JSON of benchmarks/beyond_the_paper.py)")
     if not args.report_only:
         base = ensure_base_model(spec=DEMO_BASE_SPEC)
         args.out.mkdir(parents=True, exist_ok=True)
         measure_sensitivity(args.out, args.scenario, args.seed, methods, base_folder=base,
                             perturbations=perturbations, log=lambda m: print(m, flush=True))
-    report = aggregate_sensitivity(args.out)
+    fixed_from = {name: data for path in args.fixed_from for name, data in json.loads(path.read_text()).items()}
+    report = aggregate_sensitivity(args.out, fixed_from)
     rundir.atomic_write_text(args.json or args.out / "sensitivity.json", json.dumps(report, indent=1) + "\n")
     print(sensitivity_markdown(report))
     return 0

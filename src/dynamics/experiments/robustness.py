@@ -694,15 +694,16 @@ def measure_sensitivity(
                 run_one(config, folder, progress)
 
 
-def aggregate_sensitivity(out: Path) -> dict[str, Any]:
+def aggregate_sensitivity(out: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Per scenario, seed and method: the test reduction unperturbed and under each
     perturbation, and their spread (largest minus smallest); beside it, the spread across
-    seeds of the best fixed mixture (chosen on eval) where the protocol ran several seeds."""
+    seeds of the best fixed mixture (chosen on eval) where the protocol ran several seeds
+    (with the fixed sweeps of ``fixed_from`` where ``out`` has none, as in :func:`aggregate`)."""
     report: dict[str, Any] = {}
     root = out / "sensitivity"
     if not root.is_dir():
         return report
-    protocol = aggregate(out)
+    protocol = aggregate(out, fixed_from)
     for scenario_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name in SCENARIOS):
         rows: dict[str, Any] = {}
         for seed_dir in sorted(scenario_dir.iterdir()):
