@@ -12,7 +12,9 @@ so that a partial run never overwrites the committed results in ``benchmarks/res
 and prints the tables. Checkpoints are chosen on the eval split, reductions are reported on
 the test split; costs are training wall time over the same seed's median fixed run.
 ``--fixed-from`` takes the fixed sweep of every scenario and seed that has none under
-``--out`` from earlier reports, so that a change to the controller needs only its own runs.
+``--out`` from earlier reports, so that a change to the controller needs only its own runs
+(those seeds get no cost and no comparison at equal cost: wall times of two occasions do
+not divide).
 """
 
 from __future__ import annotations

@@ -401,8 +401,9 @@ def aggregate(out: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[st
     ``fixed_from``, an earlier report (what this function returns), supplies the fixed
     sweep's results of every scenario and seed that has none under ``out``; such seeds are
     listed under ``fixed_sweep_from_earlier_report``. The fixed mixtures do not depend on the
-    controller, so a change to it needs only its own runs again (their costs are then over
-    fixed runs timed on another occasion)."""
+    controller, so a change to it needs only its own runs again. Those seeds have no cost
+    and no comparison at equal cost: wall times from two occasions (another load, another
+    machine) do not divide."""
     report: dict[str, Any] = {}
     for scenario_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name in SCENARIOS):
         runs: dict[str, dict[str, dict[str, Any]]] = {}
@@ -424,14 +425,16 @@ def aggregate(out: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[st
         methods: dict[str, list[dict[str, Any]]] = {}
         for seed, by_method in runs.items():
             fixed = {k: v for k, v in by_method.items() if k.startswith("fixed-")}
-            unit = statistics.median(v["train_seconds"] for v in fixed.values()) if fixed else None
+            # A cost is a wall time over the same seed's fixed runs, timed on the same occasion.
+            timed = bool(fixed) and seed not in reused
+            unit = statistics.median(v["train_seconds"] for v in fixed.values()) if timed else None
             # Where no fixed mixture kept every constraint, the least-violating one (chosen on
             # eval, reported on test) is the bar for every method's violation.
             nothing_feasible = bool(fixed) and not any(v["feasible"] for v in fixed.values())
             least = min(fixed, key=lambda k: (fixed[k]["violation_eval"], k)) if nothing_feasible else None
             for label, result in by_method.items():
                 row = {**result, "seed": seed, **({} if unit is None else {"cost": result["train_seconds"] / unit})}
-                if fixed and not label.startswith("fixed-"):
+                if unit is not None and not label.startswith("fixed-"):
                     # What the same compute buys from the fixed sweep: the eval-best of
                     # ``cost`` fixed runs drawn at random, reported on test.
                     row["equal_compute_fixed"] = metrics.chosen_at_k(
@@ -439,11 +442,11 @@ def aggregate(out: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[st
                         [v["reduction_test"] for v in fixed.values()],
                         max(1.0, row["cost"]),
                     )
-                    if least is not None:
-                        row.update(
-                            violation_nothing_feasible=result["violation_test"],
-                            least_violating_fixed=fixed[least]["violation_test"],
-                        )
+                if least is not None and not label.startswith("fixed-"):
+                    row.update(
+                        violation_nothing_feasible=result["violation_test"],
+                        least_violating_fixed=fixed[least]["violation_test"],
+                    )
                 methods.setdefault(label, []).append(row)
             if fixed:
                 best = max(fixed, key=lambda k: _selection_score(fixed[k]))
