@@ -11,8 +11,8 @@ unperturbed run of the protocol under ``--out`` (run first if missing). Finished
 skipped, so the command resumes. Writes ``--json`` (default ``<out>/sensitivity.json``; the
 committed results are ``benchmarks/results/sensitivity.json``) and prints
 the table: the spread of each method's test reduction, against the spread across seeds of
-the best fixed mixture where the protocol ran several seeds (with ``--fixed-from``, the fixed
-sweeps of earlier reports where ``--out`` has none).
+the best fixed mixture where the protocol ran several seeds (under ``--out``, or else in the
+earlier protocol reports of ``--fixed-from``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="only aggregate finished runs")
     parser.add_argument("--json", type=Path, help="where the report goes (default: <out>/sensitivity.json)")
     parser.add_argument("--fixed-from", type=Path, nargs="+", default=[],
-                        help="earlier protocol reports whose fixed sweeps fill the seeds without one")
+                        help="earlier protocol reports: the best fixed mixture's seed spread where --out has one seed")
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
     perturbations = [p for p in args.perturbations.split(",") if p]

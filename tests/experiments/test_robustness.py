@@ -275,6 +275,9 @@ def test_sensitivity_reruns_a_method_under_each_perturbation(tmp_path):
     values = list(row["reductions_test"].values())
     assert row["spread"] == pytest.approx(max(values) - min(values))
     assert report["conflict"]["best_fixed_seed_spread"] is None  # one seed, no fixed sweep
+    # With an earlier protocol report, its best fixed mixture's spread over seeds.
+    earlier = {"conflict": {"methods": {"best-fixed (eval)": {"reductions_test": [0.25, 0.5, 0.125]}}}}
+    assert robustness.aggregate_sensitivity(out, earlier)["conflict"]["best_fixed_seed_spread"] == 0.375
     assert "| seed0/paper |" in robustness.sensitivity_markdown(report)
 
 

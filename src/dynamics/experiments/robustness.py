@@ -700,13 +700,14 @@ def measure_sensitivity(
 def aggregate_sensitivity(out: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Per scenario, seed and method: the test reduction unperturbed and under each
     perturbation, and their spread (largest minus smallest); beside it, the spread across
-    seeds of the best fixed mixture (chosen on eval) where the protocol ran several seeds
-    (with the fixed sweeps of ``fixed_from`` where ``out`` has none, as in :func:`aggregate`)."""
+    seeds of the best fixed mixture (chosen on eval) where the protocol ran several seeds:
+    under ``out``, or else in ``fixed_from``, an earlier protocol report (what
+    :func:`aggregate` returns), when only the method ran again under ``out``."""
     report: dict[str, Any] = {}
     root = out / "sensitivity"
     if not root.is_dir():
         return report
-    protocol = aggregate(out, fixed_from)
+    protocol = aggregate(out)
     for scenario_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name in SCENARIOS):
         rows: dict[str, Any] = {}
         for seed_dir in sorted(scenario_dir.iterdir()):
@@ -721,12 +722,12 @@ def aggregate_sensitivity(out: Path, fixed_from: Mapping[str, Any] | None = None
                     "reductions_test": results,
                     "spread": max(values) - min(values) if values else None,
                 }
-        fixed = protocol.get(scenario_dir.name, {}).get("methods", {}).get("best-fixed (eval)")
-        seeds_spread = (
-            max(fixed["reductions_test"]) - min(fixed["reductions_test"])
-            if fixed is not None and len(fixed["reductions_test"]) > 1
-            else None
-        )
+        seeds_spread = None
+        for source in (protocol, fixed_from or {}):
+            fixed = source.get(scenario_dir.name, {}).get("methods", {}).get("best-fixed (eval)")
+            if fixed is not None and len(fixed["reductions_test"]) > 1:
+                seeds_spread = max(fixed["reductions_test"]) - min(fixed["reductions_test"])
+                break
         report[scenario_dir.name] = {"runs": rows, "best_fixed_seed_spread": seeds_spread}
     return report
 
