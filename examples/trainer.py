@@ -57,7 +57,9 @@ def main() -> None:
     )
     trainer.train()
     if torch.distributed.is_initialized():
-        # Under torchrun, without this a process can abort at exit (gloo's threads outlive Python).
+        # Under torchrun, without this a process can abort at exit (gloo's threads outlive Python);
+        # the barrier first, so that no rank tears the group down while another still uses it.
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
     summary = dynamics.summary

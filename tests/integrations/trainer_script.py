@@ -31,6 +31,8 @@ def main(path: str) -> None:
     if torch.distributed.is_initialized():
         # As a user's script should: without it a process can abort at exit under torchrun
         # (gloo's threads outlive the interpreter, "terminate called without an active exception").
+        # The barrier first, so that no rank tears the group down while another still uses it.
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
