@@ -20,7 +20,6 @@ not divide).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from dynamics.experiments.base_model import ensure_base_model  # noqa: E402
 from dynamics.experiments.demo import DEMO_BASE_SPEC, available_cores  # noqa: E402
-from dynamics.experiments.robustness import METHODS, SCENARIOS, markdown, measure, write_report  # noqa: E402
+from dynamics.experiments.robustness import (  # noqa: E402
+    METHODS,
+    SCENARIOS,
+    markdown,
+    measure,
+    read_reports,
+    write_report,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,16 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(scenarios) - set(SCENARIOS)) + sorted(set(methods) - set(METHODS))
     if unknown:
         parser.error(f"unknown scenarios or methods {unknown}: use {sorted(SCENARIOS)} and {sorted(METHODS)}")
-    missing = [str(path) for path in args.fixed_from if not path.is_file()]
-    if missing:
-        parser.error(f"--fixed-from: no such report {missing} (a JSON this script wrote)")
+    try:
+        fixed_from = read_reports(args.fixed_from)
+    except FileNotFoundError as error:
+        parser.error(f"--fixed-from: {error}")
     if not args.report_only:
         base = ensure_base_model(spec=DEMO_BASE_SPEC)
         args.out.mkdir(parents=True, exist_ok=True)
         measure(args.out, scenarios, [int(s) for s in args.seeds.split(",")], methods,
                 fixed=not args.no_fixed, base_folder=base, jobs=args.jobs, progress=True,
                 log=lambda m: print(m, flush=True))
-    fixed_from = {name: data for path in args.fixed_from for name, data in json.loads(path.read_text()).items()}
     report = write_report(args.out, args.json or args.out / "report.json", fixed_from)
     print(markdown(report))
     return 0

@@ -32,6 +32,7 @@ from dynamics.experiments.robustness import (  # noqa: E402
     SCENARIOS,
     aggregate_sensitivity,
     measure_sensitivity,
+    read_reports,
     sensitivity_markdown,
 )
 from dynamics.runs import rundir  # noqa: E402
@@ -54,15 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(methods) - set(METHODS)) + sorted(set(perturbations) - set(PERTURBATIONS))
     if unknown:
         parser.error(f"unknown methods or perturbations {unknown}: use {sorted(METHODS)} and {sorted(PERTURBATIONS)}")
-    missing = [str(path) for path in args.fixed_from if not path.is_file()]
-    if missing:
-        parser.error(f"--fixed-from: no such report {missing} (a JSON of benchmarks/beyond_the_paper.py)")
+    try:
+        fixed_from = read_reports(args.fixed_from)
+    except FileNotFoundError as error:
+        parser.error(f"--fixed-from: {error}")
     if not args.report_only:
         base = ensure_base_model(spec=DEMO_BASE_SPEC)
         args.out.mkdir(parents=True, exist_ok=True)
         measure_sensitivity(args.out, args.scenario, args.seed, methods, base_folder=base,
                             perturbations=perturbations, log=lambda m: print(m, flush=True))
-    fixed_from = {name: data for path in args.fixed_from for name, data in json.loads(path.read_text()).items()}
     report = aggregate_sensitivity(args.out, fixed_from)
     rundir.atomic_write_text(args.json or args.out / "sensitivity.json", json.dumps(report, indent=1) + "\n")
     print(sensitivity_markdown(report))

@@ -18,6 +18,7 @@ from dynamics.experiments.robustness import (
     fixed_methods,
     markdown,
     measure,
+    read_reports,
     run_result,
     smollm2_folder,
     write_report,
@@ -80,7 +81,8 @@ def test_a_method_rerun_alone_is_compared_with_the_fixed_sweep_of_an_earlier_rep
     assert set(alone["methods"]) == {"robust"} and "median_cost" not in alone["methods"]["robust"]
     assert "fixed_sweep_from_earlier_report" not in alone
 
-    merged = write_report(again, tmp_path / "merged.json", fixed_from=earlier)["conflict"]
+    merged = write_report(again, tmp_path / "merged.json", fixed_from=read_reports([tmp_path / "first.json"]))
+    merged = merged["conflict"]
     assert merged["fixed_sweep_from_earlier_report"] == ["seed0"]
     assert merged["runs"] == earlier["conflict"]["runs"]
     assert set(merged["methods"]) == {"robust", "fixed-w0", "fixed-w0.5", "best-fixed (eval)"}
@@ -91,6 +93,16 @@ def test_a_method_rerun_alone_is_compared_with_the_fixed_sweep_of_an_earlier_rep
         before = earlier["conflict"]["methods"][label]
         assert timed & set(before) and not timed & set(merged["methods"][label])
         assert merged["methods"][label] == {k: v for k, v in before.items() if k not in timed}
+
+
+def test_earlier_reports_merge_by_scenario_and_a_missing_one_is_named(tmp_path):
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    first.write_text(json.dumps({"demo": {"runs": {"seed0": {}}}, "conflict": {"runs": {"seed0": {}}}}))
+    second.write_text(json.dumps({"conflict": {"runs": {"seed1": {}}}}))
+    merged = read_reports([first, second])
+    assert merged == {"demo": {"runs": {"seed0": {}}}, "conflict": {"runs": {"seed1": {}}}}
+    with pytest.raises(FileNotFoundError, match=r"missing\.json"):
+        read_reports([first, tmp_path / "missing.json"])
 
 
 def test_four_targets_trains_each_arithmetic_operation_as_its_own_target(tmp_path, monkeypatch):

@@ -417,16 +417,16 @@ def aggregate(out: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[st
                         adaptive.append(updates)
         earlier = (fixed_from or {}).get(scenario_dir.name, {}).get("runs", {})
         reused = []
-        for seed, by_method in runs.items():
-            earlier_fixed = {k: v for k, v in earlier.get(seed, {}).items() if k.startswith("fixed-")}
-            if earlier_fixed and not any(k.startswith("fixed-") for k in by_method):
-                by_method.update(earlier_fixed)
-                reused.append(seed)
         methods: dict[str, list[dict[str, Any]]] = {}
         for seed, by_method in runs.items():
             fixed = {k: v for k, v in by_method.items() if k.startswith("fixed-")}
             # A cost is a wall time over the same seed's fixed runs, timed on the same occasion.
-            timed = bool(fixed) and seed not in reused
+            timed = bool(fixed)
+            if not fixed:
+                fixed = {k: v for k, v in earlier.get(seed, {}).items() if k.startswith("fixed-")}
+                if fixed:
+                    by_method.update(fixed)
+                    reused.append(seed)
             unit = statistics.median(v["train_seconds"] for v in fixed.values()) if timed else None
             # Where no fixed mixture kept every constraint, the least-violating one (chosen on
             # eval, reported on test) is the bar for every method's violation.
@@ -572,6 +572,16 @@ def markdown(report: dict[str, Any]) -> str:
                              f"| {p['correlation']:.2f} |")
             lines.append("")
     return "\n".join(lines)
+
+
+def read_reports(paths: Sequence[Path]) -> dict[str, Any]:
+    """The scenarios of earlier reports of ``benchmarks/beyond_the_paper.py``, merged into
+    one (a scenario in a later file replaces the same scenario in an earlier one): the
+    ``fixed_from`` of :func:`aggregate` and :func:`aggregate_sensitivity`."""
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"no such report {missing} (a JSON of benchmarks/beyond_the_paper.py)")
+    return {name: data for path in paths for name, data in json.loads(path.read_text()).items()}
 
 
 def write_report(out: Path, json_path: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[str, Any]:
