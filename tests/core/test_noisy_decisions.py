@@ -398,22 +398,30 @@ def test_noise_flips_the_papers_mixture_between_vertices_and_confident_steps_do_
         assert 0.0 <= update.extra["robust"]["step_fraction"] <= 1.0
 
 
-def test_a_failed_direct_solve_is_recorded_and_keeps_the_mixture_in_force(monkeypatch):
+@pytest.mark.parametrize(
+    ("stop", "used"),
+    [
+        # An even split of the two target datasets, which the pessimistic objective prefers
+        # to any of the grid's answers: checked, and used although SLSQP reports no success.
+        (np.array([0.5, 0.5, 0.0]), True),
+        # No number at all: the point the solve started from instead.
+        (np.full(3, np.nan), False),
+    ],
+)
+def test_a_direct_solve_without_success_is_recorded_and_its_answer_used_only_when_checked(monkeypatch, stop, used):
     def failing(fun, x0, **kwargs):
-        # Stops at an even split of the two target datasets, which the pessimistic objective
-        # prefers to any of the grid's answers, without success.
-        return OptimizeResult(x=np.array([0.5, 0.5, 0.0]), success=False, message="Iteration limit reached")
+        return OptimizeResult(x=stop.copy(), success=False, message="Positive directional derivative for linesearch")
 
     monkeypatch.setattr(robust_module, "minimize", failing)
     updates = noisy_run(RobustOptions(lp_candidate=True, target_noise=1.0), seed=0).updates
     for update in updates:
-        assert update.extra["robust"]["solver_failure"] == "Iteration limit reached"
-    chosen = [k for k, update in enumerate(updates) if update.extra["robust"]["source"] == "direct"]
-    assert chosen  # seed 0 makes the failed candidate win at least once
-    for k in chosen:
-        in_force = updates[k - 1].weights if k > 0 else np.full(3, 1 / 3)
-        np.testing.assert_allclose(updates[k].weights, in_force)
-        assert not np.allclose(updates[k].extra["robust"]["weights"], in_force)
+        assert update.extra["robust"]["solver_failure"] == "Positive directional derivative for linesearch"
+    chosen = [update for update in updates if update.extra["robust"]["source"] == "direct"]
+    assert chosen  # seed 0 makes the direct candidate win at least once
+    for update in chosen:
+        np.testing.assert_allclose(update.weights, update.extra["robust"]["weights"])
+        assert np.allclose(update.weights, stop) == used
+        assert np.all(update.weights >= 0) and update.weights.sum() == pytest.approx(1.0)
 
 
 def test_target_data_keeps_weight_through_a_noisy_run():

@@ -282,10 +282,10 @@ class DynamicsPolicy:
         grid_choice = candidates[choice.index] if choice.source == "grid" else None
         weights = choice.weights
         if direct is not None and not direct.converged:
+            # SLSQP's verdict, for the record only. Its answer was checked (feasible, no worse
+            # than the point it started from: solve_direct), and the verdict can flip under
+            # rounding while the answer stays where it is, so it does not decide the mixture.
             decision["solver_failure"] = direct.message
-            if choice.source == "direct":
-                # A failed solve says nothing reliable about where to go: stay.
-                weights = previous
         if self.options.general_fallback > 0:
             z = self.options.general_fallback
             weights, decision["general_fallback"] = general_fallback(robust, weights, target_datasets, z)

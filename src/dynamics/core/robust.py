@@ -241,7 +241,7 @@ class DirectCandidate:
     weights: np.ndarray
     feasible: bool
     max_violation: float
-    converged: bool = True  # False: SLSQP stopped without success (``message`` says why)
+    converged: bool = True  # False: SLSQP reported no success (``message`` says why); the weights are checked all the same
     message: str = ""
 
 
@@ -255,7 +255,10 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     by HiGHS; with them they are convex (second-order cones, convex predictions) and solved
     by SLSQP from the linear solution, then made exactly feasible by moving toward the most
     feasible point (convexity makes the segment between a feasible point and the strictly
-    feasible centre feasible from some point on).
+    feasible centre feasible from some point on). SLSQP's answer is kept where its objective
+    is finite and no worse than its starting point's; whether SLSQP reports success is
+    recorded (``converged``, ``message``) and decides nothing, since on the same problem the
+    report can differ with rounding while the answer does not.
     """
     problem = rp.problem
     n = problem.num_datasets
