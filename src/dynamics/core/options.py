@@ -70,7 +70,8 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   reached a feasible checkpoint by then spends what is left of it on the constraints, as
   the options without floors do. 1: the floors are never dropped this way.
 
-A direct candidate whose SLSQP run failed is recorded and replaced by the mixture in force.
+Where the direct candidate's SLSQP run reports no success, the record keeps its message;
+its answer is checked and used like any other (:func:`dynamics.core.robust.solve_direct`).
 
 ``variant: robust`` turns on the direct candidate, the pessimistic target objective, the
 calibration and diminishing returns with p = 0.5 (:data:`VARIANTS`), the combination chosen
