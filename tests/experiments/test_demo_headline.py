@@ -17,7 +17,7 @@ import pytest
 
 from dynamics.experiments.demo import DemoSettings, run_demo
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.main_job
 
 HEADLINE = DemoSettings(fixed_labels=("uniform-w0", "uniform-w0.2"), paper_reference=False)
 
