@@ -32,7 +32,7 @@ from dynamics.core.decisions import (
     keep_target_share,
     slope_standard_errors,
 )
-from dynamics.core.learner import DomainKind
+from dynamics.core.learner import DomainKind, Evaluation
 from dynamics.core.options import VARIANTS, RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.probes import PerturbedEvaluations, ProbeRuns, probe_datasets, probe_in_turn
@@ -501,9 +501,9 @@ class ProbesItself(ToyLearner):
 
     def probe_all(self, checkpoints, num_batches):
         snapshot = self.snapshot()
-        evaluations, seconds = probe_in_turn(self, range(len(self.dataset_names)), checkpoints, num_batches, snapshot)
+        evaluations, expected, seconds = probe_in_turn(self, range(len(self.dataset_names)), checkpoints, num_batches, snapshot)
         self.restore(snapshot)
-        return ProbeRuns(evaluations, seconds, [[0]] * len(seconds))
+        return ProbeRuns(evaluations, seconds, [[0]] * len(seconds), expected)
 
 
 @pytest.mark.parametrize("learner_type", [ToyLearner, ProbesItself])
@@ -697,3 +697,73 @@ def test_where_nothing_is_feasible_noise_does_not_bet_the_mixture_on_target_data
     # Less of the harmful data trained, so the constraint's true value ends lower.
     assert guarded.updates[-1].step == plain.updates[-1].step
     assert guarded_end[1] < plain_end[1]
+
+
+# ------------------------------------------------------------- expected accuracy
+
+# The quantized constraint above as an accuracy of 50 questions (-0.7: 35 right), whose
+# expected accuracy (the probability of the correct answers, before they flip) is the
+# value before rounding, measured as precisely as a real evaluation's fixed batches do.
+ACCURACY_INITIAL = np.array([3.0, -0.7])
+
+
+class ExpectedAccuracyLearner(ToyLearner):
+    """The quantized toy reporting its constraint's expected accuracy too."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(
+            QUANTIZED_SLOPES, ACCURACY_INITIAL, seed=seed, noise=2e-4, effect=quantized,
+            kinds=[DomainKind("loss", 4), DomainKind("accuracy", 50)],
+        )
+        for offsets in self.offsets.values():
+            offsets[1] *= 0.05  # per-batch accuracies within [-1, 0]
+
+    def unrounded(self) -> np.ndarray:
+        return self.initial + QUANTIZED_SLOPES @ self.steps_per_dataset
+
+    def evaluate(self, split, num_batches=None):
+        evaluation = super().evaluate(split, num_batches)
+        residue = self.unrounded() - self.values()
+        return Evaluation(evaluation.per_batch, evaluation.per_batch + residue[:, None])
+
+
+def expected_accuracy_run(options: RobustOptions, seed: int):
+    learner = ExpectedAccuracyLearner(seed)
+    schedule = build_schedule([0, 8, 16, 32, 64, 96, 128, 160, 192, 224], 256, probe_cap=4)
+    history = run_mixture_training(
+        learner, DynamicsPolicy(schedule, options=options), targets=[0], constraints=[1], eval_interval=32,
+        reduced_batches=4,
+    )
+    return history, learner.values() - ACCURACY_INITIAL
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_an_accuracy_read_from_its_expected_value_shows_a_harm_before_any_answer_flips(seed: int):
+    # A 4-step probe of dataset 0 flips no answer, so its measured accuracy slope is 0 and
+    # the robust variant trains it until answers are lost; the expected accuracy moves by
+    # 4e-4 a step from the first probe on, and the run moves to dataset 1, which teaches
+    # the target almost as well and costs the accuracy nothing.
+    options = VARIANTS["robust"]
+    measured, measured_end = expected_accuracy_run(options, seed)
+    expected, expected_end = expected_accuracy_run(replace(options, expected_accuracy=True), seed)
+    assert measured_end[1] >= 0.02 - 1e-9  # the case happens: at least one answer lost
+    assert expected_end[1] <= 1e-9  # no answer lost
+    assert expected_end[0] <= measured_end[0] + 0.01  # and the target learned about as much
+    assert all(u.extra["accuracy_slopes"] == "expected" for u in expected.updates)
+    assert all("accuracy_slopes" not in u.extra for u in measured.updates)
+
+
+def test_expected_accuracy_needs_a_learner_that_measures_it():
+    learner = ToyLearner(QUANTIZED_SLOPES, ACCURACY_INITIAL, kinds=[DomainKind("loss", 4), DomainKind("accuracy", 50)])
+    policy = DynamicsPolicy(build_schedule([0], 8, probe_cap=4), options=replace(VARIANTS["robust"], expected_accuracy=True))
+    with pytest.raises(ValueError, match="expected_accuracy: false"):
+        run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=8, reduced_batches=4)
+    # Without an accuracy domain the option has nothing to read, and changes nothing.
+    plain = [
+        run_mixture_training(
+            ToyLearner(QUANTIZED_SLOPES, np.array([3.0, 2.0])), DynamicsPolicy(build_schedule([0, 4], 8, probe_cap=4), options=o),
+            targets=[0], constraints=[1], eval_interval=8, reduced_batches=4,
+        ).updates
+        for o in (VARIANTS["robust"], replace(VARIANTS["robust"], expected_accuracy=True))
+    ]
+    assert [u.weights.tolist() for u in plain[0]] == [u.weights.tolist() for u in plain[1]]

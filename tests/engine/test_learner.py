@@ -5,6 +5,7 @@ hand-computed references."""
 from __future__ import annotations
 
 import copy
+import math
 import random
 from typing import Any
 
@@ -224,6 +225,14 @@ def test_reduced_evaluation_is_an_exact_prefix_of_the_main_one(make_learner):
     assert main.per_batch.shape == (3, 4) and reduced.per_batch.shape == (3, 2)
     np.testing.assert_array_equal(reduced.per_batch, main.per_batch[:, :2])
     np.testing.assert_array_equal(reduced.means(), main.means(2))
+    # A loss domain's expected value is its loss; an accuracy's is a probability of the
+    # correct answers, so it lies strictly between no answer and every answer right.
+    loss = [i for i, kind in enumerate(learner.domain_kinds) if kind.metric == "loss"]
+    accuracy = [i for i, kind in enumerate(learner.domain_kinds) if kind.metric == "accuracy"]
+    assert loss and accuracy
+    np.testing.assert_array_equal(main.expected[loss], main.per_batch[loss])
+    assert np.all((main.expected[accuracy] > -1) & (main.expected[accuracy] < 0))
+    np.testing.assert_array_equal(main.reduced(2).expected, reduced.expected)
     assert not np.array_equal(learner.evaluate("test").per_batch, main.per_batch)
     with pytest.raises(ValueError, match="num_batches"):
         learner.evaluate("eval", 5)
@@ -296,6 +305,11 @@ def test_accuracy_is_letter_restricted_argmax_at_the_last_real_token():
     )
     np.testing.assert_array_equal(learner.evaluate("eval").per_batch, [[-0.5, -1.0]])
     np.testing.assert_array_equal(learner.evaluate("test").per_batch, [[-0.5, -0.5]])
+    # The expected accuracy: the mean probability of the correct letter under the softmax of
+    # the letters' logits (C at 5 after token 5, A at 3 after token 6, the other letters at 0).
+    p5, p3 = math.exp(5) / (math.exp(5) + 3), math.exp(3) / (math.exp(3) + 3)
+    half = (p5 + p3 + (1 - p5) / 3 + (1 - p3) / 3) / 4
+    np.testing.assert_allclose(learner.evaluate("eval").expected, [[-half, -(p5 + p3) / 2]], rtol=1e-6)
     # The controller learns the metric and the questions per batch (its binomial noise).
     assert learner.domain_kinds == [DomainKind("accuracy", 4)]
 

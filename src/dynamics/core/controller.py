@@ -304,7 +304,7 @@ class MixtureController:
         self.callbacks.phase("update", step)
         learner, history, last = self.learner, self.history, self.last_update
         anchor = (
-            Evaluation(main_eval.per_batch[:, : self.reduced_batches])
+            main_eval.reduced(self.reduced_batches)
             if main_eval is not None
             else learner.evaluate("eval", self.reduced_batches)
         )
@@ -396,6 +396,7 @@ class MixtureController:
                 "event_index": feasible.event_index,
                 "step": feasible.step,
                 "evaluation": feasible.evaluation.per_batch.tolist(),
+                "evaluation_expected": None if (kept := feasible.evaluation.expected) is None else kept.tolist(),
                 "num_updates": feasible.num_updates,
             },
         }
@@ -435,7 +436,7 @@ class MixtureController:
             else FeasibleState(
                 event_index=int(feasible["event_index"]),
                 step=int(feasible["step"]),
-                evaluation=Evaluation(np.array(feasible["evaluation"], dtype=float)),
+                evaluation=Evaluation(np.array(feasible["evaluation"], dtype=float), _array(feasible.get("evaluation_expected"))),
                 snapshot=feasible_snapshot,
                 num_updates=int(feasible["num_updates"]),
             )
@@ -492,3 +493,7 @@ def run_mixture_training(
         learner.train(request.steps, request.weights)
         if callbacks.on_train is not None:
             callbacks.on_train(request.steps, request.until)
+
+
+def _array(values: list[Any] | None) -> np.ndarray | None:
+    return None if values is None else np.array(values, dtype=float)

@@ -27,10 +27,17 @@ class Evaluation:
     """
 
     per_batch: np.ndarray  # shape (M, B)
+    expected: np.ndarray | None = None
+    """The same values with each accuracy domain's accuracy replaced by its expected
+    accuracy (negative): the mean probability the model gives the correct choice among the
+    choices, which moves with training where no answer flips yet. None where the learner
+    does not measure it."""
 
     def __post_init__(self) -> None:
         if self.per_batch.ndim != 2 or self.per_batch.shape[1] == 0:
             raise ValueError(f"per_batch must have shape (M, B) with B >= 1, got {self.per_batch.shape}")
+        if self.expected is not None and self.expected.shape != self.per_batch.shape:
+            raise ValueError(f"expected must have the shape of per_batch {self.per_batch.shape}, got {self.expected.shape}")
 
     @property
     def num_batches(self) -> int:
@@ -43,6 +50,13 @@ class Evaluation:
         if not 1 <= num_batches <= self.num_batches:
             raise ValueError(f"num_batches={num_batches} outside [1, {self.num_batches}]")
         return np.asarray(self.per_batch[:, :num_batches].mean(axis=1), dtype=float)
+
+    def reduced(self, num_batches: int) -> Evaluation:
+        """The evaluation on its first ``num_batches`` batches only (a probe's anchor)."""
+        if not 1 <= num_batches <= self.num_batches:
+            raise ValueError(f"num_batches={num_batches} outside [1, {self.num_batches}]")
+        expected = None if self.expected is None else self.expected[:, :num_batches]
+        return Evaluation(self.per_batch[:, :num_batches], expected)
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,16 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   reached a feasible checkpoint by then spends what is left of it on the constraints, as
   the options without floors do. 1: the floors are never dropped this way.
 
+* ``expected_accuracy``: an accuracy constraint's slopes are the change of its expected
+  accuracy (the mean probability the model gives the correct choice) per probe step, not
+  the change of the share of answers right, and their standard errors are the spread of
+  those paired changes over the batches, without the binomial floor
+  (:func:`dynamics.core.probes.measured_changes`). A short probe rarely flips an answer, so
+  a measured accuracy slope is mostly zero or one answer's worth, and no mixture is then
+  predicted to win back a lost answer; the probability of the correct choice moves before
+  the answer does. The predicted accuracy is the measured one plus the horizon times that
+  slope, and calibration learns from the measured accuracy.
+
 Where the direct candidate's SLSQP run reports no success, the record keeps its message;
 its answer is checked and used like any other (:func:`dynamics.core.robust.solve_direct`).
 
@@ -103,6 +113,7 @@ class RobustOptions:
     general_floor: float = 0.0
     floor_deadline: float = 1.0
     general_fallback: float = 0.0
+    expected_accuracy: bool = False
 
     def __post_init__(self) -> None:
         for name in ("noise_margin", "target_noise", "full_step_z", "general_fallback"):

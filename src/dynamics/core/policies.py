@@ -33,7 +33,7 @@ from dynamics.core.learner import AlignmentLearner, Diverged, Learner
 from dynamics.core.options import RobustOptions
 from dynamics.core.policy_interface import UpdateContext
 from dynamics.core.predictors import PREDICTORS, probe_progress
-from dynamics.core.probes import probe_datasets
+from dynamics.core.probes import measured_changes, probe_datasets
 from dynamics.core.problem import MixtureProblem, SolverGrid, to_floored_simplex
 from dynamics.core.records import UpdateRecord
 from dynamics.core.robust import (
@@ -168,26 +168,20 @@ class DynamicsPolicy:
             )
         # A diverged probe says nothing about its dataset: its column is left out of this
         # update (weight 0), and the record says so. Trajectories are (K, M, N).
-        trajectories = probes.evaluations[reliable].mean(axis=-1).transpose(1, 2, 0)
-        anchor = context.anchor.means()
+        expected = self.options.expected_accuracy and any(k.metric == "accuracy" for k in context.domain_kinds)
+        base, probed = measured_changes(context.anchor, probes, reliable, context.domain_kinds, expected)
         fit = predictor.slopes(
-            anchor=anchor,
+            anchor=base.mean(axis=1),
             checkpoints=np.asarray(checkpoints),
-            trajectories=trajectories,
+            trajectories=probed.mean(axis=-1).transpose(1, 2, 0),
             probe_budget=budget,
             horizon=context.horizon,
         )
-        slope_errors = slope_standard_errors(
-            context.anchor.per_batch[:, : context.reduced_batches],
-            probes.evaluations[reliable, -1],
-            budget,
-            context.domain_kinds,
-        )
-        extra = {
-            "predictor": self.predictor,
-            **fit.details,
-            "slope_errors": slope_errors,
-        }
+        # An expected accuracy moves continuously: its spread needs no binomial floor.
+        slope_errors = slope_standard_errors(base, probed[:, -1], budget, None if expected else context.domain_kinds)
+        extra = {"predictor": self.predictor, **fit.details, "slope_errors": slope_errors}
+        if expected:
+            extra["accuracy_slopes"] = "expected"
         probe_seconds = time.perf_counter() - started
         if self.options.is_paper:
             record = _solve_update(

@@ -4,7 +4,8 @@ Public API:
 
 - ``Evaluator.evaluate(domains, split, num_batches, alone)``: per-batch metrics ``(M, R)``,
   shared out among the processes and gathered, or all computed by one process ``alone``.
-- ``batch_metric(domain, batch, model, device)``: one batch's metric.
+- ``batch_metric(domain, batch, model, device)``: one batch's metric and its expected
+  accuracy.
 """
 
 from __future__ import annotations
@@ -22,13 +23,19 @@ from dynamics.engine.training_state import TrainingState
 
 def batch_metric(domain: EvaluationDomain, batch: Batch, model: nn.Module, device: torch.device) -> Tensor:
     """Mean token cross-entropy (nats) of a loss domain's batch, negative accuracy (in
-    [-1, 0]) of an accuracy domain's, as a scalar tensor."""
+    [-1, 0]) of an accuracy domain's, and the same with the accuracy's expected value:
+    the mean probability of the correct choice under the softmax of the choices' scores
+    (a loss domain's value twice). Shape (2,), float64."""
     if domain.metric == "loss":
-        return language_model_loss(model, batch, device)
+        loss = language_model_loss(model, batch, device).double()
+        return torch.stack([loss, loss])
     batch = to_device(batch, device)
-    predicted = choice_logits(model, batch).argmax(dim=-1)
+    scores = choice_logits(model, batch)
+    answers = batch["answer_index"]
     # float64: k/n exactly rounded, where float32 made 63/72 right read as 0.87499999.
-    return -(predicted == batch["answer_index"]).double().mean()
+    accuracy = (scores.argmax(dim=-1) == answers).double().mean()
+    expected = scores.double().softmax(dim=-1).gather(1, answers[:, None]).mean()
+    return -torch.stack([accuracy, expected])
 
 
 class Evaluator:
@@ -74,22 +81,25 @@ class Evaluator:
         state.model.eval()
         try:
             with torch.no_grad():
-                values = torch.stack(
+                values = torch.stack(  # (2, M, batches): the metrics, then the expected values
                     [
                         torch.stack([batch_metric(domain, domain_batches[b], model, accelerator.device) for b in evaluated])
                         .double()[: len(mine)]
+                        .T
                         if evaluated
-                        else torch.zeros(0, dtype=torch.float64, device=accelerator.device)
+                        else torch.zeros((2, 0), dtype=torch.float64, device=accelerator.device)
                         for domain, domain_batches in zip(domains, batches, strict=True)
-                    ]
+                    ],
+                    dim=1,
                 )
         finally:
             state.model.train(was_training)
             state.reshard()
         if world > 1:
-            values = self._gather_batches(values, count)
+            values = torch.stack([self._gather_batches(v, count) for v in values])
         # One device-to-host copy for the whole evaluation instead of one sync per batch.
-        return Evaluation(values.cpu().numpy())
+        metrics, expected = values.cpu().numpy()
+        return Evaluation(metrics, expected)
 
     def _gather_batches(self, local: Tensor, count: int) -> Tensor:
         """The (M, count) array from each rank's (M, its share) columns (rank r holds batches

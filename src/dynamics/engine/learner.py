@@ -346,23 +346,25 @@ class HFLearner:
         world = self.accelerator.num_processes
         snapshot = self.snapshot()
         if not self._splits_probes():
-            evaluations, seconds = probe_in_turn(self, range(count), checkpoints, num_batches, snapshot)
+            evaluations, expected, seconds = probe_in_turn(self, range(count), checkpoints, num_batches, snapshot)
             self.restore(snapshot)
-            return ProbeRuns(evaluations, seconds, [list(range(world)) for _ in range(count)])
+            return ProbeRuns(evaluations, seconds, [list(range(world)) for _ in range(count)], expected)
         mine = list(range(self.accelerator.process_index, count, world))
         lone = LoneProbes(self, self._steps, self._evaluator)
-        local, local_seconds = probe_in_turn(lone, mine, checkpoints, num_batches, snapshot)
+        local, local_expected, local_seconds = probe_in_turn(lone, mine, checkpoints, num_batches, snapshot)
         self.restore(snapshot)
-        return self._shared_probe_runs(mine, local, local_seconds)
+        assert local_expected is not None  # the evaluator measures expected accuracies
+        return self._shared_probe_runs(mine, np.stack([local, local_expected]), local_seconds)
 
     def _shared_probe_runs(self, mine: list[int], local: np.ndarray, local_seconds: np.ndarray) -> ProbeRuns:
-        """Every process's probes of its datasets ``mine`` summed into one ``ProbeRuns``, and
-        the probe streams' positions shared."""
+        """Every process's probes of its datasets ``mine`` (``local``: their evaluations and
+        expected evaluations, (2, len(mine), K, M, R)) summed into one ``ProbeRuns``, and the
+        probe streams' positions shared."""
         count = len(self._dataset_names)
         world = self.accelerator.num_processes
         device = self.accelerator.device
-        shared = torch.zeros((count, *local.shape[1:]), dtype=torch.float64, device=device)
-        shared[mine] = torch.from_numpy(local).to(device)
+        shared = torch.zeros((2, count, *local.shape[2:]), dtype=torch.float64, device=device)
+        shared[:, mine] = torch.from_numpy(local).to(device)
         shared_seconds = torch.zeros(count, dtype=torch.float64, device=device)
         shared_seconds[mine] = torch.from_numpy(local_seconds).to(device)
         shared = self.accelerator.reduce(shared, reduction="sum")
@@ -372,7 +374,8 @@ class HFLearner:
         for j, stream in gather_object([(j, state["probe_streams"][j]) for j in mine]):
             state["probe_streams"][j] = stream
         self.sampler.load_state_dict(state)
-        return ProbeRuns(shared.cpu().numpy(), shared_seconds.cpu().numpy(), [[j % world] for j in range(count)])
+        evaluations, expected = shared.cpu().numpy()
+        return ProbeRuns(evaluations, shared_seconds.cpu().numpy(), [[j % world] for j in range(count)], expected)
 
     def _splits_probes(self) -> bool:
         world = self.accelerator.num_processes

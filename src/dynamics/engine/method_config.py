@@ -135,6 +135,12 @@ class MethodConfig(ConfigSection):
         "least-violating mixture unless a mixture with target data is predicted to violate less by more than "
         "this many standard errors (0: off, as the paper; needs min_weight and target_floor at 0).",
     )
+    expected_accuracy: bool | None = Field(
+        None,
+        description="Read each accuracy constraint's slopes from the change of its expected accuracy (the "
+        "mean probability of the correct choice), which short probes move before any answer flips, instead "
+        "of from the answers that flipped.",
+    )
     min_weight: float = Field(
         0.0,
         ge=0,

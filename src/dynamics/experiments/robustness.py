@@ -183,6 +183,8 @@ METHODS: dict[str, dict[str, Any]] = {
     # mixture is predicted feasible, unless target data is predicted to violate less by more
     # than one standard error.
     "robust_general_fallback": {"variant": "robust", "general_fallback": 1.0},
+    # The robust variant with accuracy slopes read from the probability of the correct choice.
+    "robust_expected_accuracy": {"variant": "robust", "expected_accuracy": True},
     # Both floors, and up to two returns to the last main evaluation that kept every
     # constraint when one shows a constraint broken.
     "robust_floors_backtrack": {"variant": "robust", "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2},
