@@ -740,12 +740,14 @@ def expected_accuracy_run(options: RobustOptions, seed: int):
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_an_accuracy_read_from_its_expected_value_shows_a_harm_before_any_answer_flips(seed: int):
     # A 4-step probe of dataset 0 flips no answer, so its measured accuracy slope is 0 and
-    # the robust variant trains it until answers are lost; the expected accuracy moves by
-    # 4e-4 a step from the first probe on, and the run moves to dataset 1, which teaches
-    # the target almost as well and costs the accuracy nothing.
+    # the robust variant reading it trains dataset 0 until answers are lost; the expected
+    # accuracy (the robust variant's default) moves by 4e-4 a step from the first probe on,
+    # and the run moves to dataset 1, which teaches the target almost as well and costs the
+    # accuracy nothing.
     options = VARIANTS["robust"]
-    measured, measured_end = expected_accuracy_run(options, seed)
-    expected, expected_end = expected_accuracy_run(replace(options, expected_accuracy=True), seed)
+    assert options.expected_accuracy
+    measured, measured_end = expected_accuracy_run(replace(options, expected_accuracy=False), seed)
+    expected, expected_end = expected_accuracy_run(options, seed)
     assert measured_end[1] >= 0.02 - 1e-9  # the case happens: at least one answer lost
     assert expected_end[1] <= 1e-9  # no answer lost
     assert expected_end[0] <= measured_end[0] + 0.01  # and the target learned about as much
@@ -753,17 +755,25 @@ def test_an_accuracy_read_from_its_expected_value_shows_a_harm_before_any_answer
     assert all("accuracy_slopes" not in u.extra for u in measured.updates)
 
 
-def test_expected_accuracy_needs_a_learner_that_measures_it():
-    learner = ToyLearner(QUANTIZED_SLOPES, ACCURACY_INITIAL, kinds=[DomainKind("loss", 4), DomainKind("accuracy", 50)])
-    policy = DynamicsPolicy(build_schedule([0], 8, probe_cap=4), options=replace(VARIANTS["robust"], expected_accuracy=True))
-    with pytest.raises(ValueError, match="expected_accuracy: false"):
-        run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=8, reduced_batches=4)
-    # Without an accuracy domain the option has nothing to read, and changes nothing.
-    plain = [
-        run_mixture_training(
-            ToyLearner(QUANTIZED_SLOPES, np.array([3.0, 2.0])), DynamicsPolicy(build_schedule([0, 4], 8, probe_cap=4), options=o),
-            targets=[0], constraints=[1], eval_interval=8, reduced_batches=4,
-        ).updates
-        for o in (VARIANTS["robust"], replace(VARIANTS["robust"], expected_accuracy=True))
-    ]
-    assert [u.weights.tolist() for u in plain[0]] == [u.weights.tolist() for u in plain[1]]
+def accuracy_updates(learner: ToyLearner, expected_accuracy: bool):
+    options = replace(VARIANTS["robust"], expected_accuracy=expected_accuracy)
+    policy = DynamicsPolicy(build_schedule([0, 4], 8, probe_cap=4), options=options)
+    return run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=8, reduced_batches=4).updates
+
+
+def test_without_expected_accuracies_the_measured_ones_decide_and_the_record_says_so():
+    # A learner whose evaluations report no expected accuracy: the option reads the
+    # measured accuracy, as without it, and every update says so.
+    def measured_only() -> ToyLearner:
+        learner = ToyLearner(QUANTIZED_SLOPES, ACCURACY_INITIAL, kinds=[DomainKind("loss", 4), DomainKind("accuracy", 50)])
+        for offsets in learner.offsets.values():
+            offsets[1] *= 0.05  # per-batch accuracies within [-1, 0]
+        return learner
+
+    read, plain = (accuracy_updates(measured_only(), on) for on in (True, False))
+    assert [u.weights.tolist() for u in read] == [u.weights.tolist() for u in plain]
+    assert all(u.extra["accuracy_slopes"].startswith("measured: the learner reports no expected") for u in read)
+    # Without an accuracy domain there is nothing to read: the same decisions, no record.
+    loss_only = [accuracy_updates(ToyLearner(QUANTIZED_SLOPES, np.array([3.0, 2.0])), on) for on in (True, False)]
+    assert [u.weights.tolist() for u in loss_only[0]] == [u.weights.tolist() for u in loss_only[1]]
+    assert all("accuracy_slopes" not in u.extra for u in loss_only[0])

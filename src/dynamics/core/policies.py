@@ -168,8 +168,8 @@ class DynamicsPolicy:
             )
         # A diverged probe says nothing about its dataset: its column is left out of this
         # update (weight 0), and the record says so. Trajectories are (K, M, N).
-        expected = self.options.expected_accuracy and any(k.metric == "accuracy" for k in context.domain_kinds)
-        base, probed = measured_changes(context.anchor, probes, reliable, context.domain_kinds, expected)
+        options, kinds = self.options, context.domain_kinds
+        base, probed, expected = measured_changes(context.anchor, probes, reliable, kinds, options.expected_accuracy)
         fit = predictor.slopes(
             anchor=base.mean(axis=1),
             checkpoints=np.asarray(checkpoints),
@@ -178,10 +178,11 @@ class DynamicsPolicy:
             horizon=context.horizon,
         )
         # An expected accuracy moves continuously: its spread needs no binomial floor.
-        slope_errors = slope_standard_errors(base, probed[:, -1], budget, None if expected else context.domain_kinds)
+        slope_errors = slope_standard_errors(base, probed[:, -1], budget, None if expected else kinds)
         extra = {"predictor": self.predictor, **fit.details, "slope_errors": slope_errors}
-        if expected:
-            extra["accuracy_slopes"] = "expected"
+        if options.expected_accuracy and any(k.metric == "accuracy" for k in kinds):
+            # The record says what the accuracy slopes were read from.
+            extra["accuracy_slopes"] = "expected" if expected else "measured: the learner reports no expected accuracy"
         probe_seconds = time.perf_counter() - started
         if self.options.is_paper:
             record = _solve_update(

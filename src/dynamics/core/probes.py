@@ -127,30 +127,28 @@ def measured_changes(
     reliable: Sequence[int],
     kinds: Sequence[DomainKind],
     expected_accuracy: bool,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, bool]:
     """The anchor's per-batch values ``(M, R)`` and the reliable probes' evaluations
-    ``(len(reliable), K, M, R)`` whose changes are the slopes.
+    ``(len(reliable), K, M, R)`` whose changes are the slopes, and whether the accuracy
+    domains' rows are their expected accuracies.
 
     With ``expected_accuracy`` each accuracy domain's rows are its expected accuracy, on
     the anchor and on every probe, so that its slope is the change of the probability of
     the correct answers: a short probe moves it where no answer flips yet, and an
     accuracy's slope read from flipped answers is then zero or one answer's worth. The
     predicted accuracy is still the measured one plus the horizon times that slope.
+    Without an accuracy domain, or from a learner whose evaluations do not report expected
+    accuracies, the measured values are used.
     """
     num_batches = runs.evaluations.shape[-1]
     base, probed = anchor.per_batch[:, :num_batches], runs.evaluations[list(reliable)]
     accuracies = [i for i, kind in enumerate(kinds) if kind.metric == "accuracy"]
-    if not (expected_accuracy and accuracies):
-        return base, probed
-    if anchor.expected is None or runs.expected is None:
-        raise ValueError(
-            "method.expected_accuracy reads the probability of the correct choice, which this learner's "
-            "evaluations do not report: set method.expected_accuracy: false"
-        )
+    if not (expected_accuracy and accuracies) or anchor.expected is None or runs.expected is None:
+        return base, probed, False
     base, probed = base.copy(), probed.copy()
     base[accuracies] = anchor.expected[accuracies, :num_batches]
     probed[:, :, accuracies] = runs.expected[list(reliable)][:, :, accuracies]
-    return base, probed
+    return base, probed, True
 
 
 class PerturbedEvaluations:

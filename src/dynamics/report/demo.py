@@ -129,11 +129,11 @@ def write_demo_report(
         "by default ~/.cache/dynamics)",
         f"- seed: {settings.seed} (the data order, the splits and the mixture sampling; `dynamics demo "
         "--seed N`). What to expect from another seed: on seeds 0-4 the robust variant (the default) "
-        "reached 69.3%, 50.0%, 42.1%, 62.5% and 38.5%, the paper's method 57.8%, 54.6%, 38.9%, 64.3% and "
+        "reached 68.9%, 60.3%, infeasible, 59.6% and 70.3%, the paper's method 57.8%, 54.6%, 38.9%, 64.3% and "
         "44.6%; on seeds 0-4 the best fixed mixture reached 59.4% (w = 0.05), 71.7% (w = 0.15), 72.6%, "
         "66.4% and 66.3% (w = 0.1), and whether a run is feasible at all can hinge on one of the quiz's "
         "72 questions "
-        "(docs/beyond-the-paper.md, benchmarks/results/protocol_default.json)",
+        "(docs/beyond-the-paper.md, benchmarks/results/expected_accuracy.json)",
         f"- quick: {settings.quick}; schedule: {settings.schedule}; fine-tuning lr: {settings.fine_tuning_lr:g}",
         _run_settings(records["dynamics"].path / "config.yaml"),
         f"- runs: {', '.join(records)}; each on one torch thread, "
