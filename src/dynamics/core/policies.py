@@ -168,8 +168,10 @@ class DynamicsPolicy:
             )
         # A diverged probe says nothing about its dataset: its column is left out of this
         # update (weight 0), and the record says so. Trajectories are (K, M, N).
-        options, kinds = self.options, context.domain_kinds
-        base, probed, expected = measured_changes(context.anchor, probes, reliable, kinds, options.expected_accuracy)
+        kinds = context.domain_kinds
+        base, probed, accuracy_slopes = measured_changes(
+            context.anchor, probes, reliable, kinds, self.options.expected_accuracy
+        )
         fit = predictor.slopes(
             anchor=base.mean(axis=1),
             checkpoints=np.asarray(checkpoints),
@@ -178,11 +180,11 @@ class DynamicsPolicy:
             horizon=context.horizon,
         )
         # An expected accuracy moves continuously: its spread needs no binomial floor.
-        slope_errors = slope_standard_errors(base, probed[:, -1], budget, None if expected else kinds)
+        floored = None if accuracy_slopes == "expected" else kinds
+        slope_errors = slope_standard_errors(base, probed[:, -1], budget, floored)
         extra = {"predictor": self.predictor, **fit.details, "slope_errors": slope_errors}
-        if options.expected_accuracy and any(k.metric == "accuracy" for k in kinds):
-            # The record says what the accuracy slopes were read from.
-            extra["accuracy_slopes"] = "expected" if expected else "measured: the learner reports no expected accuracy"
+        if accuracy_slopes is not None:
+            extra["accuracy_slopes"] = accuracy_slopes
         probe_seconds = time.perf_counter() - started
         if self.options.is_paper:
             record = _solve_update(

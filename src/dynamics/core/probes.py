@@ -127,10 +127,12 @@ def measured_changes(
     reliable: Sequence[int],
     kinds: Sequence[DomainKind],
     expected_accuracy: bool,
-) -> tuple[np.ndarray, np.ndarray, bool]:
+) -> tuple[np.ndarray, np.ndarray, str | None]:
     """The anchor's per-batch values ``(M, R)`` and the reliable probes' evaluations
-    ``(len(reliable), K, M, R)`` whose changes are the slopes, and whether the accuracy
-    domains' rows are their expected accuracies.
+    ``(len(reliable), K, M, R)`` whose changes are the slopes, and what the accuracy
+    domains' rows were read from, for the record: ``"expected"``, a sentence saying the
+    learner reports no expected accuracy, or None without ``expected_accuracy`` or without
+    an accuracy domain.
 
     With ``expected_accuracy`` each accuracy domain's rows are its expected accuracy, on
     the anchor and on every probe, so that its slope is the change of the probability of
@@ -143,12 +145,14 @@ def measured_changes(
     num_batches = runs.evaluations.shape[-1]
     base, probed = anchor.per_batch[:, :num_batches], runs.evaluations[list(reliable)]
     accuracies = [i for i, kind in enumerate(kinds) if kind.metric == "accuracy"]
-    if not (expected_accuracy and accuracies) or anchor.expected is None or runs.expected is None:
-        return base, probed, False
+    if not (expected_accuracy and accuracies):
+        return base, probed, None
+    if anchor.expected is None or runs.expected is None:
+        return base, probed, "measured: the learner reports no expected accuracy"
     base, probed = base.copy(), probed.copy()
     base[accuracies] = anchor.expected[accuracies, :num_batches]
     probed[:, :, accuracies] = runs.expected[list(reliable)][:, :, accuracies]
-    return base, probed, True
+    return base, probed, "expected"
 
 
 class PerturbedEvaluations:

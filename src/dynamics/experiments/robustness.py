@@ -124,6 +124,10 @@ SCENARIOS: dict[str, Scenario] = {
     ),
 }
 
+MEASURED_ROBUST: dict[str, Any] = {"variant": "robust", "expected_accuracy": False}
+"""The robust variant with accuracy slopes read from the answers that flipped: the default
+before the expected accuracy joined it, on which every ``robust_*`` option was measured."""
+
 METHODS: dict[str, dict[str, Any]] = {
     "paper": {"variant": "paper"},
     # Each option alone.
@@ -142,7 +146,7 @@ METHODS: dict[str, dict[str, Any]] = {
     # returns and accuracy slopes from the expected accuracy; the same with measured
     # accuracy slopes, on which the settings below with "robust" in their label were built.
     "robust": {"variant": "robust"},
-    "robust_measured_accuracy": {"variant": "robust", "expected_accuracy": False},
+    "robust_measured_accuracy": MEASURED_ROBUST,
     # Backtracking (up to two returns per run).
     "backtrack": {"variant": "paper", "backtrack": 2},
     "direct_pessimistic_calibrated_backtrack": {
@@ -152,7 +156,7 @@ METHODS: dict[str, dict[str, Any]] = {
     # stop at each metric's floor, steps sized by the target gain's standard errors (a full
     # step at 3), and a tenth of the mixture kept on target data while the constraints allow.
     "floors_steps_share": {"variant": "paper", "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1},
-    "robust_floors_steps_share": {"variant": "robust", "expected_accuracy": False, "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1},
+    "robust_floors_steps_share": {**MEASURED_ROBUST, "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1},
     # Past horizons' misses charged to the datasets trained on (instead of one bias per
     # constraint), alone and with the three decisions above.
     "dataset_calibration": {"variant": "paper", "dataset_calibration": True},
@@ -161,39 +165,40 @@ METHODS: dict[str, dict[str, Any]] = {
     },
     # The robust variant keeping a tenth of the mixture on target data also where no mixture
     # is predicted to keep every constraint, unless that is worse by more than noise.
-    "robust_share_fallback": {"variant": "robust", "expected_accuracy": False, "target_share": 0.1, "share_in_fallback": True},
+    "robust_share_fallback": {**MEASURED_ROBUST, "target_share": 0.1, "share_in_fallback": True},
     # The robust variant on the paper's no-warmup schedule: fewer updates, so fewer probes.
-    "robust_no_warmup": {"variant": "robust", "expected_accuracy": False, "schedule": "no-warmup"},
+    "robust_no_warmup": {**MEASURED_ROBUST, "schedule": "no-warmup"},
     # The robust variant with probes of at most 8 steps (the demo's scaled c_max is 16).
-    "robust_probe_cap_8": {"variant": "robust", "expected_accuracy": False, "probe_cap": 8},
+    "robust_probe_cap_8": {**MEASURED_ROBUST, "probe_cap": 8},
     # The robust variant with every dataset at 2% of the mixture or more at every update, so
     # no stretch of training goes without target data.
-    "robust_min_weight": {"variant": "robust", "expected_accuracy": False, "min_weight": 0.02},
+    "robust_min_weight": {**MEASURED_ROBUST, "min_weight": 0.02},
     # The robust variant with 2% of the mixture on each target dataset at every update,
     # given way where the floor alone stands between the mixture and the constraints.
-    "robust_target_floor": {"variant": "robust", "expected_accuracy": False, "target_floor": 0.02},
+    "robust_target_floor": {**MEASURED_ROBUST, "target_floor": 0.02},
     # The same floor on every dataset while some constraint is kept (2% each), all given way
     # together where the floors alone stand between the mixture and the constraints.
-    "robust_floors": {"variant": "robust", "expected_accuracy": False, "target_floor": 0.02, "general_floor": 0.02},
+    "robust_floors": {**MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02},
     # Both floors dropped from the run's midpoint on while no main evaluation has been feasible.
     "robust_floors_deadline": {
-        "variant": "robust", "expected_accuracy": False, "target_floor": 0.02, "general_floor": 0.02, "floor_deadline": 0.5,
+        **MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "floor_deadline": 0.5,
     },
     # The robust variant moving toward each feasible answer only as far as its predicted
     # target gain stands above noise (all the way at 3 standard errors).
-    "robust_steps": {"variant": "robust", "expected_accuracy": False, "full_step_z": 3.0},
+    "robust_steps": {**MEASURED_ROBUST, "full_step_z": 3.0},
     # The robust variant training the non-target data's least-violating mixture where no
     # mixture is predicted feasible, unless target data is predicted to violate less by more
     # than one standard error.
-    "robust_general_fallback": {"variant": "robust", "expected_accuracy": False, "general_fallback": 1.0},
-    # The robust variant with accuracy slopes read from the probability of the correct choice.
+    "robust_general_fallback": {**MEASURED_ROBUST, "general_fallback": 1.0},
+    # The robust variant with accuracy slopes read from the probability of the correct choice:
+    # the default, under the label its protocol runs were measured with.
     "robust_expected_accuracy": {"variant": "robust", "expected_accuracy": True},
     # Both floors, and up to two returns to the last main evaluation that kept every
     # constraint when one shows a constraint broken.
-    "robust_floors_backtrack": {"variant": "robust", "expected_accuracy": False, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2},
+    "robust_floors_backtrack": {**MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2},
     # The same, returning only after two main evaluations in a row show a constraint broken.
     "robust_floors_patience": {
-        "variant": "robust", "expected_accuracy": False, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2, "backtrack_patience": 2,
+        **MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2, "backtrack_patience": 2,
     },
 }
 """DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
