@@ -39,6 +39,10 @@ def config(tokenizer_dir: Path, out: Path, batch_size: int, split_probes: bool =
             {"name": "wikitxt", "path": str(FIXTURES / "wikipedia.txt"), "role": "non-target", **text},
             {"name": "orca", "path": str(FIXTURES / "openorca.jsonl"), "role": "constraint",
              "format": "instruction", "columns": {"prompt": "question"}},
+            # An accuracy constraint: its slopes come from the expected accuracy, which the
+            # ranks must sum as they sum the measured values.
+            {"name": "mmlu", "path": str(FIXTURES / "tinymmlu.jsonl"), "role": "constraint",
+             "format": "multiple_choice", "metric": "accuracy", "eval_batch_size": 1},
         ],
         "output_dir": str(out),
     }
@@ -91,6 +95,11 @@ def test_two_processes_match_one_process(tmp_path):
     assert [u["probe_ranks"] for u in single] == [[[0], [0]]] * 3
     assert [u["probe_ranks"] for u in split] == [[[0], [1]]] * 3
     assert [u["probe_ranks"] for u in together] == [[[0, 1], [0, 1]]] * 3
+    # The accuracy row is read from expected accuracies, and they moved: a rank's expected
+    # values lost on the way would leave its dataset's entry at the anchor's (a zero slope).
+    for run in (single, split, together):
+        assert [u["extra"]["accuracy_slopes"] for u in run] == ["expected"] * 3
+    assert all(np.all(np.array(u["slope_matrix"])[-1] != 0) for u in single)
     for name, double in (("split", split), ("together", together)):
         assert [u["step"] for u in single] == [u["step"] for u in double] == [0, 2, 4]
         for one, two in zip(single, double, strict=True):
