@@ -196,6 +196,10 @@ METHODS: dict[str, dict[str, Any]] = {
     # Both floors, and up to two returns to the last main evaluation that kept every
     # constraint when one shows a constraint broken.
     "robust_floors_backtrack": {**MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2},
+    # Both floors and backtracking on the default, accuracy slopes read from expected accuracies.
+    "robust_floors_backtrack_expected_accuracy": {
+        "variant": "robust", "expected_accuracy": True, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2,
+    },
     # The same, returning only after two main evaluations in a row show a constraint broken.
     "robust_floors_patience": {
         **MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2, "backtrack_patience": 2,
