@@ -202,17 +202,20 @@ def test_data_error_leaves_no_run_folder(tokenizer_dir, tmp_path, capsys):
     assert not (tmp_path / "never").exists()
 
 
-def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(tokenizer_dir, tmp_path):
+def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(tokenizer_dir, tmp_path, capsys):
     # At lr 1.0 the stretch after step 4 breaks the orca constraint (seed 0, on CPU), so the
     # run returns to step 4, re-decides there with the violation as a margin, and goes on.
     data = tiny_config(tokenizer_dir, tmp_path / "run", backtrack=1)
     data["optimizer"]["lr"] = 1.0
-    summary = run(RunConfig.from_dict(data), progress=False)
+    summary = run(RunConfig.from_dict(data), progress=True)
     records = read_run(tmp_path / "run")
     assert len(summary["backtracks"]) == 1
     backtrack = summary["backtracks"][0]
     assert backtrack["to_step"] < backtrack["from_step"]
     assert backtrack["violations"]["orca"] == backtrack["margins"]["orca"] > 0
+    # The progress bar's total grew by the steps trained again, and it ended full.
+    work = 8 + backtrack["retrained_steps"]
+    assert backtrack["retrained_steps"] > 0 and f"{work}/{work}" in capsys.readouterr().err
     marked = [row["step"] for row in records.evaluations if row["backtracked"]]
     assert marked == [backtrack["from_step"]] and not any(r["feasible"] for r in records.evaluations if r["backtracked"])
     assert [p.step for p in records.eval_points()] == [0, 4, 8]

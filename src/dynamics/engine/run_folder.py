@@ -318,6 +318,11 @@ class RunFolderWriter:
         return summary
 
     def on_train(self, steps: int, step_now: int) -> None:
+        # The bar counts steps trained: after a return to an earlier state (backtracking)
+        # the steps trained again are added to its total, so it still ends full.
+        retrained = self.bar.n + steps - step_now
+        if retrained > 0:
+            self.bar.total = self.parts.config.training.total_steps + retrained
         self.bar.update(steps)
         learner = self.parts.learner
         self.loss = learner.last_train_loss
