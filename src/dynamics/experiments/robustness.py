@@ -216,6 +216,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "robust_floors_backtrack_expected_accuracy": {
         "variant": "robust", "expected_accuracy": True, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2,
     },
+    # The floor on target data that gives way, on the default.
+    "robust_target_floor_expected_accuracy": {"variant": "robust", "expected_accuracy": True, "target_floor": 0.02},
     # The same, returning only after two main evaluations in a row show a constraint broken.
     "robust_floors_patience": {
         **MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2, "backtrack_patience": 2,
