@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -144,10 +145,15 @@ def test_four_targets_trains_each_arithmetic_operation_as_its_own_target(tmp_pat
     )
 
 
+def demo_files(folder: Path) -> dict[str, Path]:
+    """Paths of the demo's data files, by dataset name (scenario_config only names them)."""
+    names = ("arithmetic", "toolcall", "code", "prose", "facts", "code-heldout", "prose-heldout", "quiz")
+    return {name: folder / f"{name}.jsonl" for name in names}
+
+
 def test_large_quiz_judges_the_constraint_on_104_questions_each_counted_alike(tmp_path):
     settings = DemoSettings()
-    files = {name: tmp_path / f"{name}.jsonl" for name in ("arithmetic", "toolcall", "code", "prose", "facts",
-                                                        "code-heldout", "prose-heldout", "quiz")}
+    files = demo_files(tmp_path)
     config = robustness.scenario_config(SCENARIOS["large_quiz"], tmp_path, files, tmp_path / "run", 0, settings)
     quiz = next(d for d in config["datasets"] if d["name"] == "quiz")
     assert (quiz["eval_size"], quiz["test_size"]) == (104, 40)
@@ -161,8 +167,7 @@ def test_large_quiz_judges_the_constraint_on_104_questions_each_counted_alike(tm
 def test_smollm2_quiz_is_smollm2_with_facts_and_a_48_question_quiz(tmp_path, monkeypatch):
     monkeypatch.setattr(robustness, "smollm2_folder", lambda: tmp_path / "smollm2")
     settings = DemoSettings()
-    files = {name: tmp_path / f"{name}.jsonl" for name in ("arithmetic", "toolcall", "code", "prose", "facts",
-                                                        "code-heldout", "prose-heldout", "quiz")}
+    files = demo_files(tmp_path)
     config = robustness.scenario_config(SCENARIOS["smollm2_quiz"], tmp_path, files, tmp_path / "run", 0, settings)
     smollm2 = robustness.scenario_config(SCENARIOS["smollm2"], tmp_path, files, tmp_path / "run", 0, settings)
     assert config["model"] == smollm2["model"] == {"name_or_path": str(tmp_path / "smollm2")}

@@ -143,6 +143,9 @@ SCENARIOS: dict[str, Scenario] = {
 MEASURED_ROBUST: dict[str, Any] = {"variant": "robust", "expected_accuracy": False}
 """The robust variant with accuracy slopes read from the answers that flipped: the default
 before the expected accuracy joined it, on which every ``robust_*`` option was measured."""
+EXPECTED_ROBUST: dict[str, Any] = {"variant": "robust", "expected_accuracy": True}
+"""The default as it was measured: the robust variant with accuracy slopes read from the
+probability of the correct choice, pinned so that its labels keep their meaning."""
 
 METHODS: dict[str, dict[str, Any]] = {
     "paper": {"variant": "paper"},
@@ -208,16 +211,16 @@ METHODS: dict[str, dict[str, Any]] = {
     "robust_general_fallback": {**MEASURED_ROBUST, "general_fallback": 1.0},
     # The robust variant with accuracy slopes read from the probability of the correct choice:
     # the default, under the label its protocol runs were measured with.
-    "robust_expected_accuracy": {"variant": "robust", "expected_accuracy": True},
+    "robust_expected_accuracy": EXPECTED_ROBUST,
     # Both floors, and up to two returns to the last main evaluation that kept every
     # constraint when one shows a constraint broken.
     "robust_floors_backtrack": {**MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2},
     # Both floors and backtracking on the default, accuracy slopes read from expected accuracies.
     "robust_floors_backtrack_expected_accuracy": {
-        "variant": "robust", "expected_accuracy": True, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2,
+        **EXPECTED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2,
     },
     # The floor on target data that gives way, on the default.
-    "robust_target_floor_expected_accuracy": {"variant": "robust", "expected_accuracy": True, "target_floor": 0.02},
+    "robust_target_floor_expected_accuracy": {**EXPECTED_ROBUST, "target_floor": 0.02},
     # The same, returning only after two main evaluations in a row show a constraint broken.
     "robust_floors_patience": {
         **MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2, "backtrack_patience": 2,
