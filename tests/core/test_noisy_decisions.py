@@ -37,7 +37,8 @@ from dynamics.core.options import VARIANTS, RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.probes import PerturbedEvaluations, ProbeRuns, probe_datasets, probe_in_turn
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
-from dynamics.core.robust import RobustProblem, at_resolution, select_robust, solve_direct
+from dynamics.core.resolution import at_resolution, with_answer_tolerance
+from dynamics.core.robust import RobustProblem, select_robust, solve_direct
 from dynamics.core.schedules import build_schedule
 from dynamics.core.solver import grid_candidates
 from tests.core.toy_learner import ToyLearner
@@ -753,6 +754,78 @@ def test_an_accuracy_read_from_its_expected_value_shows_a_harm_before_any_answer
     assert expected_end[0] <= measured_end[0] + 0.01  # and the target learned about as much
     assert all(u.extra["accuracy_slopes"] == "expected" for u in expected.updates)
     assert all("accuracy_slopes" not in u.extra for u in measured.updates)
+
+
+# A quiz of 48 questions (4 batches of 12) whose correct choices every dataset makes a
+# little less likely, by far too little to flip an answer in the whole run: dataset 0
+# teaches the target three times as fast and costs twice the probability of dataset 1.
+DRIFT_SLOPES = np.array([[-3e-3, -1e-3], [2e-5, 1e-5]])
+
+
+def unflipped(steps: np.ndarray) -> np.ndarray:
+    values = DRIFT_SLOPES @ steps
+    values[1] = np.round(values[1] * 48) / 48  # whole answers: none flips
+    return values
+
+
+class DriftLearner(ToyLearner):
+    """Answers that stay put while their probability drifts; evaluations noisy by 2e-6."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(
+            DRIFT_SLOPES, np.array([3.0, -0.5]), num_batches=4, seed=seed, noise=2e-6, effect=unflipped,
+            kinds=[DomainKind("loss", 4), DomainKind("accuracy", 12)],
+        )
+        for offsets in self.offsets.values():
+            offsets[1] = 0.0  # every batch at the quiz's mean
+
+    def evaluate(self, split, num_batches=None):
+        evaluation = super().evaluate(split, num_batches)
+        residue = self.initial + DRIFT_SLOPES @ self.steps_per_dataset - self.values()
+        return Evaluation(evaluation.per_batch, evaluation.per_batch + residue[:, None])
+
+
+def drift_run(answer_tolerance: float, seed: int):
+    learner = DriftLearner(seed)
+    schedule = build_schedule([0, 8, 16, 32, 64, 96, 128, 160, 192, 224], 256, probe_cap=4)
+    options = replace(VARIANTS["robust"], answer_tolerance=answer_tolerance)
+    history = run_mixture_training(
+        learner, DynamicsPolicy(schedule, options=options), targets=[0], constraints=[1], eval_interval=32,
+        reduced_batches=4,
+    )
+    return history, learner.values() - learner.initial
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_drift_of_the_correct_choices_too_small_to_flip_an_answer_does_not_break_every_mixture(seed: int):
+    # With the quiz at its reference every dataset is predicted to break it by a sliver of
+    # an answer, so without a tolerance every update falls back to the least-violating
+    # mixture, dataset 1 alone; half an answer of tolerance reads the sliver as no answer
+    # lost, and the target's data is trained. No answer flips in either run.
+    strict, strict_end = drift_run(0.0, seed)
+    tolerant, tolerant_end = drift_run(0.5, seed)
+    assert sum(not u.extra["robust"]["feasible"] for u in strict.updates) >= len(strict.updates) - 1  # the case
+    assert all(u.extra["robust"]["feasible"] for u in tolerant.updates)
+    assert strict_end[1] == tolerant_end[1] == 0.0  # the quiz kept every answer
+    assert tolerant_end[0] < strict_end[0] - 0.2  # the target learned far more
+    assert np.mean([u.weights[0] for u in tolerant.updates]) > 0.8
+
+
+def test_an_answer_tolerance_needs_expected_accuracies_and_less_than_one_answer():
+    with pytest.raises(ValueError, match="set expected_accuracy: true"):
+        RobustOptions(expected_accuracy=False, answer_tolerance=0.5)
+    with pytest.raises(ValueError, match=r"answer_tolerance must be in \[0, 1\)"):
+        replace(VARIANTS["robust"], answer_tolerance=1.0)
+    problem = MixtureProblem(
+        slopes=np.zeros((3, 2)),
+        current_losses=np.array([3.0, 2.0, -0.5]),
+        reference_losses=np.array([np.nan, 2.0, -0.5]),
+        targets=(0,),
+        constraints=(1, 2),
+        horizon=8,
+    )
+    widened = with_answer_tolerance(problem, [0, 0, 48], 0.5)
+    np.testing.assert_array_equal(widened.reference_losses[1:], [2.0, -0.5 + 0.5 / 48])  # losses untouched
 
 
 def accuracy_updates(learner: ToyLearner, expected_accuracy: bool):

@@ -79,6 +79,13 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   predicted to win back a lost answer; the probability of the correct choice moves before
   the answer does. The predicted accuracy is the measured one plus the horizon times that
   slope, and calibration learns from the measured accuracy.
+* ``answer_tolerance`` (a in [0, 1), 0: off; needs ``expected_accuracy``): a mixture keeps an
+  accuracy constraint whose slopes come from expected accuracies if it is predicted to lose
+  less than ``a`` of one answer of the probe-sized evaluation
+  (:func:`dynamics.core.resolution.with_answer_tolerance`). A measured accuracy moves by
+  whole answers, so only the prediction is judged differently: a drift of the correct
+  choices' probability too small to flip an answer (a = 0.5: one that rounds to no answer)
+  does not make every mixture look like a broken constraint.
 
 Where the direct candidate's SLSQP run reports no success, the record keeps its message;
 its answer is checked and used like any other (:func:`dynamics.core.robust.solve_direct`).
@@ -114,6 +121,7 @@ class RobustOptions:
     floor_deadline: float = 1.0
     general_fallback: float = 0.0
     expected_accuracy: bool = False
+    answer_tolerance: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("noise_margin", "target_noise", "full_step_z", "general_fallback"):
@@ -144,6 +152,13 @@ class RobustOptions:
             raise ValueError(
                 "general_fallback trains no target data where no mixture is predicted feasible, which "
                 "target_floor forbids: set one of them to 0"
+            )
+        if not (math.isfinite(self.answer_tolerance) and 0 <= self.answer_tolerance < 1):
+            raise ValueError(f"answer_tolerance must be in [0, 1) (a fraction of one answer), got {self.answer_tolerance}")
+        if self.answer_tolerance > 0 and not self.expected_accuracy:
+            raise ValueError(
+                "answer_tolerance judges predictions read from expected accuracies, and expected_accuracy is off: "
+                "set expected_accuracy: true (variant: robust has it), or answer_tolerance: 0"
             )
         if self.calibration and self.dataset_calibration:
             raise ValueError(

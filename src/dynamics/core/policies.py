@@ -36,9 +36,9 @@ from dynamics.core.predictors import PREDICTORS, probe_progress
 from dynamics.core.probes import measured_changes, probe_datasets
 from dynamics.core.problem import MixtureProblem, SolverGrid, to_floored_simplex
 from dynamics.core.records import UpdateRecord
+from dynamics.core.resolution import at_resolution, with_answer_tolerance
 from dynamics.core.robust import (
     RobustProblem,
-    at_resolution,
     select_robust,
     solve_direct,
 )
@@ -258,6 +258,8 @@ class DynamicsPolicy:
             problem = self._dataset_calibrated(context, problem, columns, num_datasets, extra)
         questions = [context.reduced_batches * k.batch_size if k.metric == "accuracy" else 0 for k in context.domain_kinds]
         problem = at_resolution(problem, context.probe_budget, questions)
+        if self.options.answer_tolerance > 0 and extra.get("accuracy_slopes") == "expected":
+            problem = with_answer_tolerance(problem, questions, self.options.answer_tolerance)
         robust = RobustProblem(
             problem,
             slope_errors,

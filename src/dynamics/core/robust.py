@@ -7,58 +7,19 @@
 - :func:`solve_direct`: the directly solved constrained optimum (``lp_candidate``); an LP
   without noise terms, a second-order-cone program solved by SLSQP with them.
 - :func:`select_robust`: which of the grid's candidates and the direct one an update keeps.
-- :func:`at_resolution`: the problem with differences below an evaluation's resolution
-  read as none, so that no decision turns on a rounding difference.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from scipy.optimize import linprog, minimize
 
-from dynamics.core.metrics import TIE_TOLERANCE
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, to_floored_simplex
-
-
-def at_resolution(problem: MixtureProblem, probe_budget: int, questions: Sequence[int]) -> MixtureProblem:
-    """``problem`` with differences below what an evaluation resolves (``TIE_TOLERANCE``)
-    read as none: a probe's measured change ``c_t S_ij`` and a constraint's distance from its
-    reference are taken as exact where they are within it of an exact value.
-
-    ``questions`` holds, per domain, how many questions its probe-sized evaluation counts
-    (``R`` batches of the domain's batch size) for an accuracy, 0 for a loss. An accuracy's
-    change is then a whole number of answers, and a change within the tolerance of one is
-    read as that number; for a loss the only exact value is no change.
-
-    Otherwise a decision can turn on rounding. An accuracy at its reference reads a hair
-    above or below it, a dataset whose probe flipped no answer a hair harmful or helpful,
-    two datasets that flipped one answer each a hair apart; against a constraint with no
-    slack that hair shuts a dataset out of every feasible mixture, and in the fallback it
-    picks one of two equal datasets. Two machines, whose evaluations differ in the sixth
-    digit, would then train on different data."""
-    unit = np.array([1.0 / q if q > 0 else 0.0 for q in questions])
-    if unit.shape != problem.current_losses.shape:
-        raise ValueError(f"questions must have one entry per domain ({unit.size} for {problem.current_losses.size})")
-    slopes = _exact_where_close(problem.slopes * probe_budget, unit[:, None]) / probe_budget
-    current = problem.current_losses.copy()
-    c = list(problem.constraints)
-    if c:
-        reference = problem.reference_losses[c]
-        current[c] = reference + _exact_where_close(current[c] - reference, unit[c])
-    return replace(problem, slopes=slopes, current_losses=current)
-
-
-def _exact_where_close(values: np.ndarray, unit: np.ndarray) -> np.ndarray:
-    """``values`` moved to the nearest multiple of ``unit`` (0 where ``unit`` is 0) where
-    within ``TIE_TOLERANCE`` of it, left alone elsewhere."""
-    counted = unit > 0
-    nearest = np.where(counted, np.round(values / np.where(counted, unit, 1.0)) * unit, 0.0)
-    return np.where(np.abs(values - nearest) <= TIE_TOLERANCE, nearest, values)
 
 
 def tempered_progress(u: np.ndarray, exponent: float) -> np.ndarray:

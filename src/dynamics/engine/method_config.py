@@ -143,6 +143,15 @@ class MethodConfig(ConfigSection):
         "answer probabilities drift under any fine-tuning while its answers stay put (a real pretrained "
         "model with its accuracy at its reference): the drift then reads as a broken constraint.",
     )
+    answer_tolerance: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="With expected_accuracy: a mixture predicted to lose less than this fraction of one answer "
+        "of an accuracy constraint (on the probes' evaluation) counts as keeping it, so that a drift of the "
+        "correct choices' probability too small to flip an answer does not break every mixture (0: off; 0.5: "
+        "a predicted loss that rounds to no answer).",
+    )
     min_weight: float = Field(
         0.0,
         ge=0,
