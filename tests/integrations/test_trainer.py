@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -328,6 +330,35 @@ def test_the_callback_samples_by_tokens_when_the_config_says_so(tokenizer_dir, t
     assert callback.sampler.sampler.sampling == "tokens"
 
 
+HANG_SECONDS = 240
+"""How long the two-process script may run before it prints every thread's stack (a run
+takes 10-60 s)."""
+
+
+def launch_past_teardown_hangs(command: list[str], env: dict[str, str], out: Path) -> subprocess.CompletedProcess:
+    """``command`` run once more, from an empty run folder, if it hangs after the run finished
+    (``summary.json`` written): torch.distributed's teardown hangs in one process now and then
+    (pytorch/pytorch#75097), outside the callback. A second hang, or a hang before the run
+    finished, fails the test with the stacks the script printed; the first hang's stacks
+    are reported as a warning."""
+    for attempt in (1, 2):
+        # A session of its own, so that a hung launcher goes with every process it started.
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        try:
+            stdout, stderr = process.communicate(timeout=HANG_SECONDS + 60)
+            return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stacks = process.communicate()[1][-6000:]
+        if attempt == 2 or not (out / "summary.json").is_file():
+            raise AssertionError(f"the two-process run hung (attempt {attempt}); its stacks:\n{stacks}")
+        warnings.warn(f"the two-process run hung after it finished and runs again; its stacks:\n{stacks}", stacklevel=2)
+        for folder in (out, out.with_name(f"{out.name}-hf")):
+            shutil.rmtree(folder, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
 @pytest.mark.slow
 def test_two_processes_under_the_trainer_match_one_process(tmp_path):
     """torchrun, gloo, one thread each: two ranks with half the batch each follow the
@@ -356,7 +387,7 @@ def test_two_processes_under_the_trainer_match_one_process(tmp_path):
                 sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                 str(Path(__file__).with_name("trainer_script.py")), str(path),
             ]
-            result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+            result = launch_past_teardown_hangs(command, env, tmp_path / name)
             assert result.returncode == 0, result.stderr[-3000:]
         updates[name] = read_run(tmp_path / name).updates
     single, double = updates["single"], updates["double"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 
 import torch
@@ -11,7 +12,7 @@ from transformers import Trainer
 
 from dynamics import DynamicsCallback, RunConfig
 from dynamics.engine.model import load_causal_lm, load_tokenizer, prepare_model
-from tests.integrations.test_trainer import trainer_args
+from tests.integrations.test_trainer import HANG_SECONDS, trainer_args
 
 
 def main(path: str) -> None:
@@ -37,4 +38,9 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
+    # Under the test's launcher: if the processes hang (torch.distributed's teardown does,
+    # now and then, after a finished run), every thread's stack goes to stderr for the test
+    # to report, before the launcher's timeout.
+    faulthandler.dump_traceback_later(HANG_SECONDS)
     main(sys.argv[1])
+    faulthandler.cancel_dump_traceback_later()
