@@ -31,6 +31,7 @@ from dynamics.experiments.base_model import (
     ensure_base_model,
     pretraining_lr,
 )
+from dynamics.experiments.robustness import nudged_model
 
 
 def test_byte_tokenizer_round_trips_bytes() -> None:
@@ -119,6 +120,13 @@ def test_quick_base_model_is_built_once_and_reused(
     assert set(report["losses"]) == {"code", "prose", "arithmetic", "toolcall"}
     assert 0.0 <= report["quiz_accuracy"] <= 1.0
     assert report["loss_curve"][-1][0] == QUICK_SPEC.pretraining.steps
+    # Reports name the base model by its weights: weights one part in a million apart (what
+    # two CPUs' pretraining can give) are told apart; what pretraining measured is shown.
+    summary = base_model.base_model_summary(folder)
+    nudged = base_model.base_model_summary(nudged_model(folder, tmp_path / "nudged", seed=0))
+    assert summary.split(",")[0] != nudged.split(",")[0]
+    assert summary.split(",", 1)[1] == nudged.split(",", 1)[1]
+    assert f"quiz accuracy {report['quiz_accuracy']:.3f}" in summary
 
     # The second call finds the folder and trains nothing.
     def fail(*args: object, **kwargs: object) -> None:

@@ -53,8 +53,9 @@ def test_demo_writes_table_report_and_figures(small_demo):
     for domain in ("arithmetic", "toolcall", "code-heldout", "prose-heldout", "quiz"):
         assert f"`{domain}`" in report  # every domain is explained
 
-    # The table's numbers are the run folders' numbers.
+    # The table's numbers are the run folders' numbers, and the report names the base model.
     summary = json.loads((out / "demo.json").read_text())
+    assert summary["base_model"].startswith("weights SHA-256 ") and f"- base model: {summary['base_model']};" in report
     rows = {row["label"]: row for row in summary["rows"]}
     assert set(rows) == {"DynaMiCS", "DynaMiCS (paper)", "fixed-uniform-w0.05", "fixed-uniform-w0.2"}
     # The headline run is the default variant, the paper's method its reference row.

@@ -14,6 +14,9 @@ Public API:
 - ``pretraining_held_out(config, name, num_rows)``: the ``code``/``prose`` rows pretraining
   did not see, for measuring forgetting on unseen text.
 - ``default_cache_dir()``: ``$XDG_CACHE_HOME/dynamics`` or ``~/.cache/dynamics``.
+- ``base_model_summary(folder) -> str``: which base model a folder holds (the SHA-256 of its
+  weights) and what pretraining measured, for reports: two CPUs whose sums round
+  differently pretrain different base models from the same data and seed.
 
 Why pretrain at all: the demo needs forgetting to be real. A random-init model has nothing
 to forget, so the base model first learns the general domains (stdlib ``code`` and
@@ -340,6 +343,18 @@ def ensure_base_model(
 # ---------------------------------------------------------------------------------------
 # Building: data, pretraining, measurement
 # ---------------------------------------------------------------------------------------
+
+
+def base_model_summary(folder: Path) -> str:
+    """One line naming the base model in ``folder`` by the SHA-256 of its weights file, with
+    the quiz accuracy and held-out losses pretraining measured (``pretraining.json``)."""
+    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    report = json.loads((folder / REPORT_FILE).read_text())
+    losses = report["losses"]
+    return (
+        f"weights SHA-256 {digest[:16]}, quiz accuracy {report['quiz_accuracy']:.3f}, held-out code / prose "
+        f"{losses['code']:.3f} / {losses['prose']:.3f} nats"
+    )
 
 
 def build_base_model(folder: Path, spec: BaseModelSpec, *, progress: bool = True) -> dict:

@@ -80,6 +80,7 @@ from dynamics.experiments.base_model import (
     REPORT_FILE,
     BaseModelSpec,
     PretrainingConfig,
+    base_model_summary,
     domain_paths,
     ensure_base_model,
     pretraining_held_out,
@@ -343,4 +344,7 @@ def run_demo(out: Path, settings: DemoSettings, *, progress: bool = True, jobs: 
         configs[label] = {**demo_config(base_folder, files, out / "runs" / label, settings), "method": method}
         runs[label] = out / "runs" / label
     train_all(configs, jobs, progress=progress)
-    return write_demo_report(out, runs, WHY, base_seconds=base_seconds, settings=settings, jobs=jobs)
+    return write_demo_report(
+        out, runs, WHY, base_seconds=base_seconds, base_model=base_model_summary(base_folder), settings=settings,
+        jobs=jobs,
+    )

@@ -43,7 +43,14 @@ def broken_steps(records: rundir.RunRecords) -> dict[str, list[int]]:
 
 
 def write_demo_report(
-    out: Path, runs: dict[str, Path], why: dict[str, str], *, base_seconds: float, settings: Any, jobs: int = 1
+    out: Path,
+    runs: dict[str, Path],
+    why: dict[str, str],
+    *,
+    base_seconds: float,
+    base_model: str,
+    settings: Any,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     records = {label: rundir.read_run(path) for label, path in runs.items()}
     fixed_labels = [label for label in records if not label.startswith("dynamics")]
@@ -125,8 +132,10 @@ def write_demo_report(
         "",
         "## Settings",
         "",
-        f"- base model: built or reused in {base_seconds:.0f} s (cached under $XDG_CACHE_HOME/dynamics, "
-        "by default ~/.cache/dynamics)",
+        f"- base model: {base_model}; built or reused in {base_seconds:.0f} s (cached under "
+        "$XDG_CACHE_HOME/dynamics, by default ~/.cache/dynamics). It is pretrained on this machine: a CPU whose "
+        "sums round differently pretrains another base model from the same data and seed, and the numbers above "
+        "move with it",
         f"- seed: {settings.seed} (the data order, the splits and the mixture sampling; `dynamics demo "
         "--seed N`). What to expect from another seed: on seeds 0-4 the robust variant (the default) "
         "reached 68.9%, 60.3%, infeasible, 59.6% and 70.3%, the paper's method 57.8%, 54.6%, 38.9%, 64.3% and "
@@ -150,6 +159,7 @@ def write_demo_report(
         "best_fixed": best_fixed.label if best_fixed else None,
         "best_fixed_paper_grid": best_paper.label if best_paper else None,
         "fixed_wall_seconds_median": unit,
+        "base_model": base_model,
         "report": str(out / "report.md"),
     }
     rundir.write_json(out / "demo.json", json.loads(json.dumps(result)))
