@@ -139,9 +139,9 @@ class MethodConfig(ConfigSection):
         None,
         description="Read each accuracy constraint's slopes from the change of its expected accuracy (the "
         "mean probability of the correct choice), which short probes move before any answer flips, instead "
-        "of from the answers that flipped. On by default with variant: robust; set false for a model whose "
-        "answer probabilities drift under any fine-tuning while its answers stay put (a real pretrained "
-        "model with its accuracy at its reference): the drift then reads as a broken constraint.",
+        "of from the answers that flipped. On by default with variant: robust; for a model whose answer "
+        "probabilities drift under any fine-tuning while its answers stay put (a real pretrained model with its "
+        "accuracy at its reference) set answer_tolerance: 0.5, or the drift reads as a broken constraint.",
     )
     answer_tolerance: float | None = Field(
         None,
