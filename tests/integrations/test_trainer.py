@@ -341,22 +341,31 @@ def launch_past_teardown_hangs(command: list[str], env: dict[str, str], out: Pat
     (pytorch/pytorch#75097), outside the callback. A second hang, or a hang before the run
     finished, fails the test with the stacks the script printed; the first hang's stacks
     are reported as a warning."""
-    for attempt in (1, 2):
-        # A session of its own, so that a hung launcher goes with every process it started.
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   start_new_session=True)
-        try:
-            stdout, stderr = process.communicate(timeout=HANG_SECONDS + 60)
-            return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            stacks = process.communicate()[1][-6000:]
-        if attempt == 2 or not (out / "summary.json").is_file():
-            raise AssertionError(f"the two-process run hung (attempt {attempt}); its stacks:\n{stacks}")
-        warnings.warn(f"the two-process run hung after it finished and runs again; its stacks:\n{stacks}", stacklevel=2)
-        for folder in (out, out.with_name(f"{out.name}-hf")):
-            shutil.rmtree(folder, ignore_errors=True)
-    raise AssertionError("unreachable")
+    result, stacks = _run_or_hang(command, env)
+    if result is not None:
+        return result
+    if not (out / "summary.json").is_file():
+        raise AssertionError(f"the two-process run hung before it finished; its stacks:\n{stacks}")
+    warnings.warn(f"the two-process run hung after it finished and runs again; its stacks:\n{stacks}", stacklevel=2)
+    for folder in (out, out.with_name(f"{out.name}-hf")):
+        shutil.rmtree(folder, ignore_errors=True)
+    result, stacks = _run_or_hang(command, env)
+    if result is None:
+        raise AssertionError(f"the two-process run hung again; its stacks:\n{stacks}")
+    return result
+
+
+def _run_or_hang(command: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess | None, str]:
+    """The finished process, or None and the end of its stderr if it ran past the limit (then
+    it is killed with every process it started: it runs in a session of its own)."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=HANG_SECONDS + 60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return None, process.communicate()[1][-6000:]
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr), ""
 
 
 @pytest.mark.slow

@@ -34,9 +34,7 @@ def at_resolution(problem: MixtureProblem, probe_budget: int, questions: Sequenc
     slack that hair shuts a dataset out of every feasible mixture, and in the fallback it
     picks one of two equal datasets. Two machines, whose evaluations differ in the sixth
     digit, would then train on different data."""
-    unit = np.array([1.0 / q if q > 0 else 0.0 for q in questions])
-    if unit.shape != problem.current_losses.shape:
-        raise ValueError(f"questions must have one entry per domain ({unit.size} for {problem.current_losses.size})")
+    unit = _answer_units(problem, questions)
     slopes = _exact_where_close(problem.slopes * probe_budget, unit[:, None]) / probe_budget
     current = problem.current_losses.copy()
     c = list(problem.constraints)
@@ -61,13 +59,19 @@ def with_answer_tolerance(problem: MixtureProblem, questions: Sequence[int], ans
     is read as none."""
     if not 0 <= answers < 1:
         raise ValueError(f"answers must be in [0, 1) (a fraction of one answer), got {answers}")
-    unit = np.array([1.0 / q if q > 0 else 0.0 for q in questions])
-    if unit.shape != problem.current_losses.shape:
-        raise ValueError(f"questions must have one entry per domain ({unit.size} for {problem.current_losses.size})")
+    unit = _answer_units(problem, questions)
     reference = problem.reference_losses.copy()
     c = list(problem.constraints)
     reference[c] = reference[c] + answers * unit[c]  # negative accuracy: higher is worse
     return replace(problem, reference_losses=reference)
+
+
+def _answer_units(problem: MixtureProblem, questions: Sequence[int]) -> np.ndarray:
+    """Per domain, one answer's share of its probe-sized evaluation (0 for a loss)."""
+    unit = np.array([1.0 / q if q > 0 else 0.0 for q in questions])
+    if unit.shape != problem.current_losses.shape:
+        raise ValueError(f"questions must have one entry per domain ({unit.size} for {problem.current_losses.size})")
+    return unit
 
 
 def _exact_where_close(values: np.ndarray, unit: np.ndarray) -> np.ndarray:
