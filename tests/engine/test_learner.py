@@ -14,12 +14,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dynamics.core.learner import AlignmentLearner, DomainKind, Learner
 from dynamics.engine.config import LoraConfig, ModelConfig, OptimizerConfig
 from dynamics.engine.learner import HFLearner, adam_direction
-from dynamics.engine.model import build_lr_scheduler, load_causal_lm, prepare_model
+from dynamics.engine.model import (
+    build_lr_scheduler,
+    float64_causal_lm_loss,
+    load_causal_lm,
+    prepare_model,
+)
 from tests.engine.conftest import Domain, ListSampler, lm_batch, standard_data
 
 MIXTURE = np.array([0.5, 0.5])
@@ -426,6 +432,33 @@ def test_load_causal_lm_from_init_config_and_wrap_with_lora():
     assert trainable and all(("q_proj" in n or "v_proj" in n) and "lora_" in n for n in trainable)
     batch = lm_batch(torch.Generator().manual_seed(0), (1, 260))
     assert torch.isfinite(model(**batch).loss)
+
+
+def test_a_float64_model_computes_its_loss_in_float64_as_transformers_does_in_float32():
+    config = ModelConfig(
+        init_config={
+            "model_type": "llama",
+            "vocab_size": 260,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+        },
+        dtype="float64",
+        tokenizer="byte-level",
+    )
+    model = load_causal_lm(config)
+    batch = lm_batch(torch.Generator().manual_seed(0), (2, 260))
+    batch["labels"][1, :5] = -100
+    tokens = (batch["labels"][:, 1:] != -100).sum() + 7  # as a rank's share of a larger batch
+    with torch.no_grad():
+        for extra in ({}, {"num_items_in_batch": tokens}):
+            mine = model(**batch, **extra).loss
+            model.loss_function = ForCausalLMLoss  # transformers' own, computed in float32
+            theirs = model(**batch, **extra).loss
+            model.loss_function = float64_causal_lm_loss
+            assert mine.dtype == torch.float64 and theirs.dtype == torch.float32
+            assert float(mine) == pytest.approx(float(theirs), rel=1e-6)
 
 
 def test_lr_schedules():

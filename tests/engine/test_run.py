@@ -228,24 +228,54 @@ def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(
     assert redecided[0]["current_losses"] == first["current_losses"]
 
 
-def test_backtrack_patience_returns_only_after_broken_evaluations_in_a_row(tokenizer_dir, tmp_path):
-    # At lr 1.0 (seed 0, on CPU) the orca constraint is broken at step 8 and kept again at
-    # step 12 with evaluations every 4 steps: with patience 2 that costs no return.
+def scripted_orca(monkeypatch, broken_steps: set[int]) -> None:
+    """Script the orca constraint of the tiny run: kept by 0.01 at every evaluation of the
+    eval split except the first visit of each step in ``broken_steps``, broken there by
+    0.01. Every batch of orca reads the scripted value, reduced evaluations too, so probes
+    see orca flat and the learner trains as before."""
+    from dynamics.engine.learner import HFLearner
+
+    evaluate = HFLearner.evaluate
+    reference = 5.0  # orca's loss at step 0, and so the level it is constrained to
+    visits: list[int] = []
+
+    def scripted(self, split, num_batches=None):
+        evaluation = evaluate(self, split, num_batches)
+        if split == "eval":
+            step = self.main_steps
+            if num_batches is None:
+                visits.append(step)
+            first_visit = visits.count(step) == 1 and step == max(visits)
+            slack = 0.0 if step == 0 else -0.01 if step in broken_steps and first_visit else 0.01
+            evaluation.per_batch[self.domain_names.index("orca")] = reference - slack
+        return evaluation
+
+    monkeypatch.setattr(HFLearner, "evaluate", scripted)
+
+
+def test_backtrack_patience_returns_only_after_broken_evaluations_in_a_row(tokenizer_dir, tmp_path, monkeypatch):
+    # Evaluations every 4 steps, orca (the one constraint) broken at step 8 and kept again at
+    # step 12: with patience 2 that costs no return.
     data = tiny_config(tokenizer_dir, tmp_path / "once", backtrack=1, backtrack_patience=2)
-    data["optimizer"]["lr"] = 1.0
+    data["datasets"] = [d for d in data["datasets"] if d["name"] != "mmlu"]
     data["training"]["total_steps"] = 12
-    assert not run(RunConfig.from_dict(data), progress=False)["backtracks"]
+    with monkeypatch.context() as patch:
+        scripted_orca(patch, broken_steps={8})
+        assert not run(RunConfig.from_dict(data), progress=False)["backtracks"]
     slack = {row["step"]: row["constraint_slack"]["orca"] for row in read_run(tmp_path / "once").evaluations}
-    assert slack[8] < 0 <= slack[12]
-    # Every 2 steps it is broken at steps 8 and 10: the run returns to step 6 after both,
-    # and both rows of metrics.jsonl say they were left behind.
+    assert slack[8] == pytest.approx(-0.01) and slack[12] == pytest.approx(0.01)
+    # Every 2 steps, broken at steps 8 and 10: the run returns to step 6 after both, both
+    # rows of metrics.jsonl say they were left behind, and the steps trained again keep it.
     data["output_dir"] = str(tmp_path / "twice")
     data["evaluation"]["interval"] = 2
-    (backtrack,) = run(RunConfig.from_dict(data), progress=False)["backtracks"]
+    with monkeypatch.context() as patch:
+        scripted_orca(patch, broken_steps={8, 10})
+        (backtrack,) = run(RunConfig.from_dict(data), progress=False)["backtracks"]
     records = read_run(tmp_path / "twice")
     assert (backtrack["from_step"], backtrack["to_step"], backtrack["retrained_steps"]) == (10, 6, 4)
     assert [row["step"] for row in records.evaluations if row["backtracked"]] == [8, 10]
     assert not any(row["feasible"] for row in records.evaluations if row["backtracked"])
+    assert all(row["feasible"] for row in records.evaluations if row["step"] > 0 and not row["backtracked"])
     assert [p.step for p in records.eval_points()] == list(range(0, 13, 2))
 
 

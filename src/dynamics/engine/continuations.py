@@ -65,12 +65,18 @@ def collate_continuations(examples: Sequence[ChoiceExample], pad_id: int) -> dic
     }
 
 
+def at_least_float32(tensor: Tensor) -> Tensor:
+    """``tensor`` in float32 when it is computed in a narrower float (bf16, fp16), as it is
+    in float64: losses and scores are reduced in at least single precision."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
 def continuation_scores(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
     """(B, K) summed log-likelihood of each choice's continuation tokens (-inf where a
     question has no choice k)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     targets = batch["labels"][:, 1:]
-    log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)
+    log_probs = F.log_softmax(at_least_float32(logits[:, :-1]), dim=-1)
     token_scores = log_probs.gather(2, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     row_scores = torch.where(targets != IGNORE_INDEX, token_scores, 0.0).sum(dim=1)
     rows = batch["choice_rows"]

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from dynamics.data.formatting import IGNORE_INDEX
 from dynamics.engine.batches import model_inputs
-from dynamics.engine.continuations import continuation_scores
+from dynamics.engine.continuations import at_least_float32, continuation_scores
 from dynamics.engine.data_contracts import Batch
 
 
@@ -35,7 +35,7 @@ def language_model_loss(model: nn.Module, batch: Batch, device: torch.device) ->
     batch = to_device(batch, device)
     output = model(**model_inputs(batch), labels=batch["labels"])
     loss: Tensor = output.loss
-    return loss.float()
+    return at_least_float32(loss)
 
 
 def training_loss(model: nn.Module, batch: Batch, accelerator: Accelerator) -> Tensor:
@@ -54,7 +54,7 @@ def training_loss(model: nn.Module, batch: Batch, accelerator: Accelerator) -> T
     local_tokens = (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
     global_tokens = accelerator.reduce(local_tokens, reduction="sum")
     output = model(**model_inputs(batch), labels=batch["labels"], num_items_in_batch=global_tokens)
-    loss: Tensor = output.loss.float() * world_size
+    loss: Tensor = at_least_float32(output.loss) * world_size
     return loss
 
 
@@ -67,7 +67,7 @@ def choice_logits(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     last = batch["attention_mask"].sum(dim=1) - 1
     next_token_logits = logits[torch.arange(logits.shape[0], device=logits.device), last]
-    return next_token_logits.float().gather(1, batch["choice_token_ids"])
+    return at_least_float32(next_token_logits).gather(1, batch["choice_token_ids"])
 
 
 def choice_loss(model: nn.Module, batch: Batch, device: torch.device) -> Tensor:

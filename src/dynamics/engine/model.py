@@ -17,6 +17,7 @@ from typing import Any
 
 import peft
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -27,15 +28,47 @@ from transformers import (
     PreTrainedTokenizerBase,
     get_scheduler,
 )
+from transformers.loss.loss_utils import fixed_cross_entropy
 
 from dynamics.engine.config import LoraConfig, ModelConfig, OptimizerConfig, QuantizationConfig
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def load_causal_lm(config: ModelConfig) -> PreTrainedModel:
     """The base model: loaded from the hub / a folder, or randomly initialised from
-    ``config.init_config`` (tests and the offline demo)."""
+    ``config.init_config`` (tests and the offline demo). A float64 model also computes its
+    loss in float64 (``float64_causal_lm_loss``)."""
+    model = _load_causal_lm(config)
+    if resolve_dtype(config.dtype) == torch.float64:
+        model.loss_function = float64_causal_lm_loss
+    return model
+
+
+def float64_causal_lm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    vocab_size: int,
+    num_items_in_batch: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    shift_labels: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """transformers' causal-LM loss (``ForCausalLMLoss``) without its cast of the logits to
+    float32, so that float64 logits give a float64 loss: a float32 reduction over the
+    vocabulary rounds differently with the CPU's vector instructions."""
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    return fixed_cross_entropy(
+        logits.reshape(-1, vocab_size),
+        shift_labels.reshape(-1).to(logits.device),
+        num_items_in_batch,
+        ignore_index,
+        **kwargs,
+    )
+
+
+def _load_causal_lm(config: ModelConfig) -> PreTrainedModel:
     dtype = resolve_dtype(config.dtype)
     if config.init_config is not None:
         init = dict(config.init_config)

@@ -382,7 +382,7 @@ def precision_warnings(config: RunConfig, loaded_dtype: torch.dtype | None = Non
     if config.lora is not None or precision == "no":
         return []
     dtype = _loaded_dtype(config, loaded_dtype)
-    if dtype == torch.float32:
+    if dtype in (torch.float32, torch.float64):
         return []
     name = str(dtype).removeprefix("torch.")
     how = (

@@ -21,6 +21,7 @@ from torch import Tensor
 from dynamics.core.learner import Diverged
 from dynamics.data.formatting import IGNORE_INDEX
 from dynamics.engine.batches import model_inputs
+from dynamics.engine.continuations import at_least_float32
 from dynamics.engine.data_contracts import Batch
 from dynamics.engine.losses import to_device
 from dynamics.engine.training_state import TrainingState
@@ -153,7 +154,7 @@ class OptimizerSteps:
         total = torch.zeros((), device=accelerator.device)
         for batch in batches:
             output = model(**model_inputs(batch), labels=batch["labels"], num_items_in_batch=tokens)
-            loss = output.loss.float() / self.gradient_accumulation
+            loss = at_least_float32(output.loss) / self.gradient_accumulation
             accelerator.backward(loss)
             total = total + loss.detach()
         return total
