@@ -5,8 +5,8 @@
 #                                    subprocesses or several processes, the demo, Ray sweeps,
 #                                    the real SmolLM2 model, the benchmarks)
 #   bash scripts/test.sh --main-job  only the tests marked main_job: the demo's headline,
-#                                    reproduced from the demo's own base model (pretrained
-#                                    into .cache/tests on first use, 6-8 minutes on 2 cores)
+#                                    reproduced from the demo's own base model (installed
+#                                    from the shipped weights into .cache/tests on first use)
 # CI (.ci/run) runs the suite, then --main-job. Ruff and mypy run with the suite and --fast.
 # Further arguments go to pytest (e.g. --durations=20, -x).
 set -euo pipefail

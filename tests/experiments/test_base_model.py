@@ -8,6 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import dataclasses
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -91,13 +92,16 @@ def test_cache_key_follows_everything_the_model_depends_on(
     ]
     keys = {spec.cache_key() for spec in changed}
     assert key not in keys and len(keys) == len(changed)
+    assert len({spec.recipe_key() for spec in [DEFAULT_SPEC, *changed]}) == len(changed) + 1
+    recipe = DEFAULT_SPEC.recipe_key()
     with monkeypatch.context() as patch:
+        # Another torch pretrains here into another folder; the shipped weights still fit.
         patch.setattr(torch, "__version__", "0.0.0")
-        assert DEFAULT_SPEC.cache_key() != key
+        assert DEFAULT_SPEC.cache_key() != key and DEFAULT_SPEC.recipe_key() == recipe
     with monkeypatch.context() as patch:
         # Another corpus is another base model; the Python running it is not.
         patch.setattr(base_model, "STDLIB_CORPUS_SHA256", "0" * 64)
-        assert DEFAULT_SPEC.cache_key() != key
+        assert DEFAULT_SPEC.cache_key() != key and DEFAULT_SPEC.recipe_key() != recipe
     with monkeypatch.context() as patch:
         patch.setattr(sys, "version_info", (3, 99, 0))
         assert DEFAULT_SPEC.cache_key() == key
@@ -134,6 +138,66 @@ def test_quick_base_model_is_built_once_and_reused(
 
     monkeypatch.setattr(base_model, "build_base_model", fail)
     assert ensure_base_model(tmp_path, quick=True, progress=False) == folder
+
+
+def test_the_shipped_weights_are_the_default_builds() -> None:
+    assert DEFAULT_SPEC.recipe_key() == base_model.SHIPPED_RECIPE, (
+        "the default build changed, so the shipped weights are no longer its: pretrain it "
+        "(ensure_base_model(pretrain=True)), copy model.safetensors and pretraining.json into "
+        "SHIPPED_DIR, and set SHIPPED_RECIPE and SHIPPED_WEIGHTS_SHA256"
+    )
+    weights = (base_model.SHIPPED_DIR / base_model.WEIGHTS_FILE).read_bytes()
+    assert hashlib.sha256(weights).hexdigest() == base_model.SHIPPED_WEIGHTS_SHA256
+    report = json.loads((base_model.SHIPPED_DIR / base_model.REPORT_FILE).read_text())
+    assert report["spec"] == dataclasses.asdict(DEFAULT_SPEC)
+
+
+@pytest.mark.slow
+def test_the_default_base_model_is_installed_from_the_shipped_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the default base model was pretrained")
+
+    monkeypatch.setattr(base_model, "build_base_model", fail)
+    folder = ensure_base_model(tmp_path, progress=False)
+    assert folder == tmp_path / f"shipped-{base_model.SHIPPED_WEIGHTS_SHA256[:16]}"
+    assert "(shipped with dynamics)" in base_model.base_model_summary(folder)
+    # The installed folder holds the model pretraining measured, on the data it measured it on.
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rows = {name: base_model._read_jsonl(path) for name, path in domain_paths(folder).items()}
+    config = DEFAULT_SPEC.pretraining
+    _, validation = base_model._pretraining_data(rows, tokenizer, config)
+    losses, quiz = base_model.measure_base_model(model, tokenizer, rows, validation, config)
+    report = json.loads((folder / base_model.REPORT_FILE).read_text())
+    assert losses == pytest.approx(report["losses"], abs=2e-3)
+    assert quiz == pytest.approx(report["quiz_accuracy"], abs=1 / 144 + 1e-9)
+    assert ensure_base_model(tmp_path, progress=False) == folder
+
+
+def test_pretrain_builds_the_default_base_model_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[Path] = []
+    monkeypatch.setattr(base_model, "build_base_model", lambda folder, spec, progress: built.append(folder))
+    folder = ensure_base_model(tmp_path, progress=False, pretrain=True)
+    assert folder == tmp_path / DEFAULT_SPEC.cache_key() and folder.is_dir() and len(built) == 1
+
+
+def test_damaged_shipped_weights_are_refused_and_leave_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for name in (base_model.WEIGHTS_FILE, base_model.REPORT_FILE):
+        (shipped / name).write_bytes((base_model.SHIPPED_DIR / name).read_bytes())
+    with (shipped / base_model.WEIGHTS_FILE).open("r+b") as handle:
+        handle.seek(-4, 2)
+        handle.write(b"\x00\x00\x00\x01")
+    monkeypatch.setattr(base_model, "SHIPPED_DIR", shipped)
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError, match=r"damaged .*\(dynamics demo --pretrain\)"):
+        ensure_base_model(cache, progress=False)
+    assert list(cache.iterdir()) == []
 
 
 def test_a_failed_build_leaves_nothing_behind(

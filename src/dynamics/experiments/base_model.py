@@ -2,9 +2,10 @@
 
 Public API:
 
-- ``ensure_base_model(cache_dir=None, *, quick=False, spec=None, progress=True) -> Path``:
-  the folder of a pretrained base model, built on first use (data + pretraining) and reused
-  afterwards. ``AutoModelForCausalLM.from_pretrained(folder)`` and
+- ``ensure_base_model(cache_dir=None, *, quick=False, spec=None, progress=True,
+  pretrain=False) -> Path``: the folder of a pretrained base model, built on first use and
+  reused afterwards. The default build is installed from the weights shipped with the
+  package (``SHIPPED_DIR``: seconds); ``pretrain=True``, or any other spec, pretrains here. ``AutoModelForCausalLM.from_pretrained(folder)`` and
   ``AutoTokenizer.from_pretrained(folder)`` load it offline; ``domain_paths(folder)`` are
   the offline domains' JSON-lines files (in ``folder / "domains"``) and ``folder /
   "pretraining.json"`` holds what pretraining measured.
@@ -15,8 +16,16 @@ Public API:
   did not see, for measuring forgetting on unseen text.
 - ``default_cache_dir()``: ``$XDG_CACHE_HOME/dynamics`` or ``~/.cache/dynamics``.
 - ``base_model_summary(folder) -> str``: which base model a folder holds (the SHA-256 of its
-  weights) and what pretraining measured, for reports: two CPUs whose sums round
-  differently pretrain different base models from the same data and seed.
+  weights, and whether they are the shipped ones) and what pretraining measured, for
+  reports: two CPUs whose float32 sums round differently (other vector instructions,
+  another number of threads) pretrain different base models from the same data and seed.
+
+Why ship the weights: the data are the same everywhere (a pinned corpus and seeded
+generators), but pretraining is 1,200 float32 AdamW steps, and the last digits that
+another CPU rounds differently grow over them into another model, whose fine-tuning
+results differ by many points. The shipped weights are the default build as pretrained on
+one 2-core CPU (``pretraining.json`` beside them says what it measured); every machine
+that installs them starts from the same model, in seconds instead of minutes.
 
 Why pretrain at all: the demo needs forgetting to be real. A random-init model has nothing
 to forget, so the base model first learns the general domains (stdlib ``code`` and
@@ -144,6 +153,12 @@ conversation, which the data layer's response-only loss mask relies on."""
 BUILD_VERSION = 1
 """Bumped whenever the tokenizer or the pretraining code changes, so caches are rebuilt."""
 DOMAINS_DIR = "domains"
+WEIGHTS_FILE = "model.safetensors"
+SHIPPED_DIR = Path(__file__).resolve().parent / "demo_base_model"
+"""The default build's weights and pretraining report, as pretrained on one machine."""
+SHIPPED_RECIPE = "f2f22b0aacd296e9"
+"""``DEFAULT_SPEC.recipe_key()`` of the shipped weights: they are installed only for it."""
+SHIPPED_WEIGHTS_SHA256 = "53e0484a841c549a166941307b7290aadb9d043a88f66184c49999e9d8d91982"
 REPORT_FILE = "pretraining.json"
 
 
@@ -254,17 +269,23 @@ class BaseModelSpec:
     sizes: DomainSizes = field(default_factory=DomainSizes)
 
     def cache_key(self) -> str:
-        """``base-`` and 16 hex digits of a hash of the spec, the data and build versions,
-        the pinned corpus's digest and the torch version."""
-        content = {
+        """``base-`` and 16 hex digits of a hash of the recipe and the torch version: the
+        folder of a base model pretrained here."""
+        content = {**self._recipe(), "torch": torch.__version__}
+        return "base-" + hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+    def recipe_key(self) -> str:
+        """16 hex digits of a hash of the spec, the data and build versions and the pinned
+        corpus's digest: what the data and the model to pretrain are made from."""
+        return hashlib.sha256(json.dumps(self._recipe(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def _recipe(self) -> dict[str, Any]:
+        return {
             "spec": asdict(self),
             "data_version": DATA_VERSION,
             "build_version": BUILD_VERSION,
             "corpus": STDLIB_CORPUS_SHA256,
-            "torch": torch.__version__,
         }
-        encoded = json.dumps(content, sort_keys=True).encode()
-        return "base-" + hashlib.sha256(encoded).hexdigest()[:16]
 
     def llama_config(self, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
         """The model's config, with the tokenizer's vocabulary size and special ids."""
@@ -311,23 +332,32 @@ def ensure_base_model(
     quick: bool = False,
     spec: BaseModelSpec | None = None,
     progress: bool = True,
+    pretrain: bool = False,
 ) -> Path:
-    """The folder ``cache_dir/<spec.cache_key()>`` of the pretrained base model, built
-    first if absent. ``quick`` selects ``QUICK_SPEC`` (unless ``spec`` is given).
+    """The folder of the base model under ``cache_dir``, built first if absent. ``quick``
+    selects ``QUICK_SPEC`` (unless ``spec`` is given).
 
-    The folder is built in a temporary sibling and renamed into place, so it is either
-    complete or absent; if another process finished it first, its folder is kept.
+    The default build is installed from the shipped weights into ``shipped-<16 hex digits
+    of their SHA-256>``; ``pretrain``, or a spec the shipped weights were not made for,
+    pretrains here into ``spec.cache_key()``. The folder is built in a temporary sibling and
+    renamed into place, so it is either complete or absent; if another process finished it
+    first, its folder is kept.
     """
     spec = spec if spec is not None else (QUICK_SPEC if quick else DEFAULT_SPEC)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    folder = root / spec.cache_key()
+    shipped = not pretrain and spec.recipe_key() == SHIPPED_RECIPE
+    folder = root / (f"shipped-{SHIPPED_WEIGHTS_SHA256[:16]}" if shipped else spec.cache_key())
     if folder.is_dir():
         return folder
-    logger.info("building the demo's base model in %s (once; minutes on a laptop CPU)", folder)
+    if not shipped:
+        logger.info("pretraining the demo's base model in %s (once; minutes on a laptop CPU)", folder)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{folder.name}."))
     try:
-        build_base_model(tmp, spec, progress=progress)
+        if shipped:
+            install_shipped_base_model(tmp, spec)
+        else:
+            build_base_model(tmp, spec, progress=progress)
         try:
             os.replace(tmp, folder)
         except OSError:
@@ -340,19 +370,42 @@ def ensure_base_model(
     return folder
 
 
+def install_shipped_base_model(folder: Path, spec: BaseModelSpec) -> None:
+    """Write the domains, the tokenizer and the model's config into ``folder``, and copy the
+    shipped weights and pretraining report beside them, checked against their SHA-256."""
+    weights = SHIPPED_DIR / WEIGHTS_FILE
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else "missing"
+    if digest != SHIPPED_WEIGHTS_SHA256:
+        raise ValueError(
+            f"the shipped base model {weights} is damaged (SHA-256 {digest[:16]}, expected "
+            f"{SHIPPED_WEIGHTS_SHA256[:16]}): reinstall dynamics, or pretrain the base model on this "
+            "machine (dynamics demo --pretrain)"
+        )
+    write_offline_domains(folder / DOMAINS_DIR, spec.data_seed, spec.sizes)
+    tokenizer = byte_tokenizer()
+    config = spec.llama_config(tokenizer)
+    config.architectures, config.dtype = ["LlamaForCausalLM"], torch.float32  # as save_pretrained writes them
+    config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    shutil.copyfile(weights, folder / WEIGHTS_FILE)
+    shutil.copyfile(SHIPPED_DIR / REPORT_FILE, folder / REPORT_FILE)
+
+
 # ---------------------------------------------------------------------------------------
 # Building: data, pretraining, measurement
 # ---------------------------------------------------------------------------------------
 
 
 def base_model_summary(folder: Path) -> str:
-    """One line naming the base model in ``folder`` by the SHA-256 of its weights file, with
-    the quiz accuracy and held-out losses pretraining measured (``pretraining.json``)."""
-    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    """One line naming the base model in ``folder`` by the SHA-256 of its weights file (and
+    whether they are the shipped ones), with the quiz accuracy and held-out losses
+    pretraining measured (``pretraining.json``)."""
+    digest = hashlib.sha256((folder / WEIGHTS_FILE).read_bytes()).hexdigest()
     report = json.loads((folder / REPORT_FILE).read_text())
     losses = report["losses"]
+    origin = "shipped with dynamics" if digest == SHIPPED_WEIGHTS_SHA256 else "pretrained on this machine"
     return (
-        f"weights SHA-256 {digest[:16]}, quiz accuracy {report['quiz_accuracy']:.3f}, held-out code / prose "
+        f"weights SHA-256 {digest[:16]} ({origin}), quiz accuracy {report['quiz_accuracy']:.3f}, held-out code / prose "
         f"{losses['code']:.3f} / {losses['prose']:.3f} nats"
     )
 

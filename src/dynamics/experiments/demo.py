@@ -136,6 +136,8 @@ class DemoSettings:
     """Only these fixed runs (labels like ``uniform-w0.2``); None: the sweep (or QUICK_FIXED)."""
     base_spec: BaseModelSpec = DEMO_BASE_SPEC
     """The base model; tests pass a seconds-long spec."""
+    pretrain_base: bool = False
+    """Pretrain the base model on this machine instead of installing the shipped weights."""
     total_steps: int = DEMO_STEPS
     sequence_length: int = 256
     """Bytes per training sequence: pretraining's. At 128, the packed ``facts`` rows (~200
@@ -326,7 +328,7 @@ def run_demo(out: Path, settings: DemoSettings, *, progress: bool = True, jobs: 
 
     rundir.check_run_dir(out)
     started = time.perf_counter()
-    base_folder = ensure_base_model(spec=settings.base_spec, progress=progress)
+    base_folder = ensure_base_model(spec=settings.base_spec, progress=progress, pretrain=settings.pretrain_base)
     base_seconds = time.perf_counter() - started
     files = split_general_files(base_folder, out / "data")
     runs: dict[str, Path] = {}

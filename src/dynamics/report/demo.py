@@ -133,9 +133,9 @@ def write_demo_report(
         "## Settings",
         "",
         f"- base model: {base_model}; built or reused in {base_seconds:.0f} s (cached under "
-        "$XDG_CACHE_HOME/dynamics, by default ~/.cache/dynamics). It is pretrained on this machine: a CPU whose "
-        "sums round differently pretrains another base model from the same data and seed, and the numbers above "
-        "move with it",
+        "$XDG_CACHE_HOME/dynamics, by default ~/.cache/dynamics). The shipped weights are the same on every "
+        "machine; a base model pretrained here (`dynamics demo --pretrain`) is not: a CPU whose float32 sums "
+        "round differently pretrains another one from the same data and seed, and the numbers above move with it",
         f"- seed: {settings.seed} (the data order, the splits and the mixture sampling; `dynamics demo "
         "--seed N`). What to expect from another seed: on seeds 0-4 the robust variant (the default) "
         "reached 68.9%, 60.3%, infeasible, 59.6% and 70.3%, the paper's method 57.8%, 54.6%, 38.9%, 64.3% and "
