@@ -137,11 +137,11 @@ def write_demo_report(
         "machine; a base model pretrained here (`dynamics demo --pretrain`) is not: a CPU whose float32 sums "
         "round differently pretrains another one from the same data and seed, and the numbers above move with it",
         f"- seed: {settings.seed} (the data order, the splits and the mixture sampling; `dynamics demo "
-        "--seed N`). What to expect from another seed: on seeds 0-4 the robust variant (the default) "
-        "reached 68.9%, 60.3%, infeasible, 59.6% and 70.3%, the paper's method 57.8%, 54.6%, 38.9%, 64.3% and "
-        "44.6%; on seeds 0-4 the best fixed mixture reached 59.4% (w = 0.05), 71.7% (w = 0.15), 72.6%, "
-        "66.4% and 66.3% (w = 0.1), and whether a run is feasible at all can hinge on one of the quiz's "
-        "72 questions "
+        "--seed N`). What to expect from another seed: from the shipped base model, on seeds 0 and 1 the "
+        "robust variant (the default) reached 67.2% and 66.8%, the paper's method 37.0% and 54.9%, the best "
+        "fixed mixture 58.1% (w = 0.05) and 67.8% (w = 0.1); from a base model pretrained on another machine, "
+        "seeds 0-4 of the default gave 68.9%, 60.3%, infeasible, 59.6% and 70.3%: whether a run is feasible "
+        "at all can hinge on one of the quiz's 72 questions "
         "(docs/beyond-the-paper.md, benchmarks/results/expected_accuracy.json)",
         f"- quick: {settings.quick}; schedule: {settings.schedule}; fine-tuning lr: {settings.fine_tuning_lr:g}",
         _run_settings(records["dynamics"].path / "config.yaml"),
