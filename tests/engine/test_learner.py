@@ -411,17 +411,19 @@ def test_alignment_slope_predicts_the_loss_change_of_one_adam_step(make_learner,
 
 # --- model building -----------------------------------------------------------------------
 
+ONE_LAYER_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 260,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+}
+
 
 def test_load_causal_lm_from_init_config_and_wrap_with_lora():
     config = ModelConfig(
-        init_config={
-            "model_type": "llama",
-            "vocab_size": 260,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 4,
-        },
+        init_config=ONE_LAYER_LLAMA,
         dtype="float32",
         tokenizer="byte-level",  # required by the config; loading the model does not read it
     )
@@ -436,14 +438,7 @@ def test_load_causal_lm_from_init_config_and_wrap_with_lora():
 
 def test_a_float64_model_computes_its_loss_in_float64_as_transformers_does_in_float32():
     config = ModelConfig(
-        init_config={
-            "model_type": "llama",
-            "vocab_size": 260,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 4,
-        },
+        init_config=ONE_LAYER_LLAMA,
         dtype="float64",
         tokenizer="byte-level",
     )
