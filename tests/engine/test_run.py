@@ -202,11 +202,13 @@ def test_data_error_leaves_no_run_folder(tokenizer_dir, tmp_path, capsys):
     assert not (tmp_path / "never").exists()
 
 
-def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(tokenizer_dir, tmp_path, capsys):
-    # At lr 1.0 the stretch after step 4 breaks the orca constraint (seed 0, on CPU), so the
-    # run returns to step 4, re-decides there with the violation as a margin, and goes on.
-    data = tiny_config(tokenizer_dir, tmp_path / "run", backtrack=1)
-    data["optimizer"]["lr"] = 1.0
+def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(
+    tokenizer_dir, tmp_path, capsys, monkeypatch
+):
+    # The stretch after step 4 breaks the orca constraint (scripted), so the run returns to
+    # step 4, re-decides there with the violation as a margin, and goes on.
+    data = orca_only(tiny_config(tokenizer_dir, tmp_path / "run", backtrack=1))
+    scripted_orca(monkeypatch, broken_steps={8})
     summary = run(RunConfig.from_dict(data), progress=True)
     records = read_run(tmp_path / "run")
     assert len(summary["backtracks"]) == 1
@@ -226,6 +228,12 @@ def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(
     # The learner is back in exactly the state it left: the same anchor, bit for bit.
     first = next(u for u in abandoned if u["step"] == backtrack["to_step"])
     assert redecided[0]["current_losses"] == first["current_losses"]
+
+
+def orca_only(data: dict) -> dict:
+    """The tiny run with orca as its one constraint (the quiz left out)."""
+    data["datasets"] = [d for d in data["datasets"] if d["name"] != "mmlu"]
+    return data
 
 
 def scripted_orca(monkeypatch, broken_steps: set[int]) -> None:
@@ -256,8 +264,7 @@ def scripted_orca(monkeypatch, broken_steps: set[int]) -> None:
 def test_backtrack_patience_returns_only_after_broken_evaluations_in_a_row(tokenizer_dir, tmp_path, monkeypatch):
     # Evaluations every 4 steps, orca (the one constraint) broken at step 8 and kept again at
     # step 12: with patience 2 that costs no return.
-    data = tiny_config(tokenizer_dir, tmp_path / "once", backtrack=1, backtrack_patience=2)
-    data["datasets"] = [d for d in data["datasets"] if d["name"] != "mmlu"]
+    data = orca_only(tiny_config(tokenizer_dir, tmp_path / "once", backtrack=1, backtrack_patience=2))
     data["training"]["total_steps"] = 12
     with monkeypatch.context() as patch:
         scripted_orca(patch, broken_steps={8})
@@ -311,8 +318,8 @@ def test_under_sharding_every_rank_makes_rank_0s_gathering_calls_in_the_same_ord
 
     both("on_evaluation")
     both("on_checkpoint")
-    data = tiny_config(tokenizer_dir, tmp_path / "run", backtrack=1)
-    data["optimizer"]["lr"] = 1.0  # breaks a constraint after step 4: a backtrack (test above)
+    data = orca_only(tiny_config(tokenizer_dir, tmp_path / "run", backtrack=1))
+    scripted_orca(monkeypatch, broken_steps={8})  # a backtrack from step 8 to step 4
     summary = run(RunConfig.from_dict(data), progress=False)
     assert summary["backtracks"] and summary["feasible"]
     assert calls["rank 0"] == calls["other ranks"]
