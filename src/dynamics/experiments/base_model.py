@@ -5,7 +5,8 @@ Public API:
 - ``ensure_base_model(cache_dir=None, *, quick=False, spec=None, progress=True,
   pretrain=False) -> Path``: the folder of a pretrained base model, built on first use and
   reused afterwards. The default build is installed from the weights shipped with the
-  package (``SHIPPED_DIR``: seconds); ``pretrain=True``, or any other spec, pretrains here. ``AutoModelForCausalLM.from_pretrained(folder)`` and
+  package (``SHIPPED_DIR``: seconds); ``pretrain=True``, or any other spec, pretrains here.
+  ``AutoModelForCausalLM.from_pretrained(folder)`` and
   ``AutoTokenizer.from_pretrained(folder)`` load it offline; ``domain_paths(folder)`` are
   the offline domains' JSON-lines files (in ``folder / "domains"``) and ``folder /
   "pretraining.json"`` holds what pretraining measured.
@@ -271,13 +272,12 @@ class BaseModelSpec:
     def cache_key(self) -> str:
         """``base-`` and 16 hex digits of a hash of the recipe and the torch version: the
         folder of a base model pretrained here."""
-        content = {**self._recipe(), "torch": torch.__version__}
-        return "base-" + hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+        return "base-" + _short_hash({**self._recipe(), "torch": torch.__version__})
 
     def recipe_key(self) -> str:
         """16 hex digits of a hash of the spec, the data and build versions and the pinned
         corpus's digest: what the data and the model to pretrain are made from."""
-        return hashlib.sha256(json.dumps(self._recipe(), sort_keys=True).encode()).hexdigest()[:16]
+        return _short_hash(self._recipe())
 
     def _recipe(self) -> dict[str, Any]:
         return {
@@ -297,6 +297,10 @@ class BaseModelSpec:
             tie_word_embeddings=True,
             **asdict(self.model),
         )
+
+
+def _short_hash(content: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 
 DEFAULT_SPEC = BaseModelSpec()
@@ -374,7 +378,7 @@ def install_shipped_base_model(folder: Path, spec: BaseModelSpec) -> None:
     """Write the domains, the tokenizer and the model's config into ``folder``, and copy the
     shipped weights and pretraining report beside them, checked against their SHA-256."""
     weights = SHIPPED_DIR / WEIGHTS_FILE
-    digest = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else "missing"
+    digest = weights_sha256(weights) if weights.is_file() else "missing"
     if digest != SHIPPED_WEIGHTS_SHA256:
         raise ValueError(
             f"the shipped base model {weights} is damaged (SHA-256 {digest[:16]}, expected "
@@ -396,11 +400,16 @@ def install_shipped_base_model(folder: Path, spec: BaseModelSpec) -> None:
 # ---------------------------------------------------------------------------------------
 
 
+def weights_sha256(path: Path) -> str:
+    """The SHA-256 of a weights file, in hex: what names a base model."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def base_model_summary(folder: Path) -> str:
     """One line naming the base model in ``folder`` by the SHA-256 of its weights file (and
     whether they are the shipped ones), with the quiz accuracy and held-out losses
     pretraining measured (``pretraining.json``)."""
-    digest = hashlib.sha256((folder / WEIGHTS_FILE).read_bytes()).hexdigest()
+    digest = weights_sha256(folder / WEIGHTS_FILE)
     report = json.loads((folder / REPORT_FILE).read_text())
     losses = report["losses"]
     origin = "shipped with dynamics" if digest == SHIPPED_WEIGHTS_SHA256 else "pretrained on this machine"
