@@ -3,7 +3,7 @@ scenarios with several seeds (``docs/beyond-the-paper.md``).
 
     .venv/bin/python benchmarks/beyond_the_paper.py [--out runs/beyond] [--scenarios demo,conflict,unconstrained]
         [--seeds 0,1,2] [--methods paper,robust,...] [--no-fixed] [--report-only] [--jobs N]
-        [--fixed-from benchmarks/results/protocol.json ...]
+        [--fixed-from benchmarks/results/protocol.json ...] [--goal robust]
 
 Runs that already finished under ``--out`` are skipped, so the command resumes. Every run
 trains on one thread, ``--jobs`` at a time (default: the CPU cores available). It then
@@ -14,7 +14,8 @@ the test split; costs are training wall time over the same seed's median fixed r
 ``--fixed-from`` takes the fixed sweep of every scenario and seed that has none under
 ``--out`` from earlier reports, so that a change to the controller needs only its own runs
 (those seeds get no cost and no comparison at equal cost: wall times of two occasions do
-not divide).
+not divide). ``--goal METHOD`` prints, after the tables, the goal for a default read for that
+method, condition by condition (:mod:`dynamics.experiments.goal`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from dynamics.experiments.base_model import ensure_base_model  # noqa: E402
 from dynamics.experiments.demo import DEMO_BASE_SPEC, available_cores  # noqa: E402
+from dynamics.experiments.goal import goal_markdown  # noqa: E402
 from dynamics.experiments.robustness import (  # noqa: E402
     METHODS,
     SCENARIOS,
@@ -49,10 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="where the report goes (default: <out>/report.json)")
     parser.add_argument("--fixed-from", type=Path, nargs="+", default=[],
                         help="earlier reports whose fixed sweeps fill the seeds without one")
+    parser.add_argument("--goal", action="append", default=[], metavar="METHOD",
+                        help="print the goal for a default, condition by condition, for METHOD (repeatable)")
     args = parser.parse_args(argv)
     scenarios = [s for s in args.scenarios.split(",") if s]
     methods = [m for m in args.methods.split(",") if m]
-    unknown = sorted(set(scenarios) - set(SCENARIOS)) + sorted(set(methods) - set(METHODS))
+    unknown = sorted(set(scenarios) - set(SCENARIOS)) + sorted(set(methods + args.goal) - set(METHODS))
     if unknown:
         parser.error(f"unknown scenarios or methods {unknown}: use {sorted(SCENARIOS)} and {sorted(METHODS)}")
     try:
@@ -67,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                 log=lambda m: print(m, flush=True))
     report = write_report(args.out, args.json or args.out / "report.json", fixed_from)
     print(markdown(report))
+    for method in args.goal:
+        print("\n" + goal_markdown(report, method))
     return 0
 
 
