@@ -1,7 +1,7 @@
 """The goal for a default variant, condition by condition, read from a report of
 ``benchmarks/beyond_the_paper.py`` (:func:`dynamics.experiments.robustness.aggregate`).
 
-The conditions (``docs/beyond-the-paper.md``, "Choosing a default"), each on the test
+The conditions (the goal for a default of ``docs/beyond-the-paper.md``), each on the test
 split and per scenario unless said:
 
 - **feasible**: the method keeps every constraint in at least 95% of the scenario-seeds
