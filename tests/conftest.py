@@ -24,8 +24,11 @@ for variable in ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "
 for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(variable, "1")
 
+from collections.abc import Iterator  # noqa: E402
+
 import pytest  # noqa: E402
 
+from tests.fixtures.in_process import one_thread  # noqa: E402
 from tests.fixtures.tiny_tokenizer import tiny_tokenizer  # noqa: E402
 
 
@@ -35,3 +38,11 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tokenizer")
     tiny_tokenizer().save_pretrained(folder)
     return folder
+
+
+@pytest.fixture
+def single_thread() -> Iterator[None]:
+    """torch on one thread for the test, as the runs it compares with train, and the
+    thread count as it was afterwards."""
+    with one_thread():
+        yield

@@ -8,7 +8,6 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
-import torch
 from accelerate.utils import set_seed
 
 import dynamics
@@ -27,10 +26,9 @@ def in_memory(data: dict) -> tuple[dict, dict[str, datasets.Dataset]]:
     return data, rows
 
 
-def test_a_run_from_python_objects_equals_the_run_from_files(tokenizer_dir, tmp_path):
+def test_a_run_from_python_objects_equals_the_run_from_files(tokenizer_dir, tmp_path, single_thread):
     # Full fine-tuning: LoRA's initialisation would draw from the RNG after the model's in the
     # file run but not in the notebook's, whose model exists before dynamics.run seeds.
-    torch.set_num_threads(1)
     files = {**tiny_config(tokenizer_dir, tmp_path / "files"), "lora": None}
     dynamics.run(dynamics.RunConfig.from_dict(files), progress=False)
 

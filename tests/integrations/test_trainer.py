@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import yaml
 from accelerate.utils import set_seed
 from peft import PeftModel
@@ -75,9 +74,8 @@ def train_with_callback(config: RunConfig, hf_out: Path, **changes) -> DynamicsC
 
 
 @pytest.mark.parametrize("method", [{"variant": "paper"}, {}])
-def test_the_trainer_with_the_callback_makes_the_same_run_as_dynamics_run(tokenizer_dir, tmp_path, method):
+def test_the_trainer_with_the_callback_makes_the_same_run_as_dynamics_run(tokenizer_dir, tmp_path, method, single_thread):
     data = tiny_config(tokenizer_dir, tmp_path / "engine", **method)
-    torch.set_num_threads(1)
     run(RunConfig.from_dict(data), progress=False)
     data["output_dir"] = str(tmp_path / "trainer")
     callback = train_with_callback(RunConfig.from_dict(data), tmp_path / "hf")
@@ -99,9 +97,8 @@ def test_the_trainer_with_the_callback_makes_the_same_run_as_dynamics_run(tokeni
     )
 
 
-def test_the_callbacks_run_folder_is_complete_and_its_adapter_loads(tokenizer_dir, tmp_path):
+def test_the_callbacks_run_folder_is_complete_and_its_adapter_loads(tokenizer_dir, tmp_path, single_thread):
     data = tiny_config(tokenizer_dir, tmp_path / "trainer")
-    torch.set_num_threads(1)
     config = RunConfig.from_dict(data)
     out = tmp_path / "trainer"
     callback = train_with_callback(config, out / "hf")  # the Trainer's own folder may sit inside
@@ -173,8 +170,7 @@ def resumable_trainer(config: RunConfig, hf_out: Path, extra_callbacks=()) -> tu
     return trainer, callback
 
 
-def test_resuming_the_trainer_from_its_checkpoint_continues_the_mixture(tokenizer_dir, tmp_path):
-    torch.set_num_threads(1)
+def test_resuming_the_trainer_from_its_checkpoint_continues_the_mixture(tokenizer_dir, tmp_path, single_thread):
     data = tiny_config(tokenizer_dir, tmp_path / "whole", variant="robust")  # calibration state crosses the save
     whole_trainer, whole = resumable_trainer(RunConfig.from_dict(data), tmp_path / "whole" / "hf")
     whole_trainer.train()
@@ -212,11 +208,10 @@ def test_resuming_a_checkpoint_without_mixture_state_is_refused(tokenizer_dir, t
         second.train(resume_from_checkpoint=str(checkpoint))
 
 
-def test_gradient_alignment_through_the_callback_matches_dynamics_run(tokenizer_dir, tmp_path):
+def test_gradient_alignment_through_the_callback_matches_dynamics_run(tokenizer_dir, tmp_path, single_thread):
     data = tiny_config(tokenizer_dir, tmp_path / "engine")
     data["datasets"] = [d for d in data["datasets"] if d["name"] != "mmlu"]  # loss constraints only
     data["method"] = {"name": "gradient-alignment", "schedule": [0, 2, 4], "alignment_batches": 2}
-    torch.set_num_threads(1)
     run(RunConfig.from_dict(data), progress=False)
     data["output_dir"] = str(tmp_path / "trainer")
     train_with_callback(RunConfig.from_dict(data), tmp_path / "hf")
