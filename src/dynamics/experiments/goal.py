@@ -108,15 +108,16 @@ def scenario_rows(report: dict[str, Any], method: str) -> list[ScenarioRow]:
 def goal_conditions(rows: list[ScenarioRow]) -> list[Condition]:
     """Whether each of the goal's conditions holds over ``rows`` (see the module docstring)."""
 
-    def every(name: str, measured: list[tuple[str, bool]], goal: str) -> Condition:
+    def every(name: str, measured: list[bool], goal: str) -> Condition:
+        """Holds in every scenario that measures it (one entry each)."""
         if not measured:
             return Condition(name, None, "not measured")
-        met = [scenario for scenario, ok in measured if ok]
-        return Condition(name, len(met) == len(measured), f"{len(met)} of {len(measured)} scenarios ({goal})")
+        met = sum(measured)
+        return Condition(name, met == len(measured), f"{met} of {len(measured)} scenarios ({goal})")
 
     runs, feasible = sum(r.runs for r in rows), sum(r.feasible for r in rows)
-    oracle = [(r.scenario, r.median >= r.oracle - ORACLE_GAP) for r in rows if r.median is not None and r.oracle is not None]
-    met = sum(ok for _, ok in oracle)
+    oracle = [r.median >= r.oracle - ORACLE_GAP for r in rows if r.median is not None and r.oracle is not None]
+    met = sum(oracle)
     return [
         Condition(
             "feasible",
@@ -125,12 +126,12 @@ def goal_conditions(rows: list[ScenarioRow]) -> list[Condition]:
         ),
         every(
             "nothing feasible",
-            [(r.scenario, r.violation <= r.least_violating) for r in rows if r.violation is not None and r.least_violating is not None],
+            [r.violation <= r.least_violating for r in rows if r.violation is not None and r.least_violating is not None],
             "goal: median violation at most the least-violating fixed mixture's",
         ),
         every(
             "equal cost",
-            [(r.scenario, r.median >= r.equal_cost) for r in rows if r.median is not None and r.equal_cost is not None],
+            [r.median >= r.equal_cost for r in rows if r.median is not None and r.equal_cost is not None],
             "goal: every scenario",
         ),
         Condition(
@@ -142,10 +143,10 @@ def goal_conditions(rows: list[ScenarioRow]) -> list[Condition]:
         ),
         every(
             "targets alone",
-            [(r.scenario, r.median >= r.targets_alone - TARGETS_ALONE_GAP) for r in rows if r.median is not None and r.targets_alone is not None],
+            [r.median >= r.targets_alone - TARGETS_ALONE_GAP for r in rows if r.median is not None and r.targets_alone is not None],
             f"goal: within {100 * TARGETS_ALONE_GAP:.1f} points where nothing binds",
         ),
-        every("cost", [(r.scenario, r.cost <= MAX_COST) for r in rows if r.cost is not None], f"goal: at most {MAX_COST}x"),
+        every("cost", [r.cost <= MAX_COST for r in rows if r.cost is not None], f"goal: at most {MAX_COST}x"),
     ]
 
 
