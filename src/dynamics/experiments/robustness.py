@@ -223,7 +223,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "robust_target_floor_expected_accuracy": {**EXPECTED_ROBUST, "target_floor": 0.02},
     # The default, with a predicted loss of less than half an answer read as none.
     "robust_answer_tolerance": {**EXPECTED_ROBUST, "answer_tolerance": 0.5},
-    # The same, returning only after two main evaluations in a row show a constraint broken.
+    # Both: half an answer of tolerance, and the floor on target data that gives way.
+    "robust_tolerance_floor": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "target_floor": 0.02},
+    # Both floors and backtracking, returning only after two main evaluations in a row show
+    # a constraint broken.
     "robust_floors_patience": {
         **MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2, "backtrack_patience": 2,
     },
