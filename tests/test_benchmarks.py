@@ -152,3 +152,17 @@ def test_the_fsdp_resume_check_resumes_a_run_to_the_same_evaluations():
     # LoRA rank 8 on every projection of a model of hidden size 32 (keys and values 16, the
     # MLP 64): whole A and B matrices.
     assert result["adapter_shapes"] == ["16x8", "32x8", "64x8", "8x32", "8x64"]
+
+
+def test_the_scoring_benchmark_compares_the_scored_positions_with_every_position():
+    """benchmarks/scoring.py at a toy size: the same scores both ways, and the logits of the
+    scored positions only (one per prompt for letters) against every position's."""
+    result = run_json(
+        [sys.executable, "benchmarks/scoring.py", "--shape", "tiny", "--questions", "3", "--length", "16", "--repeats", "1"]
+    )
+    letter, continuation = result["letter"], result["continuation"]
+    assert letter["logits_bytes_ratio"] == 1 / 16
+    assert 0 < continuation["logits_bytes_ratio"] <= 8 / 16
+    for measured in (letter, continuation):
+        assert measured["max_abs_difference"] < 1e-5
+        assert all(seconds > 0 for seconds in measured["seconds"].values())

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from dynamics.data.formatting import IGNORE_INDEX
 from dynamics.engine.batches import model_inputs
-from dynamics.engine.continuations import at_least_float32, continuation_scores
+from dynamics.engine.continuations import at_least_float32, continuation_scores, logits_at
 from dynamics.engine.data_contracts import Batch
 
 
@@ -64,9 +64,8 @@ def choice_logits(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
     questions (``choice_rows``) is scored by each choice's continuation log-likelihood instead."""
     if "choice_rows" in batch:
         return continuation_scores(model, batch)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     last = batch["attention_mask"].sum(dim=1) - 1
-    next_token_logits = logits[torch.arange(logits.shape[0], device=logits.device), last]
+    next_token_logits = logits_at(model, batch["input_ids"], batch["attention_mask"], last[:, None])[:, 0]
     return at_least_float32(next_token_logits).gather(1, batch["choice_token_ids"])
 
 
