@@ -11,6 +11,61 @@ def _display(value: float, metric: str) -> str:
     return f"acc {0.0 - value:.3f}" if metric == "accuracy" else f"{value:.4f}"
 
 
+def _predicted_feasible(update: dict) -> bool | None:
+    """Whether the update found a mixture predicted to keep every constraint (the robust
+    variant's own verdict where it has one), or None where no solver decided."""
+    robust = update.get("extra", {}).get("robust")
+    if robust is not None:
+        return bool(robust["feasible"])
+    solver = update.get("solver")
+    return None if solver is None else bool(solver["feasible"])
+
+
+def target_data_lines(records: RunRecords) -> list[str]:
+    """How much of the run trained on target data (datasets named like a target domain),
+    the stretch at the end without any, and the updates where no mixture was predicted to
+    keep every constraint; with a hint where that stretch is a quarter of the run or more,
+    ``target_floor`` is off and some checkpoint kept every constraint. Empty for a run whose mixture no solver decided (a fixed
+    mixture) or without target data."""
+    updates = [u for u in records.updates if _predicted_feasible(u) is not None]
+    targets = {records.domain_names[i] for i in records.targets}
+    columns = [j for j, name in enumerate(records.dataset_names) if name in targets]
+    total = int(records.summary["total_steps"])
+    if not updates or not columns:
+        return []
+    steps = [min(int(u["horizon"]), total - int(u["step"])) for u in updates]
+    shares = [sum(u["weights"][j] for j in columns) for u in updates]
+    trained = sum(share * length for share, length in zip(shares, steps, strict=True))
+    per_dataset = ", ".join(
+        f"{records.dataset_names[j]} {100 * sum(u['weights'][j] * n for u, n in zip(updates, steps, strict=True)) / total:.1f}%"
+        for j in columns
+    )
+    line = f"target data: {100 * trained / total:.1f}% of the {total} steps ({per_dataset})"
+    without = next((k for k in range(len(updates)) if all(s <= 1e-6 for s in shares[k:])), None)
+    dry = 0 if without is None else total - int(updates[without]["step"])
+    if dry:
+        line += f"; none from step {updates[without]['step']} to the end ({dry} steps)"
+    lines = [line]
+    if records.constraints:
+        infeasible = [int(u["step"]) for u in updates if not _predicted_feasible(u)]
+        if infeasible:
+            lines.append(
+                f"no mixture was predicted to keep every constraint at {len(infeasible)} of {len(updates)} updates "
+                f"(steps {', '.join(map(str, infeasible))}): each trained the mixture predicted to break them least"
+            )
+        floor = updates[-1].get("extra", {}).get("robust", {}).get("target_floor", 0.0)
+        # Only where some checkpoint kept every constraint: where none did, target data is
+        # what breaks them more.
+        kept = records.summary.get("best_checkpoint") is not None
+        if infeasible and 4 * dry >= total and not floor and kept:
+            lines.append(
+                "hint: if a small share of target data can keep the constraints, method.target_floor: 0.02 keeps "
+                "2% on each target in such updates (it learned more where some mixture kept the constraints, and "
+                "broke them more where none could: docs/beyond-the-paper.md)"
+            )
+    return lines
+
+
 def run_report(records: RunRecords) -> str:
     summary = records.summary
     names = records.domain_names
@@ -69,6 +124,7 @@ def run_report(records: RunRecords) -> str:
             f"best feasible checkpoint: step {best['step']} ({records.path / best['path']}); "
             f"test perplexity reduction on the targets: {100 * summary['constrained_ppl_reduction']:.1f}%"
         )
+    lines += target_data_lines(records)
     errors = summary.get("mean_abs_prediction_error")
     if errors:
         lines.append(
