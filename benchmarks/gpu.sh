@@ -23,10 +23,13 @@
 #                  shape: tokens/s, snapshot + restore over one step, peak memory; skipped
 #                  with the reason without a GPU or bitsandbytes. bitsandbytes is installed
 #                  only from wheels carried onto the machine (DYNAMICS_WHEELS, default
-#                  wheels/; pip --no-index), never from the internet.
+#                  wheels/; pip --no-index), never from the internet;
+#   scoring:       multiple-choice scoring (letters, and lm-eval continuations) from the
+#                  scored positions' logits against every position's, Qwen2.5-0.5B's shape:
+#                  logits bytes, time, peak GPU memory (benchmarks/scoring.py).
 # Meant to take under 8 minutes on one H100 (each section's seconds are in the JSON); no
 # section starts after DYNAMICS_GPU_CHECK_SECONDS (480), and each is cut to what is left.
-# DYNAMICS_GPU_CHECK_SECTIONS (a comma-separated list, default all five) runs only the
+# DYNAMICS_GPU_CHECK_SECTIONS (a comma-separated list, default all six) runs only the
 # sections it names; the others are recorded as skipped, saying so.
 # DYNAMICS_GPU_CHECK_TOY=1 runs the same script at a toy size on a CPU, profiler included,
 # in about a minute (the test suite does, so the script cannot rot).
@@ -40,12 +43,14 @@ if [ "${DYNAMICS_GPU_CHECK_TOY:-0}" = "1" ]; then
   PROFILE=always
   OVERHEAD=(--steps 16)
   PAPER=(--scale 0.005 --seq 32 --batch 1 --seconds 5)
+  SCORING=(--shape tiny --questions 3 --length 16 --repeats 1)
 else
   SIZE=(--shape qwen2.5-0.5b --seq 512 --batch 8 --lora-rank 32 --mixed-precision bf16)
   ENGINE_STEPS=20
   PROFILE=above-goal
   OVERHEAD=(--steps 32)
   PAPER=(--scale "${DYNAMICS_PAPER_SCALE:-1}" --seconds "${DYNAMICS_PAPER_SECONDS:-90}")
+  SCORING=(--shape qwen2.5-0.5b --layers 24 --questions 18 --length 300 --repeats 3)
 fi
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
@@ -58,7 +63,7 @@ DEADLINE="${DYNAMICS_GPU_CHECK_SECONDS:-480}"
 # section NAME LIMIT_S COMMAND...: stdout to NAME.json, stderr to NAME.err, seconds and exit
 # status to NAME.meta; a failure or a timeout does not stop the script. The limit is cut to
 # what is left before DEADLINE; with under 20 s left the section is skipped.
-ALL_SECTIONS=engine,run_overhead,paper_shape,fsdp_resume,qlora
+ALL_SECTIONS=engine,run_overhead,paper_shape,fsdp_resume,qlora,scoring
 SECTIONS="${DYNAMICS_GPU_CHECK_SECTIONS:-$ALL_SECTIONS}"
 for name in ${SECTIONS//,/ }; do
   if [[ ",$ALL_SECTIONS," != *",$name,"* ]]; then
@@ -119,6 +124,8 @@ else
   fi
 fi
 
+section scoring 90 "$PYTHON" benchmarks/scoring.py "${SCORING[@]}"
+
 "$PYTHON" - "$OUT" "$((SECONDS - started))" "$gpus" "${machine[1]}" "${machine[2]}" <<'PY'
 import json
 import sys
@@ -126,7 +133,7 @@ from pathlib import Path
 
 out, total = Path(sys.argv[1]), int(sys.argv[2])
 result = {"device": sys.argv[5], "gpus": int(sys.argv[3]), "torch": sys.argv[4]}
-for name in ("engine", "run_overhead", "paper_shape", "fsdp_resume", "qlora"):
+for name in ("engine", "run_overhead", "paper_shape", "fsdp_resume", "qlora", "scoring"):
     skipped = out / f"{name}.skip"
     if skipped.exists():
         result[name] = {"skipped": skipped.read_text().strip()}

@@ -59,7 +59,13 @@ def test_the_gpu_check_prints_one_json_object_with_its_measurements(gpu_check):
     assert result["gpus"] == 0
     assert "two GPUs or more" in result["fsdp_resume"]["skipped"]
     assert "CUDA GPU" in result["qlora"]["skipped"]
-    for name in ("engine", "run_overhead", "paper_shape"):
+    # Multiple-choice scoring: the same scores from the scored positions' logits as from
+    # every position's, and one position per prompt for letters (rows of 16 tokens).
+    scoring = result["scoring"]
+    assert scoring["letter"]["logits_bytes_ratio"] == 1 / 16
+    assert 0 < scoring["continuation"]["logits_bytes_ratio"] <= 8 / 16
+    assert all(scoring[way]["max_abs_difference"] < 1e-5 for way in ("letter", "continuation"))
+    for name in ("engine", "run_overhead", "paper_shape", "scoring"):
         assert "failed" not in result[name] and result[name]["section_seconds"] >= 0
     assert result["total_seconds"] >= 0
 
@@ -71,7 +77,7 @@ def test_the_gpu_check_runs_only_the_sections_it_is_asked_for():
         ["bash", "benchmarks/gpu.sh"], DYNAMICS_GPU_CHECK_TOY="1", DYNAMICS_GPU_CHECK_SECTIONS="engine"
     )
     assert "failed" not in result["engine"] and result["engine"]["tokens_per_s"]["engine_lora"] > 0
-    for name in ("run_overhead", "paper_shape", "fsdp_resume", "qlora"):
+    for name in ("run_overhead", "paper_shape", "fsdp_resume", "qlora", "scoring"):
         assert result[name] == {"skipped": "not in DYNAMICS_GPU_CHECK_SECTIONS (engine)"}
     environment = {**os.environ, "DYNAMICS_GPU_CHECK_TOY": "1", "DYNAMICS_GPU_CHECK_SECTIONS": "engine,qlroa"}
     done = subprocess.run(["bash", "benchmarks/gpu.sh"], cwd=ROOT, env=environment, capture_output=True, text=True)
@@ -153,16 +159,3 @@ def test_the_fsdp_resume_check_resumes_a_run_to_the_same_evaluations():
     # MLP 64): whole A and B matrices.
     assert result["adapter_shapes"] == ["16x8", "32x8", "64x8", "8x32", "8x64"]
 
-
-def test_the_scoring_benchmark_compares_the_scored_positions_with_every_position():
-    """benchmarks/scoring.py at a toy size: the same scores both ways, and the logits of the
-    scored positions only (one per prompt for letters) against every position's."""
-    result = run_json(
-        [sys.executable, "benchmarks/scoring.py", "--shape", "tiny", "--questions", "3", "--length", "16", "--repeats", "1"]
-    )
-    letter, continuation = result["letter"], result["continuation"]
-    assert letter["logits_bytes_ratio"] == 1 / 16
-    assert 0 < continuation["logits_bytes_ratio"] <= 8 / 16
-    for measured in (letter, continuation):
-        assert measured["max_abs_difference"] < 1e-5
-        assert all(seconds > 0 for seconds in measured["seconds"].values())
