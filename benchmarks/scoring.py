@@ -127,7 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_config(config).to(device).eval()
     head = model.get_output_embeddings()
     letters, continuations = batches(config.vocab_size, args.questions, args.length, args.choices, device)
-    report: dict = {"shape": args.shape, "layers": args.layers, "device": str(device), "vocab_size": config.vocab_size}
+    report: dict = {
+        "shape": args.shape,
+        "layers": args.layers,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "vocab_size": config.vocab_size,
+        "arguments": vars(args),
+    }
     for name, score, batch in [("letter", choice_logits, letters), ("continuation", continuation_scores, continuations)]:
         results = {}
         # Alternate, so that a slow stretch of a shared machine falls on both.

@@ -76,6 +76,21 @@ class _WithoutLogitsToKeep(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask)
 
 
+class _IntOnlyLogitsToKeep(nn.Module):
+    """A model from outside transformers whose ``logits_to_keep`` takes an int only (a count
+    of last positions), as remote code often has it: given a tensor it would fail or read
+    the wrong positions."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int = 0):
+        if not isinstance(logits_to_keep, int):
+            raise TypeError("logits_to_keep must be an int")
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_scores_equal_the_full_logits_ones(arch, lora):
@@ -115,3 +130,15 @@ def test_a_forward_without_logits_to_keep_is_scored_from_every_logit():
         )
         assert _lm_head_rows(inner, choice_logits, letters) == 5
         assert _lm_head_rows(inner, lambda m, b: choice_logits(wrapped, b), letters) == letters["input_ids"].numel()
+
+
+def test_a_model_from_outside_transformers_is_scored_from_every_logit():
+    inner = tiny_model("llama").eval()
+    remote = _IntOnlyLogitsToKeep(inner)
+    generator = torch.Generator().manual_seed(3)
+    letters, continuations = choice_batch(generator, batch_size=1, length=9), _continuation_batch(generator)
+    with torch.no_grad():
+        torch.testing.assert_close(choice_logits(remote, letters), _full_letter_scores(inner, letters))
+        torch.testing.assert_close(
+            continuation_scores(remote, continuations), _full_continuation_scores(inner, continuations)
+        )

@@ -6,88 +6,108 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from dynamics.report.text import run_report, target_data_lines
 from dynamics.runs.rundir import RunRecords
 
 TOTAL_STEPS = 64
+# Datasets math, code, prose, chat; math and chat are also target domains.
+DATASETS = ["math", "code", "prose", "chat"]
 
 
-def _update(step: int, horizon: int, target_weight: float, feasible: bool, robust: dict | None) -> dict:
-    update = {
-        "step": step,
-        "horizon": horizon,
-        "weights": [target_weight, 1.0 - target_weight, 0.0],
-        "solver": {"feasible": feasible},
-        "extra": {},
-    }
-    if robust is not None:
-        # The robust variant's own verdict decides; the nominal solver's may differ.
-        update["solver"]["feasible"] = not feasible
-        update["extra"]["robust"] = {"feasible": feasible, **robust}
-    return update
+def _update(step: int, horizon: int, weights: list[float], feasible: bool = True, **extra) -> dict:
+    return {"step": step, "horizon": horizon, "weights": weights, "solver": {"feasible": feasible}, "extra": extra}
 
 
-def _records(*, robust: dict | None = None, kept: bool = True, last_horizon: int = 32, fixed: bool = False) -> RunRecords:
-    """A 64-step run of datasets math (the target), code and prose against a constraint:
-    all target data for 8 steps, half for 8, none from step 16 on, and at step 16 no
-    mixture predicted feasible. The last update's horizon runs past the end with 64."""
-    updates = [
-        _update(0, 8, 1.0, True, robust),
-        _update(8, 8, 0.5, True, robust),
-        _update(16, 16, 0.0, False, robust),
-        _update(32, last_horizon, 0.0, True, robust),
+def _base_updates() -> list[dict]:
+    """Math and chat half each for 8 steps; then a quarter on math for the 8 steps until the
+    next update (its horizon, 16, runs past it); no target data from step 16 on, where no
+    mixture was predicted feasible; the last horizon (64) runs past the end."""
+    return [
+        _update(0, 8, [0.5, 0.0, 0.0, 0.5]),
+        _update(8, 16, [0.25, 0.5, 0.25, 0.0]),
+        _update(16, 16, [0.0, 0.5, 0.5, 0.0], feasible=False),
+        _update(32, 64, [0.0, 1.0, 0.0, 0.0]),
     ]
-    if fixed:
-        updates = [{"step": 0, "horizon": TOTAL_STEPS, "weights": [0.1, 0.45, 0.45], "solver": None, "extra": {}}]
+
+
+def _records(updates: list[dict], *, kept: bool = True, constraints: tuple[int, ...] = (2,)) -> RunRecords:
     summary = {
-        "method": "fixed" if fixed else "dynamics",
-        "dataset_names": ["math", "code", "prose"],
-        "domain_names": ["math", "code-heldout"],
-        "targets": [0],
-        "constraints": [1],
+        "method": "dynamics",
+        "dataset_names": DATASETS,
+        "domain_names": ["math", "chat", "code-heldout"],
+        "targets": [0, 1],
+        "constraints": list(constraints),
         "total_steps": TOTAL_STEPS,
-        "best_checkpoint": {"step": 8} if kept else None,
+        "best_checkpoint": {"step": 8, "path": "best_checkpoint"} if kept else None,
     }
     return RunRecords(path=Path("run"), summary=summary, evaluations=[], updates=updates)
 
 
-@pytest.mark.parametrize("last_horizon", [32, 64])
-def test_the_share_the_dry_stretch_and_the_updates_without_a_feasible_mixture(last_horizon):
-    lines = target_data_lines(_records(last_horizon=last_horizon))
-    # 8 steps of target data, then 4 of 8; the last horizon counts only to the run's end.
-    assert lines[0] == "target data: 18.8% of the 64 steps (math 18.8%); none from step 16 to the end (48 steps)"
-    assert lines[1].startswith("no mixture was predicted to keep every constraint at 1 of 4 updates (steps 16)")
+def test_each_update_counts_until_the_next_one_and_the_run_ends():
+    lines = target_data_lines(_records(_base_updates()))
+    # math 4 + 2 steps, chat 4, of 64.
+    assert lines[0] == (
+        "target data: 15.6% of the 64 steps (math 9.4%, chat 6.2%); none from step 16 to the end (48 steps)"
+    )
+    assert lines[1].startswith("no mixture was predicted to keep every constraint at 1 of 4 updates (steps 16):")
     assert lines[2].startswith("hint: ") and "method.target_floor: 0.02" in lines[2]
     assert len(lines) == 3
+    # Target data in the last update counts to the run's end (32 steps), not its horizon.
+    updates = _base_updates()
+    updates[-1]["weights"] = [0.25, 0.75, 0.0, 0.0]
+    lines = target_data_lines(_records(updates))
+    assert lines[0] == "target data: 28.1% of the 64 steps (math 21.9%, chat 6.2%)"
+    assert not any(line.startswith("hint") for line in lines)
+
+
+def test_updates_a_backtrack_abandoned_are_left_out():
+    updates = _base_updates()
+    updates.insert(3, _update(24, 8, [1.0, 0.0, 0.0, 0.0], feasible=False, abandoned=True))
+    assert target_data_lines(_records(updates)) == target_data_lines(_records(_base_updates()))
 
 
 def test_the_robust_verdict_decides_and_a_floor_already_set_gets_no_hint():
-    lines = target_data_lines(_records(robust={"target_floor": 0.0}))
+    updates = _base_updates()
+    for update in updates:
+        # The robust variant's own verdict, the opposite of the nominal solver's.
+        update["extra"]["robust"] = {"feasible": update["solver"]["feasible"], "target_floor": 0.0}
+        update["solver"]["feasible"] = not update["solver"]["feasible"]
+    lines = target_data_lines(_records(updates))
     assert "at 1 of 4 updates (steps 16)" in lines[1] and lines[2].startswith("hint: ")
-    floored = target_data_lines(_records(robust={"target_floor": 0.02}))
-    assert floored == lines[:2]
+    for update in updates:
+        update["extra"]["robust"]["target_floor"] = 0.02
+    assert target_data_lines(_records(updates)) == lines[:2]
 
 
-def test_no_hint_where_no_checkpoint_kept_the_constraints():
-    """Where nothing was feasible, more target data breaks the constraints more."""
-    lines = target_data_lines(_records(kept=False))
+def test_the_hint_needs_a_quarter_of_the_run_dry_and_a_checkpoint_that_kept_the_constraints():
+    def dry_from(step: int) -> list[dict]:
+        first = _base_updates()[:2]
+        return [*first, _update(16, 32, [0.5, 0.5, 0.0, 0.0], feasible=False), _update(step, 64, [0.0, 1.0, 0.0, 0.0])]
+
+    assert target_data_lines(_records(dry_from(48)))[-1].startswith("hint: ")  # 16 of 64 steps
+    assert not target_data_lines(_records(dry_from(52)))[-1].startswith("hint")  # 12 of 64
+    # Where no checkpoint kept every constraint, more target data breaks them more.
+    lines = target_data_lines(_records(_base_updates(), kept=False))
     assert len(lines) == 2 and not any(line.startswith("hint") for line in lines)
 
 
+def test_without_constraints_only_the_share_is_reported():
+    lines = target_data_lines(_records(_base_updates(), constraints=()))
+    assert lines == [target_data_lines(_records(_base_updates()))[0]]
+
+
 def test_a_fixed_mixture_and_a_run_without_target_data_get_no_account():
-    assert target_data_lines(_records(fixed=True)) == []
-    records = _records()
-    records.summary["dataset_names"] = ["algebra", "code", "prose"]  # no dataset named like the target
+    fixed = [{"step": 0, "horizon": TOTAL_STEPS, "weights": [0.1, 0.45, 0.45, 0.0], "solver": None, "extra": {}}]
+    assert target_data_lines(_records(fixed)) == []
+    records = _records(_base_updates())
+    records.summary["dataset_names"] = ["algebra", "code", "prose", "dialogue"]  # none named like a target
     assert target_data_lines(records) == []
 
 
 def test_the_report_of_a_finished_run_carries_the_account():
-    records = _records()
+    records = _records(_base_updates())
     records.summary.update(
-        num_updates=4, train_seconds=1.0, predicted_cost=2.0, cost_assumption="", domain_metrics=["loss", "loss"],
-        constrained_ppl_reduction=0.1, best_checkpoint={"step": 8, "path": "best_checkpoint"},
+        num_updates=4, train_seconds=1.0, predicted_cost=2.0, cost_assumption="",
+        domain_metrics=["loss", "loss", "loss"], constrained_ppl_reduction=0.1,
     )
-    report = run_report(records)
-    assert "\n".join(target_data_lines(records)) in report
+    assert "\n".join(target_data_lines(records)) in run_report(records)

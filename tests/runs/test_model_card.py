@@ -191,3 +191,14 @@ def test_push_refuses_bad_input_in_one_line(argv, expect, run_folder, tmp_path, 
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.rstrip("\n")
     assert "\n" not in err and err.startswith("dynamics push: error: ") and expect in err
+
+
+def test_an_update_a_backtrack_abandoned_is_marked_in_the_trajectory(run_folder):
+    """The loop stores the mark in the record's ``extra`` (as a backtracking run writes it)."""
+    path = run_folder / "controller.jsonl"
+    updates = read_jsonl(path)
+    updates[1]["extra"]["abandoned"] = True
+    path.write_text("".join(json.dumps(u) + "\n" for u in updates))
+    rows = [line for line in write_model_card(run_folder).read_text().splitlines() if line.startswith("| ")]
+    marked = [row.split(" | ")[0] for row in rows if row.endswith("| abandoned by a backtrack |")]
+    assert marked == [f"| {updates[1]['step']}"]

@@ -80,10 +80,11 @@ def logits_at(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, posit
 
     Scoring reads a few positions per row, and the full (B, T, V) logits of a model with a
     large vocabulary are most of an evaluation's memory (72 rows of 300 tokens over a
-    49,152-token vocabulary hold 4 GiB in float32). The model projects only the kept hidden
-    states onto the vocabulary (``logits_to_keep``, which every causal LM of transformers
-    takes); a model whose forward does not take it computes every logit, and the kept ones
-    are read from them."""
+    49,152-token vocabulary hold 4 GiB in float32). A causal LM of transformers' own that
+    takes ``logits_to_keep`` projects only the kept hidden states onto the vocabulary; any
+    other model (a few transformers classes, code loaded with ``trust_remote_code``, whose
+    ``logits_to_keep`` may take an int only) computes every logit, and the kept ones are
+    read from them."""
     if _takes_logits_to_keep(model):
         return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions).logits
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
@@ -93,10 +94,12 @@ def logits_at(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, posit
 
 
 def _takes_logits_to_keep(model: nn.Module) -> bool:
-    """Whether the forward of ``model`` (under a PEFT wrapper, of its base model) takes
-    ``logits_to_keep``."""
+    """Whether ``model`` (under a PEFT wrapper, its base model) is a transformers model
+    class whose forward takes ``logits_to_keep`` (transformers' own slicing takes tensors of
+    positions and masks)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    own = type(base).__module__.startswith("transformers.models.")
+    return own and "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def continuation_scores(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
@@ -110,8 +113,9 @@ def continuation_scores(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor
     logits = logits_at(model, batch["input_ids"], batch["attention_mask"], keep)  # (N, V)
     log_probs = F.log_softmax(at_least_float32(logits), dim=-1)
     token_scores = log_probs.gather(1, labels[:, 1:][scored][:, None]).squeeze(1)
-    row_scores = torch.zeros(len(labels), dtype=token_scores.dtype, device=token_scores.device)
-    row_scores.index_add_(0, scored.nonzero()[:, 0], token_scores)
+    # Summed row by row in a fixed order (index_add_ is not deterministic on a GPU).
+    row_scores = torch.zeros(scored.shape, dtype=token_scores.dtype, device=token_scores.device)
+    row_scores = row_scores.masked_scatter(scored, token_scores).sum(dim=1)
     rows = batch["choice_rows"]
     scores = row_scores[rows.clamp(min=0)]
     return torch.where(rows >= 0, scores, torch.full_like(scores, -torch.inf))

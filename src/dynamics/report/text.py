@@ -23,46 +23,57 @@ def _predicted_feasible(update: dict) -> bool | None:
 
 def target_data_lines(records: RunRecords) -> list[str]:
     """How much of the run trained on target data (datasets named like a target domain),
-    the stretch at the end without any, and the updates where no mixture was predicted to
-    keep every constraint; with a hint where that stretch is a quarter of the run or more,
-    ``target_floor`` is off and some checkpoint kept every constraint. Empty for a run whose mixture no solver decided (a fixed
-    mixture) or without target data."""
-    updates = [u for u in records.updates if _predicted_feasible(u) is not None]
+    the stretch at its end without any, and the updates where no mixture was predicted to
+    keep every constraint. Then a hint toward ``target_floor`` where all of these hold:
+    some update predicted no mixture feasible, the run's last quarter or more trained no
+    target data, some checkpoint kept every constraint, and the floor is off. Updates a
+    backtrack abandoned are left out, and each update counts until the next one kept, or
+    the run's end. Empty for a run whose mixture no solver decided (a fixed mixture) or
+    without target data."""
+    updates = [
+        u
+        for u in records.updates
+        if _predicted_feasible(u) is not None and not u.get("extra", {}).get("abandoned")
+    ]
     targets = {records.domain_names[i] for i in records.targets}
     columns = [j for j, name in enumerate(records.dataset_names) if name in targets]
     total = int(records.summary["total_steps"])
     if not updates or not columns:
         return []
-    steps = [min(int(u["horizon"]), total - int(u["step"])) for u in updates]
+    starts = [int(u["step"]) for u in updates]
+    ends = [*starts[1:], total]
+    steps = [min(int(u["horizon"]), end - start) for u, start, end in zip(updates, starts, ends, strict=True)]
     shares = [sum(u["weights"][j] for j in columns) for u in updates]
     trained = sum(share * length for share, length in zip(shares, steps, strict=True))
     per_dataset = ", ".join(
-        f"{records.dataset_names[j]} {100 * sum(u['weights'][j] * n for u, n in zip(updates, steps, strict=True)) / total:.1f}%"
+        f"{records.dataset_names[j]} "
+        f"{100 * sum(u['weights'][j] * n for u, n in zip(updates, steps, strict=True)) / total:.1f}%"
         for j in columns
     )
     line = f"target data: {100 * trained / total:.1f}% of the {total} steps ({per_dataset})"
     without = next((k for k in range(len(updates)) if all(s <= 1e-6 for s in shares[k:])), None)
-    dry = 0 if without is None else total - int(updates[without]["step"])
+    dry = 0 if without is None else total - starts[without]
     if dry:
-        line += f"; none from step {updates[without]['step']} to the end ({dry} steps)"
+        line += f"; none from step {starts[without]} to the end ({dry} steps)"
     lines = [line]
-    if records.constraints:
-        infeasible = [int(u["step"]) for u in updates if not _predicted_feasible(u)]
-        if infeasible:
-            lines.append(
-                f"no mixture was predicted to keep every constraint at {len(infeasible)} of {len(updates)} updates "
-                f"(steps {', '.join(map(str, infeasible))}): each trained the mixture predicted to break them least"
-            )
-        floor = updates[-1].get("extra", {}).get("robust", {}).get("target_floor", 0.0)
-        # Only where some checkpoint kept every constraint: where none did, target data is
-        # what breaks them more.
-        kept = records.summary.get("best_checkpoint") is not None
-        if infeasible and 4 * dry >= total and not floor and kept:
-            lines.append(
-                "hint: if a small share of target data can keep the constraints, method.target_floor: 0.02 keeps "
-                "2% on each target in such updates (it learned more where some mixture kept the constraints, and "
-                "broke them more where none could: docs/beyond-the-paper.md)"
-            )
+    if not records.constraints:
+        return lines
+    infeasible = [start for u, start in zip(updates, starts, strict=True) if not _predicted_feasible(u)]
+    if infeasible:
+        lines.append(
+            f"no mixture was predicted to keep every constraint at {len(infeasible)} of {len(updates)} updates "
+            f"(steps {', '.join(map(str, infeasible))}): each trained the mixture predicted to break them least"
+        )
+    floor = updates[-1].get("extra", {}).get("robust", {}).get("target_floor", 0.0)
+    # Only where some checkpoint kept every constraint: where none did, target data is
+    # what breaks them more.
+    kept = records.summary.get("best_checkpoint") is not None
+    if infeasible and 4 * dry >= total and not floor and kept:
+        lines.append(
+            "hint: if a small share of target data can keep the constraints, method.target_floor: 0.02 keeps "
+            "2% on each target in such updates (measured with answer_tolerance: 0.5 in docs/beyond-the-paper.md: "
+            "more learned where some mixture kept the constraints, more violation where none could)"
+        )
     return lines
 
 
