@@ -97,7 +97,8 @@ def _takes_logits_to_keep(model: nn.Module) -> bool:
     """Whether ``model`` (under a PEFT wrapper, its base model) is a transformers model
     class whose forward takes ``logits_to_keep`` (transformers' own slicing takes tensors of
     positions and masks)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)
+    base = get_base_model() if callable(get_base_model) else model
     own = type(base).__module__.startswith("transformers.models.")
     return own and "logits_to_keep" in inspect.signature(base.forward).parameters
 

@@ -51,10 +51,11 @@ def target_data_lines(records: RunRecords) -> list[str]:
         for j in columns
     )
     line = f"target data: {100 * trained / total:.1f}% of the {total} steps ({per_dataset})"
-    without = next((k for k in range(len(updates)) if all(s <= 1e-6 for s in shares[k:])), None)
-    dry = 0 if without is None else total - starts[without]
+    # The first update from which no update trained target data (the run's end if none).
+    dry_from = next((starts[k] for k in range(len(updates)) if all(s <= 1e-6 for s in shares[k:])), total)
+    dry = total - dry_from
     if dry:
-        line += f"; none from step {starts[without]} to the end ({dry} steps)"
+        line += f"; none from step {dry_from} to the end ({dry} steps)"
     lines = [line]
     if not records.constraints:
         return lines
