@@ -118,27 +118,19 @@ def test_only_the_scored_positions_reach_the_vocabulary():
         assert _lm_head_rows(model, continuation_scores, continuations) == scored < continuations["input_ids"].numel()
 
 
-def test_a_forward_without_logits_to_keep_is_scored_from_every_logit():
+@pytest.mark.parametrize(
+    ("wrapper", "batch_size"),
+    [(_WithoutLogitsToKeep, 5), (_IntOnlyLogitsToKeep, 1)],
+    ids=["forward-without-it", "int-only-outside-transformers"],
+)
+def test_a_model_that_cannot_take_positions_is_scored_from_every_logit(wrapper, batch_size):
     inner = tiny_model("llama").eval()
-    wrapped = _WithoutLogitsToKeep(inner)
+    model = wrapper(inner)
     generator = torch.Generator().manual_seed(2)
-    letters, continuations = choice_batch(generator, batch_size=5, length=11), _continuation_batch(generator)
+    letters, continuations = choice_batch(generator, batch_size=batch_size, length=11), _continuation_batch(generator)
     with torch.no_grad():
-        torch.testing.assert_close(choice_logits(wrapped, letters), _full_letter_scores(inner, letters))
+        torch.testing.assert_close(choice_logits(model, letters), _full_letter_scores(inner, letters))
         torch.testing.assert_close(
-            continuation_scores(wrapped, continuations), _full_continuation_scores(inner, continuations)
+            continuation_scores(model, continuations), _full_continuation_scores(inner, continuations)
         )
-        assert _lm_head_rows(inner, choice_logits, letters) == 5
-        assert _lm_head_rows(inner, lambda m, b: choice_logits(wrapped, b), letters) == letters["input_ids"].numel()
-
-
-def test_a_model_from_outside_transformers_is_scored_from_every_logit():
-    inner = tiny_model("llama").eval()
-    remote = _IntOnlyLogitsToKeep(inner)
-    generator = torch.Generator().manual_seed(3)
-    letters, continuations = choice_batch(generator, batch_size=1, length=9), _continuation_batch(generator)
-    with torch.no_grad():
-        torch.testing.assert_close(choice_logits(remote, letters), _full_letter_scores(inner, letters))
-        torch.testing.assert_close(
-            continuation_scores(remote, continuations), _full_continuation_scores(inner, continuations)
-        )
+        assert _lm_head_rows(inner, lambda m, b: choice_logits(model, b), letters) == letters["input_ids"].numel()
