@@ -44,13 +44,9 @@ def target_data_lines(records: RunRecords) -> list[str]:
     ends = [*starts[1:], total]
     steps = [min(int(u["horizon"]), end - start) for u, start, end in zip(updates, starts, ends, strict=True)]
     shares = [sum(u["weights"][j] for j in columns) for u in updates]
-    trained = sum(share * length for share, length in zip(shares, steps, strict=True))
-    per_dataset = ", ".join(
-        f"{records.dataset_names[j]} "
-        f"{100 * sum(u['weights'][j] * n for u, n in zip(updates, steps, strict=True)) / total:.1f}%"
-        for j in columns
-    )
-    line = f"target data: {100 * trained / total:.1f}% of the {total} steps ({per_dataset})"
+    trained = {j: sum(u["weights"][j] * n for u, n in zip(updates, steps, strict=True)) for j in columns}
+    per_dataset = ", ".join(f"{records.dataset_names[j]} {100 * trained[j] / total:.1f}%" for j in columns)
+    line = f"target data: {100 * sum(trained.values()) / total:.1f}% of the {total} steps ({per_dataset})"
     # The first update from which no update trained target data (the run's end if none).
     dry_from = next((starts[k] for k in range(len(updates)) if all(s <= 1e-6 for s in shares[k:])), total)
     dry = total - dry_from
