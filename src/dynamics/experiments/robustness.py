@@ -225,6 +225,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "robust_answer_tolerance": {**EXPECTED_ROBUST, "answer_tolerance": 0.5},
     # Both: half an answer of tolerance, and the floor on target data that gives way.
     "robust_tolerance_floor": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "target_floor": 0.02},
+    # Half an answer of tolerance, and the non-target data where no mixture is predicted feasible.
+    "robust_tolerance_fallback": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "general_fallback": 1.0},
     # Both floors and backtracking, returning only after two main evaluations in a row show
     # a constraint broken.
     "robust_floors_patience": {
