@@ -241,6 +241,7 @@ class MixtureController:
                 test=test_eval.means(),
                 weights=np.array([]) if self.weights is None else self.weights.copy(),
                 wall_seconds=time.perf_counter() - started,
+                eval_batches=main_eval.per_batch.copy(),
             )
         )
         if self.max_backtracks and self._constraints_held():

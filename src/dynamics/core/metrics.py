@@ -52,11 +52,14 @@ class EvalPoint:
     step:  training step of the checkpoint (0 = base model).
     eval:  per-domain values on the evaluation split, shape (M,).
     test:  per-domain values on the held-out test split, shape (M,).
+    eval_batches: per-domain, per-batch values on the evaluation split, shape (M, B), where
+           the run recorded them (what :func:`change_standard_error` reads).
     """
 
     step: int
     eval: np.ndarray
     test: np.ndarray
+    eval_batches: np.ndarray | None = None
 
 
 PointT = TypeVar("PointT", bound=Checkpoint)
@@ -125,13 +128,51 @@ def run_feasible(
     )
 
 
+def change_standard_error(point: Checkpoint, reference: Checkpoint) -> np.ndarray:
+    """Per domain, the standard error of ``point``'s eval value minus ``reference``'s, shape
+    (M,): the two are scored on the same fixed batches, so the change is measured batch by
+    batch, and its error is the sample standard deviation of the B per-batch changes over
+    sqrt(B). An accuracy none of whose answers flipped has 0 (nothing changed to doubt).
+    Needs the per-batch values (``eval_batches``) of both."""
+    batches = [getattr(p, "eval_batches", None) for p in (point, reference)]
+    if batches[0] is None or batches[1] is None:
+        raise ValueError(
+            f"the evaluations of steps {reference.step} and {point.step} have no per-batch values "
+            "(eval_batches), which a selection margin needs: run again with this version to record them, "
+            "or select with evaluation.selection_margin: 0"
+        )
+    change = np.asarray(batches[0], dtype=float) - np.asarray(batches[1], dtype=float)
+    if change.shape[1] < 2:
+        raise ValueError("a standard error needs at least two eval batches per domain: raise evaluation.batches")
+    return np.asarray(change.std(axis=1, ddof=1) / np.sqrt(change.shape[1]))
+
+
+def clears_margin(
+    point: Checkpoint, reference: Checkpoint, constraints: Sequence[int], margin: float
+) -> bool:
+    """Whether every constraint's eval slack is at least ``margin`` standard errors of its
+    change from the reference (:func:`change_standard_error`), up to ``TIE_TOLERANCE``;
+    with ``margin`` 0, whether every constraint held."""
+    slack = constraint_slack(point, reference, constraints, "eval")
+    if margin == 0:
+        return bool((slack >= -TIE_TOLERANCE).all())
+    error = change_standard_error(point, reference)[list(constraints)]
+    return bool((slack >= margin * error - TIE_TOLERANCE).all())
+
+
 def best_feasible_checkpoint(
     points: Sequence[PointT],
     targets: Sequence[int],
     constraints: Sequence[int],
+    margin: float = 0.0,
 ) -> PointT | None:
     """The feasible checkpoint after step 0 with the lowest summed target loss, both judged
-    on the evaluation split (the earliest one on ties); None when the run is infeasible."""
+    on the evaluation split (the earliest one on ties); None when the run is infeasible.
+
+    With a ``margin`` above 0, the feasible checkpoints whose every constraint clears its
+    reference by ``margin`` standard errors of its change (:func:`clears_margin`) come first:
+    the best of them, or the best feasible one where none does. The checkpoint is then less
+    likely to break a constraint on data it was not chosen on, for some target gain."""
     reference = reference_point(points)
     t = list(targets)
     feasible = [
@@ -141,7 +182,14 @@ def best_feasible_checkpoint(
     ]
     if not feasible:
         return None
-    return min(feasible, key=lambda p: (float(split_values(p, "eval")[t].sum()), p.step))
+    return min(
+        feasible,
+        key=lambda p: (
+            margin > 0 and not clears_margin(p, reference, constraints, margin),
+            float(split_values(p, "eval")[t].sum()),
+            p.step,
+        ),
+    )
 
 
 def perplexity_reduction(
@@ -163,14 +211,16 @@ def constrained_perplexity_reduction(
     points: Sequence[Checkpoint],
     targets: Sequence[int],
     constraints: Sequence[int],
+    margin: float = 0.0,
 ) -> float:
     """Section 4.5: perplexity reduction on the TEST split at the best feasible checkpoint
     chosen on the EVAL split; 0.0 for an infeasible run (keep the base model).
 
     It can be negative: a checkpoint selected on eval may be worse than step 0 on test,
-    and reporting that is the point of the held-out split.
+    and reporting that is the point of the held-out split. ``margin``: as in
+    :func:`best_feasible_checkpoint`.
     """
-    best = best_feasible_checkpoint(points, targets, constraints)
+    best = best_feasible_checkpoint(points, targets, constraints, margin)
     if best is None:
         return 0.0
     return perplexity_reduction(best, reference_point(points), targets, split="test")

@@ -35,7 +35,8 @@ def _plain(value: Any) -> Any:
 @dataclass
 class EvaluationRecord:
     """A main evaluation at ``step``: per-domain mean metric on the eval and test splits
-    (lower is better: loss, or negative accuracy) and the mixture weights in force."""
+    (lower is better: loss, or negative accuracy), the mixture weights in force, and the
+    eval split's per-batch values (what a checkpoint's standard errors are computed from)."""
 
     step: int
     eval: np.ndarray  # (M,)
@@ -43,6 +44,7 @@ class EvaluationRecord:
     weights: np.ndarray  # (N,) weights used for the steps that follow
     wall_seconds: float = 0.0
     backtracked: bool = False  # the run returned from this state to an earlier one
+    eval_batches: np.ndarray | None = None  # (M, B); None in records written without them
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(asdict(self))
@@ -57,6 +59,7 @@ class EvaluationRecord:
             weights=_array(row["weights"]),
             wall_seconds=float(row["wall_seconds"]),
             backtracked=bool(row["backtracked"]),
+            eval_batches=None if row.get("eval_batches") is None else np.array(row["eval_batches"], dtype=float),
         )
 
 

@@ -176,6 +176,14 @@ class EvaluationConfig(ConfigSection):
         "1 + this x N(0, 1), e.g. 1e-6, the size of what separates two machines (0: off).",
     )
     noise_seed: int = Field(0, ge=0, description="Seed of relative_noise's draws.")
+    selection_margin: float = Field(
+        0.0,
+        ge=0,
+        description="Checkpoint selection: prefer the feasible checkpoints whose every constraint clears its "
+        "reference on the eval split by this many standard errors of its change, measured batch by batch "
+        "(0: the best feasible checkpoint, the paper's choice; 2: less often broken on unseen data, for some "
+        "target gain).",
+    )
 
     @model_validator(mode="after")
     def _reduced_subset(self) -> EvaluationConfig:

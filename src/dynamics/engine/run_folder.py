@@ -41,19 +41,28 @@ def is_feasible(record: EvaluationRecord, history: RunHistory) -> bool:
     )
 
 
-class BestCheckpoint:
-    """The best checkpoint so far: the feasible evaluation with the lowest target loss sum."""
+def _per_batch(values: np.ndarray, names: list[str]) -> dict[str, list[float]]:
+    return {name: [float(v) for v in row] for name, row in zip(names, values, strict=True)}
 
-    def __init__(self) -> None:
+
+class BestCheckpoint:
+    """The best checkpoint so far: the feasible evaluation with the lowest target loss sum,
+    those clearing the selection ``margin`` first (``metrics.best_feasible_checkpoint``)."""
+
+    def __init__(self, margin: float = 0.0) -> None:
+        self.margin = margin
         self.record: EvaluationRecord | None = None
+        self.rank: tuple[bool, float] | None = None
 
     def update(self, record: EvaluationRecord, history: RunHistory) -> bool:
         """Whether ``record`` is the new best (and then remember it)."""
-        targets = list(history.targets)
-        if is_feasible(record, history) and (
-            self.record is None or record.eval[targets].sum() < self.record.eval[targets].sum()
-        ):
-            self.record = record
+        if not is_feasible(record, history):
+            return False
+        reference = history.evaluations[0]
+        short = self.margin > 0 and not metrics.clears_margin(record, reference, history.constraints, self.margin)
+        rank = (short, float(record.eval[list(history.targets)].sum()))
+        if self.rank is None or rank < self.rank:
+            self.record, self.rank = record, rank
             return True
         return False
 
@@ -66,7 +75,7 @@ class ShardedSaves:
 
     def __init__(self, parts: RunComponents) -> None:
         self.parts = parts
-        self.best = BestCheckpoint()
+        self.best = BestCheckpoint(parts.config.evaluation.selection_margin)
 
     def callbacks(self) -> LoopCallbacks:
         return LoopCallbacks(on_evaluation=self.on_evaluation, on_checkpoint=self.on_checkpoint)
@@ -123,7 +132,7 @@ class RunFolderWriter:
         self.out = out
         self.metrics_log = rundir.JsonlLog(out / rundir.METRICS_FILE)
         self.controller_log = rundir.JsonlLog(out / rundir.CONTROLLER_FILE)
-        self.best = BestCheckpoint()
+        self.best = BestCheckpoint(parts.config.evaluation.selection_margin)
         self.loss = float("nan")
         self.train_started = time.perf_counter()
         self.train_seconds_before = 0.0  # training time of the sessions before a resume
@@ -217,6 +226,7 @@ class RunFolderWriter:
             "feasible": bool(feasible),
             "backtracked": record.backtracked,
             "wall_seconds": record.wall_seconds,
+            **({} if record.eval_batches is None else {"eval_batches": _per_batch(record.eval_batches, names)}),
         }
 
     def resume(self, history: RunHistory, step: int, saved: dict[str, Any], resume_point: Path) -> None:
@@ -370,7 +380,8 @@ def summarize(parts: RunComponents, history: RunHistory, wall_seconds: float) ->
     """
     points = history.kept_evaluations
     targets, constraints = history.targets, history.constraints
-    best = metrics.best_feasible_checkpoint(points, targets, constraints)
+    margin = parts.config.evaluation.selection_margin
+    best = metrics.best_feasible_checkpoint(points, targets, constraints, margin)
     feasible = best is not None
     closest = (
         metrics.max_violation_closest_to_feasibility(points, constraints)
@@ -417,7 +428,8 @@ def summarize(parts: RunComponents, history: RunHistory, wall_seconds: float) ->
             "test": rundir.named(best.test, history.domain_names),
             "path": rundir.CHECKPOINT_DIR,
         },
-        "constrained_ppl_reduction": metrics.constrained_perplexity_reduction(points, targets, constraints),
+        "selection_margin": margin,
+        "constrained_ppl_reduction": metrics.constrained_perplexity_reduction(points, targets, constraints, margin),
         "closest_to_feasible": None if closest is None else {"step": closest[0], "max_violation": closest[1]},
         "num_updates": len(history.updates),
         "backtracks": history.backtracks,

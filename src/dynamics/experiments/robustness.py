@@ -401,27 +401,34 @@ def operation_files(arithmetic: Path, data: Path) -> dict[str, Path]:
     return files
 
 
-def run_result(folder: Path) -> dict[str, Any]:
+def run_result(folder: Path, margin: float | None = None) -> dict[str, Any]:
     """Feasibility (eval split), constrained reduction (test split, checkpoint chosen on
-    eval), the eval split's reduction at that checkpoint, and the training wall time."""
-    return run_outcome(folder)[0]
+    eval), the eval split's reduction at that checkpoint, and the training wall time; the
+    checkpoint chosen with the run's own selection margin, or with ``margin``."""
+    return run_outcome(folder, margin)[0]
 
 
-def run_outcome(folder: Path) -> tuple[dict[str, Any], tuple[list[dict[str, Any]], list[str], list[int]]]:
+def run_outcome(
+    folder: Path, margin: float | None = None
+) -> tuple[dict[str, Any], tuple[list[dict[str, Any]], list[str], list[int]]]:
     """A finished run read once: its :func:`run_result`, and its update records, domain
     names and constraint indices (what :func:`prediction_errors` reads)."""
     records = rundir.read_run(folder)
     points = records.eval_points()
     targets, constraints = records.targets, records.constraints
-    best = metrics.best_feasible_checkpoint(points, targets, constraints)
+    margin = records.selection_margin if margin is None else margin
+    best = metrics.best_feasible_checkpoint(points, targets, constraints, margin)
     reference = metrics.reference_point(points)
     result = {
         "feasible": best is not None,
-        "reduction_test": metrics.constrained_perplexity_reduction(points, targets, constraints),
+        "reduction_test": metrics.constrained_perplexity_reduction(points, targets, constraints, margin),
         "reduction_eval": 0.0 if best is None else metrics.perplexity_reduction(best, reference, targets, "eval"),
         "checkpoint": None if best is None else best.step,
         "train_seconds": float(records.summary["train_seconds"]),
     }
+    if constraints and best is not None:
+        # Whether the checkpoint chosen on eval keeps every constraint on the test split too.
+        result["held_test"] = bool(metrics.constraints_held(best, reference, constraints, "test").all())
     if constraints:
         # The paper's appendix "Constraint Violation": the checkpoint closest to feasibility
         # on eval, and its largest violation (metric units, 0 when every constraint held)

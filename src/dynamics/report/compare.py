@@ -54,7 +54,8 @@ HEADER = ["method", "feasible", "target PPL reduction (test)", "checkpoint", "wo
 def method_row(label: str, records: RunRecords, unit_seconds: float) -> MethodRow:
     points = records.eval_points()
     targets, constraints = records.targets, records.constraints
-    best = metrics.best_feasible_checkpoint(points, targets, constraints)
+    margin = records.selection_margin
+    best = metrics.best_feasible_checkpoint(points, targets, constraints, margin)
     if best is not None:
         reported = best
     elif len(points) > 1 and constraints:
@@ -67,7 +68,7 @@ def method_row(label: str, records: RunRecords, unit_seconds: float) -> MethodRo
     return MethodRow(
         label=label,
         feasible=best is not None,
-        ppl_reduction=metrics.constrained_perplexity_reduction(points, targets, constraints),
+        ppl_reduction=metrics.constrained_perplexity_reduction(points, targets, constraints, margin),
         best_step=None if best is None else best.step,
         worst_slack=float(slack.min()),
         wall_seconds=wall,

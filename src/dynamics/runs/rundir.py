@@ -207,15 +207,25 @@ class RunRecords:
     def constraints(self) -> list[int]:
         return list(self.summary["constraints"])
 
+    @property
+    def selection_margin(self) -> float:
+        """The run's checkpoint selection margin (``evaluation.selection_margin``; 0 in runs
+        written before it was recorded)."""
+        return float(self.summary.get("selection_margin", 0.0))
+
     def eval_points(self) -> list[EvalPoint]:
         """The main evaluations of the states the run kept (not those a backtrack left), as
-        the core metrics' ``EvalPoint`` (lower-is-better values)."""
+        the core metrics' ``EvalPoint`` (lower-is-better values, and the eval split's
+        per-batch values where the run recorded them)."""
         names = self.domain_names
         return [
             EvalPoint(
                 step=int(row["step"]),
                 eval=np.array([row["eval"][n] for n in names], dtype=float),
                 test=np.array([row["test"][n] for n in names], dtype=float),
+                eval_batches=np.array([row["eval_batches"][n] for n in names], dtype=float)
+                if "eval_batches" in row
+                else None,
             )
             for row in self.evaluations
             if not row.get("backtracked", False)
@@ -239,6 +249,7 @@ def _config_summary(folder: Path, num_updates: int) -> dict[str, Any]:
             "constraints": list(range(len(targets), len(domains))),
             "total_steps": int(config["training"]["total_steps"]),
             "num_updates": num_updates,
+            "selection_margin": float(config.get("evaluation", {}).get("selection_margin", 0.0)),
         }
     except (yaml.YAMLError, KeyError, TypeError, ValueError) as err:
         raise RunDirError(f"{path} cannot be read as a run config ({err!r}): the run folder is damaged") from None
