@@ -15,8 +15,10 @@ from dynamics.core.metrics import (
     best_at_k,
     best_at_k_monte_carlo,
     best_feasible_checkpoint,
+    change_standard_error,
     checkpoint_feasible,
     chosen_at_k,
+    clears_margin,
     constrained_perplexity_reduction,
     constraint_slack,
     feasible_at_k,
@@ -230,3 +232,70 @@ def test_chosen_at_k_matches_sampling_and_the_pool_extremes():
     assert low < mid < high
     with pytest.raises(ValueError, match="k must"):
         chosen_at_k(selection, reported, 0.5)
+
+
+def batched(step: int, eval_batches, test_values) -> EvalPoint:
+    """A point whose eval values are the means of its per-batch values ``eval_batches`` (M, B)."""
+    per_batch = np.array(eval_batches, dtype=float)
+    return EvalPoint(step, per_batch.mean(axis=1), np.array(test_values, dtype=float), per_batch)
+
+
+def test_the_change_standard_error_is_taken_batch_by_batch() -> None:
+    base = batched(0, [[2.0, 2.2, 2.4, 2.6], [1.0, 3.0, 1.0, 3.0]], [2.3, 2.0])
+    # Domain 0 moved by the same 0.1 on every batch: no error, however spread its batches are.
+    # Domain 1 moved by +0.2, 0, +0.2, 0: sample std 0.1155 over sqrt(4).
+    later = batched(8, [[1.9, 2.1, 2.3, 2.5], [1.2, 3.0, 1.2, 3.0]], [2.2, 2.1])
+    np.testing.assert_allclose(change_standard_error(later, base), [0.0, np.std([0.2, 0, 0.2, 0], ddof=1) / 2], atol=1e-12)
+
+
+def test_a_margin_prefers_the_checkpoint_that_clears_it_and_falls_back_to_the_best_feasible() -> None:
+    # Domain 0 the target, domain 1 a constraint loss at 1.0 on each of 4 batches.
+    base = batched(0, [[2.0] * 4, [1.0] * 4], [2.0, 1.0])
+    edge = batched(64, [[1.5] * 4, [0.99, 1.0, 0.97, 1.02]], [1.5, 1.01])  # slack 0.005, error 0.011
+    clear = batched(128, [[1.7] * 4, [0.95, 0.96, 0.95, 0.94]], [1.7, 0.95])  # slack 0.05, error 0.004
+    run = [base, edge, clear]
+    assert best_feasible_checkpoint(run, (0,), (1,)).step == 64  # the paper's choice
+    assert best_feasible_checkpoint(run, (0,), (1,), margin=0.0).step == 64
+    assert clears_margin(clear, base, (1,), 2.0) and not clears_margin(edge, base, (1,), 2.0)
+    assert best_feasible_checkpoint(run, (0,), (1,), margin=2.0).step == 128
+    assert constrained_perplexity_reduction(run, (0,), (1,), margin=2.0) == pytest.approx(1 - np.exp(-0.3))
+    # Where no feasible checkpoint clears the margin, the best feasible one is kept: the
+    # margin never makes a feasible run infeasible.
+    assert best_feasible_checkpoint([base, edge], (0,), (1,), margin=2.0).step == 64
+
+
+def test_a_margin_needs_the_per_batch_values() -> None:
+    run = [BASE, point(64, [1.8, 0.9, -0.62])]
+    with pytest.raises(ValueError, match="selection_margin: 0"):
+        best_feasible_checkpoint(run, TARGETS, CONSTRAINTS, margin=2.0)
+
+
+def test_a_margin_keeps_the_constraints_on_a_split_the_choice_did_not_see() -> None:
+    # Synthetic runs of known noise: each run's checkpoints trade constraint slack for target
+    # gain, and the eval split's 8 batches and the test split each see the true slack plus
+    # independent noise (per batch sd 0.04, so the eval mean's sd is 0.014, the test mean's
+    # the same). The checkpoint with no true slack has the most gain.
+    rng = np.random.default_rng(0)
+    true_slack = np.array([0.0, 0.01, 0.03, 0.06])
+    breaks = {0.0: 0, 2.0: 0}
+    chosen = {0.0: 0, 2.0: 0}
+    runs = 400
+    for _ in range(runs):
+        base = batched(0, [[2.0] * 8, [1.0] * 8], [2.0, 1.0])
+        points = [base]
+        for k, slack in enumerate(true_slack):
+            per_batch = 1.0 - slack + rng.normal(0.0, 0.04, 8)
+            test = 1.0 - slack + rng.normal(0.0, 0.04 / np.sqrt(8))
+            points.append(batched(64 * (k + 1), [[1.0 + slack] * 8, per_batch], [1.0 + slack, test]))
+        for margin in breaks:
+            best = best_feasible_checkpoint(points, (0,), (1,), margin)
+            if best is None:  # every checkpoint over its reference on eval
+                continue
+            chosen[margin] += 1
+            breaks[margin] += int(best.test[1] > 1.0)
+    assert chosen[2.0] == chosen[0.0] > runs * 0.9  # the margin never drops a feasible run
+    # Without a margin the checkpoint is chosen partly on the eval split's noise and over a
+    # third of the choices break the constraint on test (144 of 400 with this seed); a margin
+    # of 2 errors leaves about a sixth of those breaks (23).
+    assert breaks[0.0] > 0.3 * chosen[0.0]
+    assert breaks[2.0] < 0.25 * breaks[0.0]

@@ -11,9 +11,11 @@ import yaml
 
 from dynamics.cli import main as cli_main
 from dynamics.core import metrics
+from dynamics.core.records import EvaluationRecord, RunHistory
 from dynamics.engine.components import build_run
 from dynamics.engine.config import RunConfig
 from dynamics.engine.run import run
+from dynamics.engine.run_folder import BestCheckpoint
 from dynamics.runs.model_card import MARKER
 from dynamics.runs.rundir import read_run
 from tests.fixtures.tiny_tokenizer import FIXTURES
@@ -421,3 +423,40 @@ def test_relative_noise_perturbs_every_evaluation_repeatably(tokenizer_dir, tmp_
     np.testing.assert_allclose(evals[0], plain_evals[0], rtol=5e-3, atol=0)
     assert not np.array_equal(evals[0], plain_evals[0])
     assert not np.array_equal(slopes, plain_slopes)
+
+
+def test_the_best_checkpoint_with_a_margin_is_the_one_the_records_select(tokenizer_dir, tmp_path):
+    out = tmp_path / "run"
+    data = tiny_config(tokenizer_dir, out)
+    data["evaluation"]["selection_margin"] = 2.0
+    summary = run(RunConfig.from_dict(data), progress=False)
+    records = read_run(out)
+    assert records.selection_margin == summary["selection_margin"] == 2.0
+    points = records.eval_points()
+    # Every evaluation recorded its 3 eval batches per domain, whose means are its values.
+    for p in points:
+        assert p.eval_batches is not None and p.eval_batches.shape == (3, 3)
+        np.testing.assert_allclose(p.eval_batches.mean(axis=1), p.eval)
+    best = metrics.best_feasible_checkpoint(points, records.targets, records.constraints, margin=2.0)
+    assert best is not None and summary["best_checkpoint"]["step"] == best.step
+    assert (out / "best_checkpoint" / "step.txt").read_text().strip() == str(best.step)
+    reduction = metrics.constrained_perplexity_reduction(points, records.targets, records.constraints, margin=2.0)
+    assert summary["constrained_ppl_reduction"] == pytest.approx(reduction)
+
+
+def test_the_running_best_checkpoint_puts_those_clearing_the_margin_first():
+    history = RunHistory(["t", "g"], ["target", "held-out"], (0,), (1,))
+
+    def record(step: int, target: float, batches: list[float]) -> EvaluationRecord:
+        per_batch = np.array([[target] * 4, batches])
+        return EvaluationRecord(step, per_batch.mean(axis=1), per_batch.mean(axis=1), np.array([0.5, 0.5]), eval_batches=per_batch)
+
+    history.evaluations.append(record(0, 2.0, [1.0] * 4))
+    edge = record(64, 1.5, [0.99, 1.0, 0.97, 1.02])  # feasible, slack 0.005 within its error
+    clear = record(128, 1.7, [0.95, 0.96, 0.95, 0.94])  # feasible with room: less target gain
+    plain, margin = BestCheckpoint(), BestCheckpoint(2.0)
+    for r in (edge, clear):
+        history.evaluations.append(r)
+    assert plain.update(edge, history) and not plain.update(clear, history)
+    assert margin.update(edge, history) and margin.update(clear, history)
+    assert plain.record is edge and margin.record is clear

@@ -343,3 +343,20 @@ def test_the_weight_nudge_perturbs_the_model_the_config_fine_tunes(tmp_path):
         "model": {"name_or_path": str(model)},
         "evaluation": {"batches": 2, "relative_noise": 1e-6, "noise_seed": 2},
     }
+
+
+def test_selection_margins_replay_each_runs_choice_at_every_margin(tmp_path):
+    base = ensure_base_model(spec=QUICK_SPEC, progress=False)
+    out = tmp_path / "beyond"
+    measure(out, ["demo"], [0], ["robust"], fixed=False, base_folder=base, settings=SMALL, log=lambda m: None)
+    folder = out / "demo" / "seed0" / "robust"
+    assert run_result(folder)["feasible"]  # this seed keeps the demo's constraints at 8 steps
+    report = robustness.selection_margins(out, [0.0, 2.0])
+    (row,) = report["methods"]["robust"]["runs"]
+    assert row["run"] == "demo/seed0"
+    for margin in (0.0, 2.0):
+        result = run_result(folder, margin)
+        assert row[f"{margin:g}"] == {k: result[k] for k in ("checkpoint", "held_test", "reduction_test", "reduction_eval")}
+        summary = report["methods"]["robust"]["summary"][f"{margin:g}"]
+        assert summary["runs"] == 1 and summary["held_test"] == int(result["held_test"])
+    assert "| robust | 2 | " in robustness.selection_margins_markdown(report)

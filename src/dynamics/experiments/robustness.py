@@ -813,3 +813,58 @@ def sensitivity_markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {spread_cell} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def selection_margins(out: Path, margins: Sequence[float]) -> dict[str, Any]:
+    """The checkpoint each finished DynaMiCS run under ``out`` keeps at each selection
+    margin (``evaluation.selection_margin``), replayed from its records: the margin changes
+    no training decision, so one run gives every margin. Per method and margin, over the
+    runs whose scenario has constraints and that have a feasible checkpoint: how many keep
+    every constraint on the test split too, and the mean test and eval reductions; and each
+    run's chosen step and outcome."""
+    report: dict[str, Any] = {"margins": list(margins), "methods": {}}
+    for scenario_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name in SCENARIOS):
+        for run_dir in sorted(scenario_dir.glob("seed*/*")):
+            if run_dir.name.startswith("fixed-") or not (run_dir / "summary.json").is_file():
+                continue
+            results = {m: run_result(run_dir, m) for m in margins}
+            if "held_test" not in results[margins[0]]:  # no constraint, or no feasible checkpoint
+                continue
+            rows = report["methods"].setdefault(run_dir.name, {"runs": []})
+            rows["runs"].append(
+                {
+                    "run": f"{scenario_dir.name}/{run_dir.parent.name}",
+                    **{
+                        f"{m:g}": {k: results[m][k] for k in ("checkpoint", "held_test", "reduction_test", "reduction_eval")}
+                        for m in margins
+                    },
+                }
+            )
+    for rows in report["methods"].values():
+        runs = rows["runs"]
+        rows["summary"] = {
+            f"{m:g}": {
+                "runs": len(runs),
+                "held_test": sum(r[f"{m:g}"]["held_test"] for r in runs),
+                "mean_reduction_test": float(np.mean([r[f"{m:g}"]["reduction_test"] for r in runs])),
+                "mean_reduction_eval": float(np.mean([r[f"{m:g}"]["reduction_eval"] for r in runs])),
+            }
+            for m in margins
+        }
+    return report
+
+
+def selection_margins_markdown(report: dict[str, Any]) -> str:
+    """The table of :func:`selection_margins`: per method and margin, the runs whose chosen
+    checkpoint kept every constraint on the test split, and the mean reductions."""
+    lines = [
+        "| method | margin | kept on test | mean test reduction | mean eval reduction |",
+        "|---|---|---|---|---|",
+    ]
+    for method, rows in report["methods"].items():
+        for margin, s in rows["summary"].items():
+            lines.append(
+                f"| {method} | {margin} | {s['held_test']} of {s['runs']} | {100 * s['mean_reduction_test']:.1f}% "
+                f"| {100 * s['mean_reduction_eval']:.1f}% |"
+            )
+    return "\n".join(lines)
