@@ -558,7 +558,7 @@ def prediction_errors(
     for updates, names, constraints in runs:
         for update, following in itertools.pairwise(updates):
             horizon = int(update["horizon"])
-            if horizon < min_horizon or update["extra"].get("abandoned") or update["slope_matrix"] is None:
+            if horizon < min_horizon or rundir.abandoned(update) or update["slope_matrix"] is None:
                 continue
             if int(following["step"]) != int(update["step"]) + horizon:
                 continue

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dynamics.report.lm_eval import lm_eval_table, read_lm_eval
-from dynamics.runs.rundir import RunRecords
+from dynamics.runs.rundir import RunRecords, abandoned
 
 
 def _display(value: float, metric: str) -> str:
@@ -33,7 +33,7 @@ def target_data_lines(records: RunRecords) -> list[str]:
     updates = [
         u
         for u in records.updates
-        if _predicted_feasible(u) is not None and not u.get("extra", {}).get("abandoned")
+        if _predicted_feasible(u) is not None and not abandoned(u)
     ]
     targets = {records.domain_names[i] for i in records.targets}
     columns = [j for j, name in enumerate(records.dataset_names) if name in targets]

@@ -22,6 +22,7 @@ from dynamics.runs.rundir import (
     CONFIG_FILE,
     RunDirError,
     RunRecords,
+    abandoned,
     atomic_write_text,
     read_run,
 )
@@ -205,7 +206,7 @@ def _trajectory_section(records: RunRecords, config: dict[str, Any]) -> list[str
     ]
     for update in records.updates:
         weights = [f"{float(w):.3f}" for w in update["weights"]]
-        note = "abandoned by a backtrack" if update.get("extra", {}).get("abandoned") else ""
+        note = "abandoned by a backtrack" if abandoned(update) else ""
         lines.append(f"| {update['step']} | " + " | ".join(weights) + f" | {note} |")
     return lines
 

@@ -289,5 +289,11 @@ def read_run(path: str | Path, unfinished: bool = False) -> RunRecords:
     )
 
 
+def abandoned(update: dict[str, Any]) -> bool:
+    """Whether a backtrack left this ``controller.jsonl`` update behind (its mixture was
+    trained, then the run returned to an earlier state)."""
+    return bool(update.get("extra", {}).get("abandoned", False))
+
+
 def named(values: Iterable[float], names: Iterable[str]) -> dict[str, float]:
     return {n: float(v) for n, v in zip(names, values, strict=True)}
