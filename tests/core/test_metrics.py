@@ -299,3 +299,16 @@ def test_a_margin_keeps_the_constraints_on_a_split_the_choice_did_not_see() -> N
     # of 2 errors leaves about a sixth of those breaks (23).
     assert breaks[0.0] > 0.3 * chosen[0.0]
     assert breaks[2.0] < 0.25 * breaks[0.0]
+
+
+def test_the_gap_between_the_splits_is_counted_in_errors_of_the_change() -> None:
+    from dynamics.experiments.robustness import split_gaps
+
+    base = batched(0, [[2.0] * 4, [1.0] * 4], [2.0, 1.0])
+    # The constraint's change: -0.02 on average, error 0.01 (per-batch -0.02 +/- ~0.0115);
+    # on test it did not move: eval slack 0.02, test slack 0, a gap of 0.02 / (sqrt(2) 0.01).
+    later = batched(8, [[1.5] * 4, [0.97, 0.99, 0.97, 0.99]], [1.5, 1.0])
+    same = batched(16, [[1.4] * 4, [0.98] * 4], [1.4, 0.98])  # no error: left out
+    (gap,) = split_gaps([base, later, same], (1,))
+    error = np.std([-0.03, -0.01, -0.03, -0.01], ddof=1) / 2
+    assert gap == pytest.approx(0.02 / (np.sqrt(2) * error))

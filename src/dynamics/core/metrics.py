@@ -133,6 +133,7 @@ def change_standard_error(point: Checkpoint, reference: Checkpoint) -> np.ndarra
     (M,): the two are scored on the same fixed batches, so the change is measured batch by
     batch, and its error is the sample standard deviation of the B per-batch changes over
     sqrt(B). An accuracy none of whose answers flipped has 0 (nothing changed to doubt).
+    Batches that repeat examples (a split smaller than the batches hold) understate it.
     Needs the per-batch values (``eval_batches``) of both."""
     batches = [getattr(p, "eval_batches", None) for p in (point, reference)]
     if batches[0] is None or batches[1] is None:

@@ -821,8 +821,15 @@ def selection_margins(out: Path, margins: Sequence[float]) -> dict[str, Any]:
     no training decision, so one run gives every margin. Per method and margin, over the
     runs whose scenario has constraints and that have a feasible checkpoint: how many keep
     every constraint on the test split too, and the mean test and eval reductions; and each
-    run's chosen step and outcome."""
+    run's chosen step and outcome.
+
+    ``loss_gaps`` asks whether the eval batches' spread accounts for the difference between
+    the two splits: at every checkpoint after step 0 of those runs, each loss constraint's
+    eval slack minus its test slack, over sqrt(2) standard errors of its change (the test
+    split's error taken to be the eval split's: the same number of batches of the same
+    size). Noise of that size alone gives a mean near 0 and a standard deviation near 1."""
     report: dict[str, Any] = {"margins": list(margins), "methods": {}}
+    gaps: list[float] = []
     for scenario_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name in SCENARIOS):
         for run_dir in sorted(scenario_dir.glob("seed*/*")):
             if run_dir.name.startswith("fixed-") or not (run_dir / "summary.json").is_file():
@@ -830,6 +837,7 @@ def selection_margins(out: Path, margins: Sequence[float]) -> dict[str, Any]:
             results = {m: run_result(run_dir, m) for m in margins}
             if "held_test" not in results[margins[0]]:  # no constraint, or no feasible checkpoint
                 continue
+            gaps += _loss_gaps(rundir.read_run(run_dir))
             rows = report["methods"].setdefault(run_dir.name, {"runs": []})
             rows["runs"].append(
                 {
@@ -851,7 +859,36 @@ def selection_margins(out: Path, margins: Sequence[float]) -> dict[str, Any]:
             }
             for m in margins
         }
+    z = np.array(gaps)
+    report["loss_gaps"] = {
+        "count": len(z),
+        "mean": float(z.mean()) if len(z) else None,
+        "std": float(z.std(ddof=1)) if len(z) > 1 else None,
+        "share_beyond_2": float(np.mean(np.abs(z) > 2)) if len(z) else None,
+    }
     return report
+
+
+def _loss_gaps(records: rundir.RunRecords) -> list[float]:
+    losses = [c for c in records.constraints if records.summary["domain_metrics"][c] == "loss"]
+    return split_gaps(records.eval_points(), losses)
+
+
+def split_gaps(points: Sequence[metrics.EvalPoint], constraints: Sequence[int]) -> list[float]:
+    """Each of ``constraints``' (eval slack - test slack) / (sqrt(2) x its change's standard
+    error) at every checkpoint after step 0 (:func:`selection_margins`); a change with no
+    error (the same on every batch) is left out."""
+    reference = metrics.reference_point(points)
+    gaps = []
+    for point in points:
+        if point.step == 0:
+            continue
+        error = metrics.change_standard_error(point, reference)[list(constraints)]
+        difference = metrics.constraint_slack(point, reference, constraints, "eval") - metrics.constraint_slack(
+            point, reference, constraints, "test"
+        )
+        gaps += [float(d / (np.sqrt(2) * e)) for d, e in zip(difference, error, strict=True) if e > 0]
+    return gaps
 
 
 def selection_margins_markdown(report: dict[str, Any]) -> str:
@@ -867,4 +904,12 @@ def selection_margins_markdown(report: dict[str, Any]) -> str:
                 f"| {method} | {margin} | {s['held_test']} of {s['runs']} | {100 * s['mean_reduction_test']:.1f}% "
                 f"| {100 * s['mean_reduction_eval']:.1f}% |"
             )
+    gaps = report["loss_gaps"]
+    if gaps["count"] > 1:
+        lines += [
+            "",
+            f"Loss constraints, eval slack minus test slack over sqrt(2) errors of the change, {gaps['count']} "
+            f"checkpoints: mean {gaps['mean']:+.2f}, standard deviation {gaps['std']:.2f}, beyond 2 in "
+            f"{100 * gaps['share_beyond_2']:.0f}%",
+        ]
     return "\n".join(lines)

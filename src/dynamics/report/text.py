@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from dynamics.core import metrics
 from dynamics.report.lm_eval import lm_eval_table, read_lm_eval
 from dynamics.runs.rundir import RunRecords, abandoned
+
+CLEAR_BY = 2.0
+"""Standard errors of its change a constraint's eval slack should clear before the report
+calls it held with room."""
 
 
 def _display(value: float, metric: str) -> str:
@@ -74,6 +79,39 @@ def target_data_lines(records: RunRecords) -> list[str]:
     return lines
 
 
+def margin_lines(records: RunRecords, step: int) -> list[str]:
+    """How far each constraint of the checkpoint at ``step`` clears its reference on the eval
+    split, in standard errors of its change measured batch by batch, and a note where one
+    clears it by less than ``CLEAR_BY``: on data the checkpoint was not chosen on, such a
+    constraint can read as broken. Empty for a run without per-batch values."""
+    points = records.eval_points()
+    point = next(p for p in points if p.step == step)
+    if point.eval_batches is None or points[0].eval_batches is None or point.eval_batches.shape[1] < 2:
+        return []
+    constraints = records.constraints
+    slack = metrics.constraint_slack(point, points[0], constraints)
+    error = metrics.change_standard_error(point, points[0])[constraints]
+    names = [records.domain_names[c] for c in constraints]
+    parts, close = [], []
+    for name, s, e in zip(names, slack, error, strict=True):
+        if e > 0:
+            parts.append(f"{name} {s:+.4f} ({s / e:+.1f} errors)")
+            if s / e < CLEAR_BY:
+                close.append(name)
+        else:
+            parts.append(f"{name} {s:+.4f} (unchanged on every batch)")
+    lines = ["its slack on the eval split, in standard errors of the change: " + ", ".join(parts)]
+    if close:
+        batches = point.eval_batches.shape[1]
+        lines.append(
+            f"note: {', '.join(close)} {'holds' if len(close) == 1 else 'hold'} by less than {CLEAR_BY:g} errors "
+            f"of {batches} eval batches: data the checkpoint was not chosen on may show "
+            f"{'it' if len(close) == 1 else 'them'} broken; more evaluation.batches narrow the error (4x the "
+            f"batches halve it), and evaluation.selection_margin prefers checkpoints with room"
+        )
+    return lines
+
+
 def run_report(records: RunRecords) -> str:
     summary = records.summary
     names = records.domain_names
@@ -132,6 +170,8 @@ def run_report(records: RunRecords) -> str:
             f"best feasible checkpoint: step {best['step']} ({records.path / best['path']}); "
             f"test perplexity reduction on the targets: {100 * summary['constrained_ppl_reduction']:.1f}%"
         )
+        if records.constraints:
+            lines += margin_lines(records, int(best["step"]))
     lines += target_data_lines(records)
     errors = summary.get("mean_abs_prediction_error")
     if errors:
