@@ -107,7 +107,7 @@ def margin_lines(records: RunRecords, step: int) -> list[str]:
             f"note: {', '.join(close)} {'holds' if len(close) == 1 else 'hold'} by less than {CLEAR_BY:g} errors "
             f"of {batches} eval batches: data the checkpoint was not chosen on may show "
             f"{'it' if len(close) == 1 else 'them'} broken; more evaluation.batches narrow the error (4x the "
-            f"batches halve it), and evaluation.selection_margin prefers checkpoints with room"
+            f"batches halve it)"
         )
     return lines
 
