@@ -43,6 +43,10 @@ from dynamics.core.schedules import build_schedule
 from dynamics.core.solver import grid_candidates
 from tests.core.toy_learner import ToyLearner
 
+ROBUST_ALONE = replace(VARIANTS["robust"], answer_tolerance=0.0, target_floor=0.0)
+"""The robust variant without its answer tolerance and target floor, which would mask what the
+tests built on it show (a fallback, an accuracy read two ways, a drift)."""
+
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
 
@@ -685,8 +689,8 @@ def harm_run(options: RobustOptions, seed: int):
 
 @pytest.mark.parametrize("seed", [0, 1])  # seeds whose noise makes a fallback bet on target data
 def test_where_nothing_is_feasible_noise_does_not_bet_the_mixture_on_target_data(seed: int):
-    plain, plain_end = harm_run(VARIANTS["robust"], seed)
-    guarded, guarded_end = harm_run(replace(VARIANTS["robust"], general_fallback=1.0), seed)
+    plain, plain_end = harm_run(ROBUST_ALONE, seed)
+    guarded, guarded_end = harm_run(replace(ROBUST_ALONE, general_fallback=1.0), seed)
     bets = [
         u for u in guarded.updates
         if u.extra["robust"]["general_fallback"] is not None and u.extra["robust"]["weights"][0] > 0.5
@@ -745,7 +749,7 @@ def test_an_accuracy_read_from_its_expected_value_shows_a_harm_before_any_answer
     # accuracy (the robust variant's default) moves by 4e-4 a step from the first probe on,
     # and the run moves to dataset 1, which teaches the target almost as well and costs the
     # accuracy nothing.
-    options = VARIANTS["robust"]
+    options = ROBUST_ALONE
     assert options.expected_accuracy
     measured, measured_end = expected_accuracy_run(replace(options, expected_accuracy=False), seed)
     expected, expected_end = expected_accuracy_run(options, seed)
@@ -788,7 +792,7 @@ class DriftLearner(ToyLearner):
 def drift_run(answer_tolerance: float, seed: int):
     learner = DriftLearner(seed)
     schedule = build_schedule([0, 8, 16, 32, 64, 96, 128, 160, 192, 224], 256, probe_cap=4)
-    options = replace(VARIANTS["robust"], answer_tolerance=answer_tolerance)
+    options = replace(ROBUST_ALONE, answer_tolerance=answer_tolerance)
     history = run_mixture_training(
         learner, DynamicsPolicy(schedule, options=options), targets=[0], constraints=[1], eval_interval=32,
         reduced_batches=4,
@@ -829,7 +833,7 @@ def test_an_answer_tolerance_needs_expected_accuracies_and_less_than_one_answer(
 
 
 def accuracy_updates(learner: ToyLearner, expected_accuracy: bool):
-    options = replace(VARIANTS["robust"], expected_accuracy=expected_accuracy)
+    options = replace(ROBUST_ALONE, expected_accuracy=expected_accuracy)
     policy = DynamicsPolicy(build_schedule([0, 4], 8, probe_cap=4), options=options)
     return run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=8, reduced_batches=4).updates
 

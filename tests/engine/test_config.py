@@ -196,6 +196,23 @@ def test_every_setting_the_protocol_measures_is_a_valid_method_config():
                 assert getattr(options, key) == value, (label, key)
 
 
+def test_an_option_set_turns_off_the_variants_options_that_need_what_it_turns_off():
+    # The default's answer tolerance reads expected accuracies, and its target floor keeps
+    # target data that the fallback on non-target data leaves out: setting the option that
+    # contradicts one turns that one off, unless it is set too.
+    config = minimal()
+    assert VARIANTS["robust"].answer_tolerance == 0.5 and VARIANTS["robust"].target_floor == 0.02
+    config["method"] = {"name": "dynamics", "expected_accuracy": False}
+    options = RunConfig.from_dict(config).method.robust_options()
+    assert (options.expected_accuracy, options.answer_tolerance, options.target_floor) == (False, 0.0, 0.02)
+    config["method"] = {"name": "dynamics", "general_fallback": 1.0}
+    options = RunConfig.from_dict(config).method.robust_options()
+    assert (options.general_fallback, options.target_floor, options.answer_tolerance) == (1.0, 0.0, 0.5)
+    config["method"] = {"name": "dynamics", "expected_accuracy": False, "answer_tolerance": 0.5}
+    with pytest.raises(ConfigError, match=r"answer_tolerance .* expected_accuracy is off"):
+        RunConfig.from_dict(config)
+
+
 @pytest.mark.parametrize(
     ("method", "message"),
     [

@@ -112,7 +112,7 @@ class MethodConfig(ConfigSection):
         lt=1,
         description="The least weight of every target dataset (one named like a target domain) at every "
         "update, given way where no mixture with it but one without it is predicted to keep every "
-        "constraint (0: none, as the paper).",
+        "constraint (0: none, as the paper; 0.02 with variant: robust, 0 there when general_fallback is set).",
     )
     general_floor: float | None = Field(
         None,
@@ -133,15 +133,16 @@ class MethodConfig(ConfigSection):
         ge=0,
         description="Where no mixture is predicted to keep every constraint, train the non-target datasets' "
         "least-violating mixture unless a mixture with target data is predicted to violate less by more than "
-        "this many standard errors (0: off, as the paper; needs min_weight and target_floor at 0).",
+        "this many standard errors (0: off, as the paper; needs min_weight at 0, and turns variant: robust's "
+        "target_floor off).",
     )
     expected_accuracy: bool | None = Field(
         None,
         description="Read each accuracy constraint's slopes from the change of its expected accuracy (the "
         "mean probability of the correct choice), which short probes move before any answer flips, instead "
-        "of from the answers that flipped. On by default with variant: robust; for a model whose answer "
-        "probabilities drift under any fine-tuning while its answers stay put (a real pretrained model with its "
-        "accuracy at its reference) set answer_tolerance: 0.5, or the drift reads as a broken constraint.",
+        "of from the answers that flipped. On with variant: robust, whose answer_tolerance: 0.5 keeps a drift "
+        "of a real model's answer probabilities that flips no answer from reading as a broken constraint; "
+        "false turns that tolerance off too.",
     )
     answer_tolerance: float | None = Field(
         None,
@@ -149,8 +150,8 @@ class MethodConfig(ConfigSection):
         lt=1,
         description="With expected_accuracy: a mixture predicted to lose less than this fraction of one answer "
         "of an accuracy constraint (on the probes' evaluation) counts as keeping it, so that a drift of the "
-        "correct choices' probability too small to flip an answer does not break every mixture (0: off; 0.5: "
-        "a predicted loss that rounds to no answer).",
+        "correct choices' probability too small to flip an answer does not break every mixture (0: off, as "
+        "the paper; 0.5, variant: robust's: a predicted loss that rounds to no answer).",
     )
     min_weight: float = Field(
         0.0,
@@ -208,10 +209,16 @@ class MethodConfig(ConfigSection):
 
     def robust_options(self) -> RobustOptions:
         """The variant's options with the fields set here overriding it (the paper's method
-        under a method without a variant)."""
+        under a method without a variant). A field set here also turns off the variant's
+        options that need what it turns off: ``expected_accuracy: false`` its answer tolerance,
+        ``general_fallback`` its target floor (set both to have the contradiction refused)."""
         preset = VARIANTS[self.variant or "paper"]
         chosen = {
             name: getattr(self, name) if getattr(self, name) is not None else getattr(preset, name)
             for name in RobustOptions.__dataclass_fields__
         }
+        if self.expected_accuracy is False and self.answer_tolerance is None:
+            chosen["answer_tolerance"] = 0.0
+        if self.general_fallback and self.target_floor is None:
+            chosen["target_floor"] = 0.0
         return RobustOptions(**chosen)

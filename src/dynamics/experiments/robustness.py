@@ -140,12 +140,15 @@ SCENARIOS: dict[str, Scenario] = {
     ),
 }
 
-MEASURED_ROBUST: dict[str, Any] = {"variant": "robust", "expected_accuracy": False}
-"""The robust variant with accuracy slopes read from the answers that flipped: the default
-before the expected accuracy joined it, on which every ``robust_*`` option was measured."""
-EXPECTED_ROBUST: dict[str, Any] = {"variant": "robust", "expected_accuracy": True}
-"""The default as it was measured: the robust variant with accuracy slopes read from the
-probability of the correct choice, pinned so that its labels keep their meaning."""
+WITHOUT_PAIR: dict[str, Any] = {"answer_tolerance": 0.0, "target_floor": 0.0}
+"""The robust variant's tolerance and target floor turned off."""
+MEASURED_ROBUST: dict[str, Any] = {"variant": "robust", "expected_accuracy": False, **WITHOUT_PAIR}
+"""The robust variant with accuracy slopes read from the answers that flipped and neither
+the tolerance nor the floor, on which every ``robust_*`` option was measured."""
+EXPECTED_ROBUST: dict[str, Any] = {"variant": "robust", "expected_accuracy": True, **WITHOUT_PAIR}
+"""The robust variant with accuracy slopes read from the probability of the correct choice,
+without the tolerance and the floor: the setting the pair was measured against, pinned so
+that its labels keep their meaning."""
 
 METHODS: dict[str, dict[str, Any]] = {
     "paper": {"variant": "paper"},
@@ -162,8 +165,9 @@ METHODS: dict[str, dict[str, Any]] = {
         "variant": "paper", "lp_candidate": True, "noise_margin": 1.0, "target_noise": 1.0, "calibration": True,
     },
     # The default (VARIANTS["robust"]): direct_pessimistic_calibrated with diminishing
-    # returns and accuracy slopes from the expected accuracy; the same with measured
-    # accuracy slopes, on which the settings below with "robust" in their label were built.
+    # returns, accuracy slopes from the expected accuracy, half an answer of tolerance and
+    # the floor on target data; without the last two and with measured accuracy slopes, the
+    # setting on which the settings below with "robust" in their label were built.
     "robust": {"variant": "robust"},
     "robust_measured_accuracy": MEASURED_ROBUST,
     # Backtracking (up to two returns per run).

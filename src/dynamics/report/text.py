@@ -85,8 +85,8 @@ def margin_lines(records: RunRecords, step: int) -> list[str]:
     clears it by less than ``CLEAR_BY``: on data the checkpoint was not chosen on, such a
     constraint can read as broken. Empty for a run without per-batch values."""
     points = records.eval_points()
-    point = next(p for p in points if p.step == step)
-    if point.eval_batches is None or points[0].eval_batches is None or point.eval_batches.shape[1] < 2:
+    point = next((p for p in points if p.step == step), None)
+    if point is None or point.eval_batches is None or points[0].eval_batches is None or point.eval_batches.shape[1] < 2:
         return []
     constraints = records.constraints
     slack = metrics.constraint_slack(point, points[0], constraints)
