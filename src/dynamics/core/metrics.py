@@ -154,11 +154,21 @@ def clears_margin(
     """Whether every constraint's eval slack is at least ``margin`` standard errors of its
     change from the reference (:func:`change_standard_error`), up to ``TIE_TOLERANCE``;
     with ``margin`` 0, whether every constraint held."""
-    slack = constraint_slack(point, reference, constraints, "eval")
     if margin == 0:
-        return bool((slack >= -TIE_TOLERANCE).all())
+        return bool(constraints_held(point, reference, constraints).all())
+    slack = constraint_slack(point, reference, constraints, "eval")
     error = change_standard_error(point, reference)[list(constraints)]
     return bool((slack >= margin * error - TIE_TOLERANCE).all())
+
+
+def selection_rank(
+    point: Checkpoint, reference: Checkpoint, targets: Sequence[int], constraints: Sequence[int], margin: float
+) -> tuple[bool, float]:
+    """How a feasible checkpoint ranks for selection, lower first: whether it falls short of
+    the ``margin`` (never with ``margin`` 0), then its summed target loss on the eval split
+    (:func:`best_feasible_checkpoint`)."""
+    short = margin > 0 and not clears_margin(point, reference, constraints, margin)
+    return short, float(split_values(point, "eval")[list(targets)].sum())
 
 
 def best_feasible_checkpoint(
@@ -175,7 +185,6 @@ def best_feasible_checkpoint(
     the best of them, or the best feasible one where none does. The checkpoint is then less
     likely to break a constraint on data it was not chosen on, for some target gain."""
     reference = reference_point(points)
-    t = list(targets)
     feasible = [
         p
         for p in _after_step_zero(points)
@@ -183,14 +192,7 @@ def best_feasible_checkpoint(
     ]
     if not feasible:
         return None
-    return min(
-        feasible,
-        key=lambda p: (
-            margin > 0 and not clears_margin(p, reference, constraints, margin),
-            float(split_values(p, "eval")[t].sum()),
-            p.step,
-        ),
-    )
+    return min(feasible, key=lambda p: (*selection_rank(p, reference, targets, constraints, margin), p.step))
 
 
 def perplexity_reduction(

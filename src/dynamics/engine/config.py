@@ -185,6 +185,7 @@ class EvaluationConfig(ConfigSection):
         "eval batches few checkpoints clear 2 errors and it kept no more constraints on the test split "
         "(docs/beyond-the-paper.md); more evaluation.batches narrow the errors themselves.",
     )
+
     @model_validator(mode="after")
     def _reduced_subset(self) -> EvaluationConfig:
         if self.reduced_batches > self.batches:

@@ -58,9 +58,9 @@ class BestCheckpoint:
         """Whether ``record`` is the new best (and then remember it)."""
         if not is_feasible(record, history):
             return False
-        reference = history.evaluations[0]
-        short = self.margin > 0 and not metrics.clears_margin(record, reference, history.constraints, self.margin)
-        rank = (short, float(record.eval[list(history.targets)].sum()))
+        rank = metrics.selection_rank(
+            record, history.evaluations[0], history.targets, history.constraints, self.margin
+        )
         if self.rank is None or rank < self.rank:
             self.record, self.rank = record, rank
             return True

@@ -418,6 +418,11 @@ def run_outcome(
     """A finished run read once: its :func:`run_result`, and its update records, domain
     names and constraint indices (what :func:`prediction_errors` reads)."""
     records = rundir.read_run(folder)
+    return records_result(records, margin), (records.updates, records.domain_names, records.constraints)
+
+
+def records_result(records: rundir.RunRecords, margin: float | None = None) -> dict[str, Any]:
+    """:func:`run_result` of a run already read."""
     points = records.eval_points()
     targets, constraints = records.targets, records.constraints
     margin = records.selection_margin if margin is None else margin
@@ -441,7 +446,7 @@ def run_outcome(
         chosen = next(p for p in points if p.step == step)
         test_worst = -float(metrics.constraint_slack(chosen, reference, constraints, "test").min())
         result.update(violation_eval=max(0.0, worst), violation_test=max(0.0, test_worst))
-    return result, (records.updates, records.domain_names, records.constraints)
+    return result
 
 
 def aggregate(out: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -838,10 +843,11 @@ def selection_margins(out: Path, margins: Sequence[float]) -> dict[str, Any]:
         for run_dir in sorted(scenario_dir.glob("seed*/*")):
             if run_dir.name.startswith("fixed-") or not (run_dir / "summary.json").is_file():
                 continue
-            results = {m: run_result(run_dir, m) for m in margins}
+            records = rundir.read_run(run_dir)
+            results = {m: records_result(records, m) for m in margins}
             if "held_test" not in results[margins[0]]:  # no constraint, or no feasible checkpoint
                 continue
-            gaps += _loss_gaps(rundir.read_run(run_dir))
+            gaps += _loss_gaps(records)
             rows = report["methods"].setdefault(run_dir.name, {"runs": []})
             rows["runs"].append(
                 {
