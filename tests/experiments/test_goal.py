@@ -4,6 +4,7 @@ folders (synthetic results: the run folders hold only what ``run_outcome`` is ma
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,61 @@ def test_the_benchmark_prints_the_goal_for_each_method_asked(tmp_path, monkeypat
     with pytest.raises(SystemExit):
         script.main([*args, "--goal", "robustt"])
     assert "unknown scenarios or methods ['robustt']" in capsys.readouterr().err
+
+
+def test_the_oracle_is_read_over_the_seeds_the_method_ran_on(tmp_path, monkeypatch):
+    # The sweep's best is 0.60 on seed 0 and 0.90 on seeds 1 and 2; the method ran on seed 0
+    # alone, so its oracle is seed 0's, not the report's median (0.90).
+    outcomes = {
+        "demo": {
+            "seed0": {**sweep(0.02, 0.60, None), "robust": result(True, 0.58, 20.0)},
+            "seed1": sweep(0.02, 0.90, None),
+            "seed2": sweep(0.02, 0.90, None),
+        }
+    }
+    [row] = scenario_rows(report_of(tmp_path, monkeypatch, outcomes), "robust")
+    assert row.oracle == pytest.approx(0.60)
+    oracle = {c.name: c for c in goal_conditions([row])}["oracle"]
+    assert oracle.measured.startswith("1 of 1 scenarios within 3 points")  # 0.90 would put it 32 below
+
+
+def test_combined_reports_are_summarized_over_every_seed(tmp_path, monkeypatch):
+    first = report_of(
+        tmp_path / "a", monkeypatch, {"demo": {"seed0": {**sweep(0.02, 0.60, None), "robust": result(True, 0.70, 25.0)}}}
+    )
+    second = report_of(
+        tmp_path / "b",
+        monkeypatch,
+        {"demo": {f"seed{s}": {**sweep(0.02, 0.50, None), "robust": result(True, 0.40, 20.0)} for s in (1, 2)}},
+    )
+    # A seed whose fixed sweep came from an earlier occasion keeps no cost when combined.
+    second["demo"]["fixed_sweep_from_earlier_report"] = ["seed2"]
+    combined = robustness.combine_reports([first, second])
+    robust = combined["demo"]["methods"]["robust"]
+    assert robust["seeds"] == 3 and robust["median_reduction_test"] == pytest.approx(0.40)
+    assert robust["cost_seeds"] == 2 and robust["median_cost"] == pytest.approx((2.5 + 2.0) / 2)
+    assert combined["demo"]["methods"]["best-fixed (eval)"]["chosen"] == ["fixed-w0.5"] * 3
+    assert combined["demo"]["fixed_sweep_from_earlier_report"] == ["seed2"]
+    assert "seed2" not in first["demo"]["runs"]  # the inputs are left as they were
+    with pytest.raises(ValueError, match=r"demo \['seed0'\] are in two of the reports combined"):
+        robustness.combine_reports([first, first])
+
+
+def test_the_benchmark_combines_reports_without_training(tmp_path, monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("beyond_the_paper", ROOT / "benchmarks" / "beyond_the_paper.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    paths = []
+    for seed in (0, 1):
+        outcomes = {"demo": {f"seed{seed}": {**sweep(0.02, 0.60, None), "robust": result(True, 0.62, 25.0)}}}
+        report = report_of(tmp_path / f"runs{seed}", monkeypatch, outcomes)
+        paths.append(tmp_path / f"report{seed}.json")
+        paths[-1].write_text(json.dumps(report))
+    monkeypatch.setattr(script, "ensure_base_model", lambda **_: pytest.fail("--combine trains nothing"))
+    out = tmp_path / "combined.json"
+    assert script.main(["--combine", *map(str, paths), "--json", str(out), "--goal", "robust"]) == 0
+    assert sorted(json.loads(out.read_text())["demo"]["runs"]) == ["seed0", "seed1"]
+    assert "| `demo` | 2 of 2 | 62.0% |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        script.main(["--combine", *map(str, paths)])
+    assert "name it with --json" in capsys.readouterr().err

@@ -36,6 +36,7 @@ Scenarios (same base model, data and sizes as the demo unless said):
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import shutil
@@ -475,59 +476,13 @@ def aggregate(out: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[st
                         adaptive.append(updates)
         earlier = (fixed_from or {}).get(scenario_dir.name, {}).get("runs", {})
         reused = []
-        methods: dict[str, list[dict[str, Any]]] = {}
         for seed, by_method in runs.items():
-            fixed = {k: v for k, v in by_method.items() if k.startswith("fixed-")}
-            # A cost is a wall time over the same seed's fixed runs, timed on the same occasion.
-            timed = bool(fixed)
-            if not fixed:
+            if not any(k.startswith("fixed-") for k in by_method):
                 fixed = {k: v for k, v in earlier.get(seed, {}).items() if k.startswith("fixed-")}
                 if fixed:
                     by_method.update(fixed)
                     reused.append(seed)
-            unit = statistics.median(v["train_seconds"] for v in fixed.values()) if timed else None
-            # Where no fixed mixture kept every constraint, the least-violating one (chosen on
-            # eval, reported on test) is the bar for every method's violation.
-            nothing_feasible = bool(fixed) and not any(v["feasible"] for v in fixed.values())
-            least = min(fixed, key=lambda k: (fixed[k]["violation_eval"], k)) if nothing_feasible else None
-            for label, result in by_method.items():
-                row = {**result, "seed": seed, **({} if unit is None else {"cost": result["train_seconds"] / unit})}
-                if unit is not None and not label.startswith("fixed-"):
-                    # What the same compute buys from the fixed sweep: the eval-best of
-                    # ``cost`` fixed runs drawn at random, reported on test.
-                    row["equal_compute_fixed"] = metrics.chosen_at_k(
-                        [_selection_score(v) for v in fixed.values()],
-                        [v["reduction_test"] for v in fixed.values()],
-                        max(1.0, row["cost"]),
-                    )
-                if least is not None and not label.startswith("fixed-"):
-                    row.update(
-                        violation_nothing_feasible=result["violation_test"],
-                        least_violating_fixed=fixed[least]["violation_test"],
-                    )
-                methods.setdefault(label, []).append(row)
-            if fixed:
-                best = max(fixed, key=lambda k: _selection_score(fixed[k]))
-                methods.setdefault("best-fixed (eval)", []).append({**fixed[best], "seed": seed, "label": best, "cost": float(len(fixed))})
-        summary = {
-            label: {
-                "seeds": len(rows),
-                "feasible": sum(r["feasible"] for r in rows) / len(rows),
-                "median_reduction_test": statistics.median(r["reduction_test"] for r in rows),
-                "median_reduction_eval": statistics.median(r["reduction_eval"] for r in rows),
-                "reductions_test": [r["reduction_test"] for r in rows],
-                **_median_over_seeds(rows, "cost", "median_cost", "cost_seeds"),
-                **_median_over_seeds(rows, "equal_compute_fixed", "median_equal_compute_fixed", "equal_compute_seeds"),
-                **_median_over_seeds(
-                    rows, "violation_nothing_feasible", "median_violation_nothing_feasible", "nothing_feasible_seeds"
-                ),
-                **_median_over_seeds(
-                    rows, "least_violating_fixed", "median_least_violating_fixed", "least_violating_fixed_seeds"
-                ),
-                **({"chosen": [r["label"] for r in rows]} if label == "best-fixed (eval)" else {}),
-            }
-            for label, rows in methods.items()
-        }
+        summary = summarize(runs, untimed=reused)
         report[scenario_dir.name] = {
             "description": SCENARIOS[scenario_dir.name].description,
             "methods": summary,
@@ -536,6 +491,87 @@ def aggregate(out: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[st
             **({"fixed_sweep_from_earlier_report": reused} if reused else {}),
         }
     return report
+
+
+def summarize(runs: Mapping[str, Mapping[str, dict[str, Any]]], untimed: Sequence[str] = ()) -> dict[str, Any]:
+    """Per method of ``runs`` (``runs[seed][label]``, the results of :func:`run_result`): the
+    feasibility rate, the median test reduction and, on seeds with a fixed sweep timed on the
+    same occasion (not in ``untimed``), the median wall time over that seed's median fixed
+    run and the fixed sweep's best at equal cost; on seeds where no fixed mixture kept every
+    constraint, the violation against the least-violating one's. ``best-fixed (eval)`` is
+    each seed's fixed mixture best on the eval split."""
+    methods: dict[str, list[dict[str, Any]]] = {}
+    for seed, by_method in runs.items():
+        fixed = {k: v for k, v in by_method.items() if k.startswith("fixed-")}
+        # A cost is a wall time over the same seed's fixed runs, timed on the same occasion.
+        timed = bool(fixed) and seed not in untimed
+        unit = statistics.median(v["train_seconds"] for v in fixed.values()) if timed else None
+        # Where no fixed mixture kept every constraint, the least-violating one (chosen on
+        # eval, reported on test) is the bar for every method's violation.
+        nothing_feasible = bool(fixed) and not any(v["feasible"] for v in fixed.values())
+        least = min(fixed, key=lambda k: (fixed[k]["violation_eval"], k)) if nothing_feasible else None
+        for label, result in by_method.items():
+            row = {**result, "seed": seed, **({} if unit is None else {"cost": result["train_seconds"] / unit})}
+            if unit is not None and not label.startswith("fixed-"):
+                # What the same compute buys from the fixed sweep: the eval-best of
+                # ``cost`` fixed runs drawn at random, reported on test.
+                row["equal_compute_fixed"] = metrics.chosen_at_k(
+                    [selection_score(v) for v in fixed.values()],
+                    [v["reduction_test"] for v in fixed.values()],
+                    max(1.0, row["cost"]),
+                )
+            if least is not None and not label.startswith("fixed-"):
+                row.update(
+                    violation_nothing_feasible=result["violation_test"],
+                    least_violating_fixed=fixed[least]["violation_test"],
+                )
+            methods.setdefault(label, []).append(row)
+        if fixed:
+            best = max(fixed, key=lambda k: selection_score(fixed[k]))
+            methods.setdefault("best-fixed (eval)", []).append({**fixed[best], "seed": seed, "label": best, "cost": float(len(fixed))})
+    return {
+        label: {
+            "seeds": len(rows),
+            "feasible": sum(r["feasible"] for r in rows) / len(rows),
+            "median_reduction_test": statistics.median(r["reduction_test"] for r in rows),
+            "median_reduction_eval": statistics.median(r["reduction_eval"] for r in rows),
+            "reductions_test": [r["reduction_test"] for r in rows],
+            **_median_over_seeds(rows, "cost", "median_cost", "cost_seeds"),
+            **_median_over_seeds(rows, "equal_compute_fixed", "median_equal_compute_fixed", "equal_compute_seeds"),
+            **_median_over_seeds(
+                rows, "violation_nothing_feasible", "median_violation_nothing_feasible", "nothing_feasible_seeds"
+            ),
+            **_median_over_seeds(
+                rows, "least_violating_fixed", "median_least_violating_fixed", "least_violating_fixed_seeds"
+            ),
+            **({"chosen": [r["label"] for r in rows]} if label == "best-fixed (eval)" else {}),
+        }
+        for label, rows in methods.items()
+    }
+
+
+def combine_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The seeds of several reports (what :func:`aggregate` returns) in one, summarized
+    again: each scenario's runs of every report, its fixed sweeps reused from an earlier
+    report still untimed. Eq. 3.3's prediction errors are read from run folders, so the
+    combined report has none. A scenario and seed in two reports is an error: which of its
+    runs counts would be a choice."""
+    combined: dict[str, Any] = {}
+    for report in reports:
+        for name, data in report.items():
+            into = combined.setdefault(
+                name, {"description": data["description"], "runs": {}, "fixed_sweep_from_earlier_report": []}
+            )
+            twice = sorted(set(into["runs"]) & set(data["runs"]))
+            if twice:
+                raise ValueError(f"{name} {twice} are in two of the reports combined: combine reports of other seeds")
+            into["runs"].update(copy.deepcopy(data["runs"]))
+            into["fixed_sweep_from_earlier_report"] += data.get("fixed_sweep_from_earlier_report", [])
+    for data in combined.values():
+        data["methods"] = summarize(data["runs"], untimed=data["fixed_sweep_from_earlier_report"])
+        if not data["fixed_sweep_from_earlier_report"]:
+            del data["fixed_sweep_from_earlier_report"]
+    return combined
 
 
 def _median_over_seeds(rows: list[dict[str, Any]], key: str, name: str, count: str) -> dict[str, Any]:
@@ -590,7 +626,7 @@ def prediction_errors(
     return errors
 
 
-def _selection_score(result: dict[str, Any]) -> float:
+def selection_score(result: dict[str, Any]) -> float:
     """How a user ranks finished runs on the eval split: feasible first, then the reduction."""
     return result["reduction_eval"] + (0.0 if result["feasible"] else -10.0)
 
@@ -632,14 +668,19 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def read_each(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """Earlier reports of ``benchmarks/beyond_the_paper.py``, each as it was written."""
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"no such report {missing} (a JSON of benchmarks/beyond_the_paper.py)")
+    return [json.loads(path.read_text()) for path in paths]
+
+
 def read_reports(paths: Sequence[Path]) -> dict[str, Any]:
     """The scenarios of earlier reports of ``benchmarks/beyond_the_paper.py``, merged into
     one (a scenario in a later file replaces the same scenario in an earlier one): the
     ``fixed_from`` of :func:`aggregate` and :func:`aggregate_sensitivity`."""
-    missing = [str(path) for path in paths if not path.is_file()]
-    if missing:
-        raise FileNotFoundError(f"no such report {missing} (a JSON of benchmarks/beyond_the_paper.py)")
-    return {name: data for path in paths for name, data in json.loads(path.read_text()).items()}
+    return {name: data for report in read_each(paths) for name, data in report.items()}
 
 
 def write_report(out: Path, json_path: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[str, Any]:
