@@ -34,7 +34,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from dynamics.experiments.robustness import selection_score
+from dynamics.experiments.robustness import best_fixed, fixed_results
 
 MIN_FEASIBLE = 0.95
 ORACLE_GAP = 0.03
@@ -68,10 +68,6 @@ class Condition:
     measured: str
 
 
-def _fixed(by_label: dict[str, Any]) -> dict[str, Any]:
-    return {label: run for label, run in by_label.items() if label.startswith("fixed-")}
-
-
 def scenario_rows(report: dict[str, Any], method: str) -> list[ScenarioRow]:
     """Per scenario of ``report`` where ``method`` ran, what the goal's conditions read."""
     rows = []
@@ -83,13 +79,14 @@ def scenario_rows(report: dict[str, Any], method: str) -> list[ScenarioRow]:
         seeds = [
             by_label
             for by_label in data["runs"].values()
-            if method in by_label and (not _fixed(by_label) or any(run["feasible"] for run in _fixed(by_label).values()))
+            if method in by_label
+            and (not fixed_results(by_label) or any(run["feasible"] for run in fixed_results(by_label).values()))
         ]
         kept = [by_label[method] for by_label in seeds]
         alone = [by_label.get(TARGETS_ALONE) for by_label in seeds]
         nothing_binds = bool(alone) and all(run is not None and run["feasible"] for run in alone)
         # The oracle of the seeds the method ran on, not of every seed of the report.
-        best = [max(_fixed(by_label).values(), key=selection_score) for by_label in seeds if _fixed(by_label)]
+        best = [by_label[best_fixed(fixed_results(by_label))] for by_label in seeds if fixed_results(by_label)]
         rows.append(
             ScenarioRow(
                 scenario=scenario,

@@ -477,8 +477,8 @@ def aggregate(out: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[st
         earlier = (fixed_from or {}).get(scenario_dir.name, {}).get("runs", {})
         reused = []
         for seed, by_method in runs.items():
-            if not any(k.startswith("fixed-") for k in by_method):
-                fixed = {k: v for k, v in earlier.get(seed, {}).items() if k.startswith("fixed-")}
+            if not fixed_results(by_method):
+                fixed = fixed_results(earlier.get(seed, {}))
                 if fixed:
                     by_method.update(fixed)
                     reused.append(seed)
@@ -502,7 +502,7 @@ def summarize(runs: Mapping[str, Mapping[str, dict[str, Any]]], untimed: Sequenc
     each seed's fixed mixture best on the eval split."""
     methods: dict[str, list[dict[str, Any]]] = {}
     for seed, by_method in runs.items():
-        fixed = {k: v for k, v in by_method.items() if k.startswith("fixed-")}
+        fixed = fixed_results(by_method)
         # A cost is a wall time over the same seed's fixed runs, timed on the same occasion.
         timed = bool(fixed) and seed not in untimed
         unit = statistics.median(v["train_seconds"] for v in fixed.values()) if timed else None
@@ -527,7 +527,7 @@ def summarize(runs: Mapping[str, Mapping[str, dict[str, Any]]], untimed: Sequenc
                 )
             methods.setdefault(label, []).append(row)
         if fixed:
-            best = max(fixed, key=lambda k: selection_score(fixed[k]))
+            best = best_fixed(fixed)
             methods.setdefault("best-fixed (eval)", []).append({**fixed[best], "seed": seed, "label": best, "cost": float(len(fixed))})
     return {
         label: {
@@ -629,6 +629,16 @@ def prediction_errors(
 def selection_score(result: dict[str, Any]) -> float:
     """How a user ranks finished runs on the eval split: feasible first, then the reduction."""
     return result["reduction_eval"] + (0.0 if result["feasible"] else -10.0)
+
+
+def fixed_results(by_label: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The fixed mixtures' results among one seed's runs (``by_label[label]``)."""
+    return {label: run for label, run in by_label.items() if label.startswith("fixed-")}
+
+
+def best_fixed(fixed: Mapping[str, dict[str, Any]]) -> str:
+    """The label of the fixed mixture best on the eval split: the seed's 8-run oracle."""
+    return max(fixed, key=lambda label: selection_score(fixed[label]))
 
 
 def _over_seeds(m: dict[str, Any], name: str, count: str, fmt: Callable[[float], str]) -> str:
