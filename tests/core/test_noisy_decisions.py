@@ -38,7 +38,7 @@ from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.probes import PerturbedEvaluations, ProbeRuns, probe_datasets, probe_in_turn
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
 from dynamics.core.resolution import at_resolution, with_answer_tolerance
-from dynamics.core.robust import RobustProblem, select_robust, solve_direct
+from dynamics.core.robust import RobustProblem, select_robust, solve_direct, warmup_room
 from dynamics.core.schedules import build_schedule
 from dynamics.core.solver import grid_candidates
 from tests.core.toy_learner import ToyLearner
@@ -702,6 +702,70 @@ def test_where_nothing_is_feasible_noise_does_not_bet_the_mixture_on_target_data
     # Less of the harmful data trained, so the constraint's true value ends lower.
     assert guarded.updates[-1].step == plain.updates[-1].step
     assert guarded_end[1] < plain_end[1]
+
+
+@pytest.mark.parametrize("seed", [0, 1])  # seeds whose noise makes a warmup update bet on target data
+def test_the_warmup_holds_target_data_at_its_floor_and_trains_room_for_the_constraints(seed: int):
+    plain, plain_end = harm_run(VARIANTS["robust"], seed)
+    warmup = [u.step for u in plain.updates if u.probe_budget < 16]
+    assert warmup == [0, 1, 2, 4, 8]
+    assert any(u.weights[0] > 0.5 for u in plain.updates if u.step in warmup)  # the case happens
+    roomy, roomy_end = harm_run(replace(VARIANTS["robust"], warmup_room=True), seed)
+    for update in roomy.updates:
+        if update.step in warmup:
+            # The target dataset at the robust variant's 2% floor, the rest on d1, which
+            # harms the constraint a quarter as much; the record keeps the solver's answer.
+            np.testing.assert_allclose(update.weights, [0.02, 0.98])
+            assert len(update.extra["robust"]["warmup_answer"]) == 2
+        else:
+            assert "warmup_answer" not in update.extra["robust"]
+    # Less of the harmful data trained, so the constraint's true value ends lower.
+    assert roomy_end[1] < plain_end[1]
+
+
+def test_warmup_room_is_the_most_room_left_with_the_targets_held():
+    # d0 is target data held at 0.1, harming both constraints a little; d1 harms the first
+    # constraint and helps the second, d2 the other way round; both start at their references.
+    problem = MixtureProblem(
+        slopes=np.array([[-4e-3, 0.0, 0.0], [1e-4, 2e-3, -3e-3], [1e-4, -3e-3, 2e-3]]),
+        current_losses=np.array([3.0, 2.0, 1.5]),
+        reference_losses=np.array([np.nan, 2.0, 1.5]),
+        targets=(0,),
+        constraints=(1, 2),
+        horizon=8,
+    )
+    rp = RobustProblem(problem, np.zeros((3, 3)), least_weights=np.array([0.1, 0.0, 0.0]))
+    answer = np.array([0.9, 0.1, 0.0])
+    weights, replaced = warmup_room(rp, answer, [0])
+    assert replaced == [0.9, 0.1, 0.0]
+    assert weights[0] == pytest.approx(0.1) and weights.sum() == pytest.approx(1.0)
+    # No other split of the remaining 0.9 leaves more room: the largest predicted change past
+    # a reference (negative where every constraint has room) is the smallest.
+    def largest_change(w: np.ndarray) -> float:
+        return float(np.max(problem.predicted_losses(w)[[1, 2]] - problem.reference_losses[[1, 2]]))
+
+    assert largest_change(weights) < 0  # d1 and d2 in the right proportion help both constraints
+    for share in np.linspace(0.0, 0.9, 91):
+        assert largest_change(weights) <= largest_change(np.array([0.1, share, 0.9 - share])) + 1e-12
+    # Nothing to make room for, or no data but the targets': the solver's answer stands.
+    unconstrained = replace(problem, constraints=(), reference_losses=np.array([np.nan, np.nan, np.nan]))
+    for rp_, targets in ((RobustProblem(unconstrained, np.zeros((3, 3))), [0]), (rp, [0, 1, 2])):
+        kept, replaced = warmup_room(rp_, answer, targets)
+        assert replaced is None and kept is answer
+
+
+def test_warmup_room_changes_nothing_without_a_constraint():
+    def run(options: RobustOptions):
+        learner = ToyLearner(NOISY_SLOPES, NOISY_INITIAL, seed=0, noise=0.02, dataset_names=["e0", "d1", "d2"])
+        policy = DynamicsPolicy(build_schedule([0, 1, 2, 4, 8, 16, 32, 64], 128, probe_cap=16), options=options)
+        return run_mixture_training(learner, policy, targets=[0], constraints=[], eval_interval=32, reduced_batches=4)
+
+    plain, roomy = run(VARIANTS["robust"]), run(replace(VARIANTS["robust"], warmup_room=True))
+    assert len(plain.updates) == len(roomy.updates) == 8
+    for a, b in zip(plain.updates, roomy.updates, strict=True):
+        np.testing.assert_array_equal(a.weights, b.weights)
+        # The warmup's updates record that no answer was replaced; the others say nothing.
+        assert b.extra["robust"].get("warmup_answer", "absent") == (None if b.probe_budget < 16 else "absent")
 
 
 # ------------------------------------------------------------- expected accuracy

@@ -87,6 +87,15 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   choices' probability too small to flip an answer (a = 0.5: one that rounds to no answer)
   does not make every mixture look like a broken constraint.
 
+* ``warmup_room``: at the updates whose probes are shorter than the schedule's longest (the
+  dense warmup's first updates), each target dataset is held at its floor (``target_floor``;
+  0 without it) and the rest of the mixture is the non-target datasets' mixture predicted
+  to leave the constraints the most room (:func:`dynamics.core.decisions.warmup_room`),
+  instead of the solver's answer. Probes of one to a few steps rarely tell which dataset
+  harms a constraint, so the answer is a bet, on target data as often as not, and target
+  data trained on a bet stays trained. Without a constraint, or without non-target data,
+  it does nothing.
+
 Where the direct candidate's SLSQP run reports no success, the record keeps its message;
 its answer is checked and used like any other (:func:`dynamics.core.robust.solve_direct`).
 
@@ -124,6 +133,7 @@ class RobustOptions:
     general_fallback: float = 0.0
     expected_accuracy: bool = False
     answer_tolerance: float = 0.0
+    warmup_room: bool = False
 
     def __post_init__(self) -> None:
         for name in ("noise_margin", "target_noise", "full_step_z", "general_fallback"):

@@ -41,6 +41,7 @@ from dynamics.core.robust import (
     RobustProblem,
     select_robust,
     solve_direct,
+    warmup_room,
 )
 from dynamics.core.schedules import UpdateSchedule, build_schedule
 from dynamics.core.solver import Solution, grid_candidates, solution_of, solve
@@ -116,13 +117,8 @@ def _widen(record: UpdateRecord, columns: list[int], num_datasets: int) -> None:
         record.extra["slope_errors"] = widened
     for key in ("slope_models", "extrapolation_guarded"):
         if key in record.extra:
-            rows = []
-            for row in record.extra[key]:
-                full: list = [None] * num_datasets
-                for column, value in zip(columns, row, strict=True):
-                    full[column] = value
-                rows.append(full)
-            record.extra[key] = rows
+            placed = [dict(zip(columns, row, strict=True)) for row in record.extra[key]]
+            record.extra[key] = [[by_column.get(j) for j in range(num_datasets)] for by_column in placed]
 
 
 @dataclass
@@ -285,6 +281,8 @@ class DynamicsPolicy:
             # than the point it started from: solve_direct), and the verdict can flip under
             # rounding while the answer stays where it is, so it does not decide the mixture.
             decision["solver_failure"] = direct.message
+        if self.options.warmup_room and context.probe_budget < max(self.schedule.probe_budgets):
+            weights, decision["warmup_answer"] = warmup_room(robust, weights, target_datasets)
         if self.options.general_fallback > 0:
             z = self.options.general_fallback
             weights, decision["general_fallback"] = general_fallback(robust, weights, target_datasets, z)

@@ -7,13 +7,15 @@
 - :func:`solve_direct`: the directly solved constrained optimum (``lp_candidate``); an LP
   without noise terms, a second-order-cone program solved by SLSQP with them.
 - :func:`select_robust`: which of the grid's candidates and the direct one an update keeps.
+- :func:`warmup_room`: the dense warmup's mixture, target data held at its least weight and
+  the non-target data predicted to leave the constraints the most room.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -448,3 +450,42 @@ def select_robust(rp: RobustProblem, grid_weights: Sequence[np.ndarray], direct:
         rows = [r for r in rows if _total_violation(rp, r[2]) <= least_total + FEASIBILITY_TOL]
         index, source, w, violation, objective = min(rows, key=lambda r: (r[4], r[0]))
     return RobustChoice(w, index, source, violation <= FEASIBILITY_TOL, violation, objective)
+
+
+def warmup_room(
+    rp: RobustProblem, answer: np.ndarray, target_datasets: Sequence[int]
+) -> tuple[np.ndarray, list[float] | None]:
+    """Every target dataset at its least weight (its floor; 0 without one) and the rest of
+    the mixture the non-target datasets' mixture predicted to leave the constraints the
+    most room (:func:`most_feasible`), with the solver's ``answer`` it replaces, for the
+    record; ``answer`` itself and None for a problem without a constraint, without target
+    data or without non-target data.
+
+    At a dense warmup's first updates the probes are one to a few steps long, too short to
+    tell which dataset harms a constraint, and the solver's answer is then a bet, on target
+    data as often as not; target data trained on a bet stays trained, and it is the data
+    the constraints guard against. The held target weights' predicted change is counted in
+    (linearly), so the room is that of the whole mixture."""
+    problem = rp.problem
+    targets = [int(j) for j in target_datasets]
+    general = [j for j in range(problem.num_datasets) if j not in targets]
+    if not problem.constraints or not targets or not general:
+        return answer, None
+    least = rp.least_weights if rp.least_weights is not None else np.full(problem.num_datasets, problem.min_weight)
+    held = np.asarray(least, dtype=float)[targets]
+    rest = 1.0 - float(held.sum())
+    restricted = replace(
+        rp,
+        problem=replace(
+            problem,
+            slopes=problem.slopes[:, general],
+            current_losses=problem.current_losses + problem.horizon * (problem.slopes[:, targets] @ held),
+            horizon=problem.horizon * rest,
+        ),
+        slope_errors=rp.slope_errors[:, general],
+        least_weights=None if rp.least_weights is None else np.asarray(least, dtype=float)[general] / rest,
+    )
+    weights = np.zeros(problem.num_datasets)
+    weights[targets] = held
+    weights[general] = rest * most_feasible(restricted)
+    return weights, [float(x) for x in answer]

@@ -153,6 +153,13 @@ class MethodConfig(ConfigSection):
         "correct choices' probability too small to flip an answer does not break every mixture (0: off, as "
         "the paper; 0.5, variant: robust's: a predicted loss that rounds to no answer).",
     )
+    warmup_room: bool | None = Field(
+        None,
+        description="At the updates whose probes are shorter than the schedule's longest (the dense warmup's "
+        "first), hold each target dataset at its target_floor and train the non-target datasets' mixture "
+        "predicted to leave the constraints the most room, instead of the solver's answer (false: as the "
+        "paper and variant: robust).",
+    )
     min_weight: float = Field(
         0.0,
         ge=0,

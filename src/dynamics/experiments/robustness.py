@@ -230,6 +230,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "robust_answer_tolerance": {**EXPECTED_ROBUST, "answer_tolerance": 0.5},
     # Both: half an answer of tolerance, and the floor on target data that gives way.
     "robust_tolerance_floor": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "target_floor": 0.02},
+    # The default, training the mixture predicted to leave the constraints the most room at the
+    # dense warmup's updates (probes shorter than the longest).
+    "robust_warmup_room": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "target_floor": 0.02, "warmup_room": True},
     # Half an answer of tolerance, and the non-target data where no mixture is predicted feasible.
     "robust_tolerance_fallback": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "general_fallback": 1.0},
     # Both floors and backtracking, returning only after two main evaluations in a row show
