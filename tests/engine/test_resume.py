@@ -69,23 +69,39 @@ def comparable(run_folder: Path) -> dict:
     }
 
 
+def _started_until_first_resume_point(base: Path, out: Path) -> tuple[subprocess.Popen, float]:
+    """``dynamics run`` of the reference config in a child process, returned once its first
+    resume point exists, with the time that happened."""
+    command = [sys.executable, "-m", "dynamics.cli", "run", str(base / "config.yaml"), "--out", str(out), "--no-progress"]
+    process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not (out / run_state.RESUME_DIR).exists():
+        assert process.poll() is None, "the run ended before its first resume point"
+        time.sleep(0.01)
+    return process, time.perf_counter()
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> tuple[Path, dict]:
-    """The tokenizer, and the files of one uninterrupted run."""
+def reference(tmp_path_factory) -> tuple[Path, dict, float]:
+    """The tokenizer, the files of one uninterrupted run, and how long this machine took
+    from that run's first resume point to its summary (its last file)."""
     from tests.fixtures.tiny_tokenizer import tiny_tokenizer
 
     base = tmp_path_factory.mktemp("resume")
     tiny_tokenizer().save_pretrained(base / "tokenizer")
     config = base / "config.yaml"
     config.write_text(yaml.safe_dump(resumable_config(base / "tokenizer", base / "reference")))
-    done = cli("run", str(config), "--no-progress")
-    assert done.returncode == 0, done.stderr
+    process, since = _started_until_first_resume_point(base, base / "reference")
+    while not (base / "reference" / "summary.json").exists():
+        assert process.poll() is None, "the reference run ended without a summary"
+        time.sleep(0.01)
+    remaining = time.perf_counter() - since
+    assert process.wait(timeout=600) == 0
     files = comparable(base / "reference")
     # The run must exercise what a resume restores: a feasible best checkpoint, updates at
     # several resume points, and a backtrack (its margins and the feasible snapshot).
     assert files["summary"]["feasible"]
     assert files["summary"]["backtracks"]
-    return base, files
+    return base, files, remaining
 
 
 @pytest.mark.parametrize(
@@ -94,7 +110,7 @@ def reference(tmp_path_factory) -> tuple[Path, dict]:
     ids=lambda k: f"{k[0]}-{k[1]}",
 )
 def test_a_killed_run_resumes_to_the_same_files(reference, kill):
-    base, expected = reference
+    base, expected, _ = reference
     out = base / f"killed-{kill[0]}-{kill[1]}"
     config = base / "config.yaml"
     killed = cli("run", str(config), "--out", str(out), "--no-progress", kill=kill)
@@ -107,28 +123,10 @@ def test_a_killed_run_resumes_to_the_same_files(reference, kill):
     assert len(summary["resumed_at"]) == 1
 
 
-def _started_until_first_resume_point(base: Path, out: Path) -> tuple[subprocess.Popen, float]:
-    """``dynamics run`` of the reference config in a child process, returned once its first
-    resume point exists, with the time that happened."""
-    command = [sys.executable, "-m", "dynamics.cli", "run", str(base / "config.yaml"), "--out", str(out), "--no-progress"]
-    process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while not (out / run_state.RESUME_DIR).exists():
-        assert process.poll() is None, "the run ended before its first resume point"
-        time.sleep(0.01)
-    return process, time.perf_counter()
-
-
 def test_a_run_killed_at_a_random_moment_resumes_to_the_same_files(reference):
-    base, expected = reference
-    # How long this machine takes from the first resume point to the summary (the run's
-    # last file), measured on a whole run, so that the kill lands inside the run on a fast
-    # CPU as on a slow one.
-    timed, since = _started_until_first_resume_point(base, base / "timed")
-    while not (base / "timed" / "summary.json").exists():
-        assert timed.poll() is None, "the timed run ended without a summary"
-        time.sleep(0.01)
-    remaining = time.perf_counter() - since
-    assert timed.wait(timeout=600) == 0
+    # The kill lands between the first resume point and the summary, timed on this
+    # machine's reference run, so that it is inside the run on a fast CPU as on a slow one.
+    base, expected, remaining = reference
     out = base / "killed-random"
     process, _ = _started_until_first_resume_point(base, out)
     time.sleep(random.Random(0).uniform(0.0, 0.5) * remaining)
@@ -143,17 +141,16 @@ def test_a_run_killed_at_a_random_moment_resumes_to_the_same_files(reference):
 
 
 def test_resuming_a_finished_run_says_so(reference, capsys):
-    base, _ = reference
-    done = cli("run", "--resume", str(base / "reference"))
-    assert done.returncode == 0
-    assert "already finished" in done.stdout
+    base, _, _ = reference
+    assert cli_main(["run", "--resume", str(base / "reference")]) == 0
+    assert "already finished" in capsys.readouterr().out
     # The other form, CONFIG --out DIR --resume, says the same.
     assert cli_main(["run", str(base / "config.yaml"), "--out", str(base / "reference"), "--resume"]) == 0
     assert "already finished" in capsys.readouterr().out
 
 
 def test_resuming_with_another_config_is_refused(reference, capsys):
-    base, _ = reference
+    base, _, _ = reference
     out = base / "killed-for-config"
     killed = cli("run", str(base / "config.yaml"), "--out", str(out), "--no-progress", kill=("train", 4))
     assert killed.returncode == -9
