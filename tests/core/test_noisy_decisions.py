@@ -723,6 +723,32 @@ def test_the_warmup_holds_target_data_at_its_floor_and_trains_room_for_the_const
     assert roomy_end[1] < plain_end[1]
 
 
+def test_the_warmup_fallback_keeps_the_bets_predicted_safe_and_moves_only_the_fallbacks():
+    # Seed 1: the default's warmup update at step 1 predicts no mixture feasible and its
+    # fallback puts everything on the target dataset.
+    plain, plain_end = harm_run(VARIANTS["robust"], seed=1)
+    moved, moved_end = harm_run(replace(VARIANTS["robust"], warmup_fallback=True), seed=1)
+    step_1 = next(u for u in plain.updates if u.step == 1)
+    assert not step_1.extra["robust"]["feasible"] and step_1.weights[0] == pytest.approx(1.0)
+    fallbacks = 0
+    for update in moved.updates:
+        robust = update.extra["robust"]
+        if update.probe_budget < 16 and not robust["feasible"]:
+            fallbacks += 1
+            np.testing.assert_allclose(update.weights, [0.02, 0.98])
+            assert len(robust["warmup_answer"]) == 2
+        else:
+            # Predicted to keep the constraint, or past the warmup: the solver's answer stands.
+            assert "warmup_answer" not in robust
+            np.testing.assert_allclose(update.weights, robust["weights"])
+    assert fallbacks >= 1
+    # The run's first update is the same; the constraint's true value ends lower.
+    np.testing.assert_allclose(moved.updates[0].weights, plain.updates[0].weights)
+    assert moved_end[1] < plain_end[1]
+    with pytest.raises(ValueError, match="warmup_fallback"):
+        replace(VARIANTS["robust"], warmup_room=True, warmup_fallback=True)
+
+
 def test_warmup_room_is_the_most_room_left_with_the_targets_held():
     # d0 is target data held at 0.1, harming both constraints a little; d1 harms the first
     # constraint and helps the second, d2 the other way round; both start at their references.

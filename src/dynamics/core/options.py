@@ -95,6 +95,9 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   harms a constraint, so the answer is a bet, on target data as often as not, and target
   data trained on a bet stays trained. Without a constraint, or without non-target data,
   it does nothing.
+* ``warmup_fallback``: the same, only at those of the warmup's updates where no mixture is
+  predicted to keep every constraint: the warmup's bets on target data that the probes
+  predict safe are kept, its fallbacks go to the non-target data.
 
 Where the direct candidate's SLSQP run reports no success, the record keeps its message;
 its answer is checked and used like any other (:func:`dynamics.core.robust.solve_direct`).
@@ -134,6 +137,7 @@ class RobustOptions:
     expected_accuracy: bool = False
     answer_tolerance: float = 0.0
     warmup_room: bool = False
+    warmup_fallback: bool = False
 
     def __post_init__(self) -> None:
         for name in ("noise_margin", "target_noise", "full_step_z", "general_fallback"):
@@ -171,6 +175,11 @@ class RobustOptions:
             raise ValueError(
                 "answer_tolerance judges predictions read from expected accuracies, and expected_accuracy is off: "
                 "set expected_accuracy: true (variant: robust has it), or answer_tolerance: 0"
+            )
+        if self.warmup_room and self.warmup_fallback:
+            raise ValueError(
+                "warmup_room holds target data at its floor at every warmup update, warmup_fallback at its "
+                "fallbacks only: set one of them to false"
             )
         if self.calibration and self.dataset_calibration:
             raise ValueError(

@@ -281,7 +281,8 @@ class DynamicsPolicy:
             # than the point it started from: solve_direct), and the verdict can flip under
             # rounding while the answer stays where it is, so it does not decide the mixture.
             decision["solver_failure"] = direct.message
-        if self.options.warmup_room and context.probe_budget < max(self.schedule.probe_budgets):
+        room = self.options.warmup_room or (self.options.warmup_fallback and not choice.feasible)
+        if room and context.probe_budget < max(self.schedule.probe_budgets):
             weights, decision["warmup_answer"] = warmup_room(robust, weights, target_datasets)
         if self.options.general_fallback > 0:
             z = self.options.general_fallback

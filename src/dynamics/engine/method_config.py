@@ -160,6 +160,11 @@ class MethodConfig(ConfigSection):
         "predicted to leave the constraints the most room, instead of the solver's answer (false: as the "
         "paper and variant: robust).",
     )
+    warmup_fallback: bool | None = Field(
+        None,
+        description="warmup_room at only those of the warmup's updates where no mixture is predicted to keep "
+        "every constraint (false: as the paper and variant: robust; not with warmup_room).",
+    )
     min_weight: float = Field(
         0.0,
         ge=0,

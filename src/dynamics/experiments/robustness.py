@@ -233,6 +233,10 @@ METHODS: dict[str, dict[str, Any]] = {
     # The default, training the mixture predicted to leave the constraints the most room at the
     # dense warmup's updates (probes shorter than the longest).
     "robust_warmup_room": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "target_floor": 0.02, "warmup_room": True},
+    # The same at only the warmup's updates where no mixture is predicted feasible.
+    "robust_warmup_fallback": {
+        **EXPECTED_ROBUST, "answer_tolerance": 0.5, "target_floor": 0.02, "warmup_fallback": True,
+    },
     # Half an answer of tolerance, and the non-target data where no mixture is predicted feasible.
     "robust_tolerance_fallback": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "general_fallback": 1.0},
     # Both floors and backtracking, returning only after two main evaluations in a row show
