@@ -211,10 +211,9 @@ class DynamicsPolicy:
 
     def state_dict(self) -> dict[str, Any]:
         """The calibrations' sums and the last prediction (what the next update learns from)."""
+        by_dataset = self._dataset_calibration
         return {
-            "dataset_calibration": None
-            if self._dataset_calibration is None
-            else self._dataset_calibration.state_dict(),
+            "dataset_calibration": None if by_dataset is None else by_dataset.state_dict(),
             "calibration": None if self._calibration is None else self._calibration.state_dict(),
             "last_prediction": None
             if self._last_prediction is None
@@ -281,8 +280,7 @@ class DynamicsPolicy:
             # than the point it started from: solve_direct), and the verdict can flip under
             # rounding while the answer stays where it is, so it does not decide the mixture.
             decision["solver_failure"] = direct.message
-        room = self.options.warmup_room or (self.options.warmup_fallback and not choice.feasible)
-        if room and context.probe_budget < max(self.schedule.probe_budgets):
+        if self._warmup_room(context, choice.feasible):
             weights, decision["warmup_answer"] = warmup_room(robust, weights, target_datasets)
         if self.options.general_fallback > 0:
             z = self.options.general_fallback
@@ -310,6 +308,11 @@ class DynamicsPolicy:
         self._last_prediction = (replace(robust, problem=nominal).predicted_losses(weights), context.horizon)
         extra["robust"] = {**self.options.to_dict(), **choice.to_dict(), **decision}
         return _update_record(self.name, context, nominal, solution, probe_seconds, extra)
+
+    def _warmup_room(self, context: UpdateContext, feasible: bool) -> bool:
+        """Whether a warmup update (probes shorter than the longest) trains the warmup's room."""
+        room = self.options.warmup_room or (self.options.warmup_fallback and not feasible)
+        return room and context.probe_budget < max(self.schedule.probe_budgets)
 
     def _calibrated(self, context: UpdateContext, nominal: MixtureProblem, extra: dict) -> MixtureProblem:
         """``nominal`` shifted by the per-step bias past updates' misses show (``calibration``)."""
