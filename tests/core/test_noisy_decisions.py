@@ -704,7 +704,7 @@ def test_where_nothing_is_feasible_noise_does_not_bet_the_mixture_on_target_data
     assert guarded_end[1] < plain_end[1]
 
 
-@pytest.mark.parametrize("seed", [0, 1])  # seeds whose noise makes a warmup update bet on target data
+@pytest.mark.parametrize("seed", range(6))  # on each, the noise makes a warmup update bet on target data
 def test_the_warmup_holds_target_data_at_its_floor_and_trains_room_for_the_constraints(seed: int):
     plain, plain_end = harm_run(VARIANTS["robust"], seed)
     warmup = [u.step for u in plain.updates if u.probe_budget < 16]
