@@ -31,6 +31,7 @@ from dynamics.core.decisions import (
     general_fallback,
     keep_target_share,
     slope_standard_errors,
+    warmup_room,
 )
 from dynamics.core.learner import DomainKind, Evaluation
 from dynamics.core.options import VARIANTS, RobustOptions
@@ -38,7 +39,7 @@ from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.probes import PerturbedEvaluations, ProbeRuns, probe_datasets, probe_in_turn
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
 from dynamics.core.resolution import at_resolution, with_answer_tolerance
-from dynamics.core.robust import RobustProblem, select_robust, solve_direct, warmup_room
+from dynamics.core.robust import RobustProblem, select_robust, solve_direct
 from dynamics.core.schedules import build_schedule
 from dynamics.core.solver import grid_candidates
 from tests.core.toy_learner import ToyLearner

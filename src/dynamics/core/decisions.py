@@ -15,6 +15,8 @@
 - :func:`general_fallback`: where no mixture is predicted to keep every constraint, train
   the non-target datasets' least-violating mixture unless target data is predicted to
   violate less by more than noise.
+- :func:`warmup_room`: the dense warmup's mixture, target data held at its least weight and
+  the non-target data predicted to leave the constraints the most room.
 - :func:`target_floor`: a least weight for each target dataset (and, with ``general``, for
   every other one while there are constraints), given way where the floors alone stand
   between the mixture and the constraints; :func:`past_floor_deadline`: whether an update
@@ -33,7 +35,7 @@ import numpy as np
 from dynamics.core.learner import DomainKind
 from dynamics.core.policy_interface import UpdateContext
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
-from dynamics.core.robust import RobustProblem, most_feasible, solve_direct
+from dynamics.core.robust import RobustProblem, held_at_floor, most_feasible, solve_direct
 
 
 def slope_standard_errors(
@@ -442,19 +444,13 @@ def general_fallback(
     general = [j for j in range(rp.problem.num_datasets) if j not in targets]
     if not targets or not general or rp.max_violation(weights) <= FEASIBILITY_TOL or weights[targets].sum() <= 0:
         return weights, None
-    least = rp.least_weights if rp.least_weights is not None else np.full(rp.problem.num_datasets, rp.problem.min_weight)
-    if np.any(least[targets] > 0):
+    if np.any(rp.floor_weights[targets] > 0):
         raise ValueError(
             "general_fallback trains no target data where no mixture is predicted feasible, and a least weight "
             "holds target data in every mixture: set method.general_fallback: 0, or method.min_weight and "
             "method.target_floor to 0"
         )
-    restricted = replace(
-        rp,
-        problem=replace(rp.problem, slopes=rp.problem.slopes[:, general]),
-        slope_errors=rp.slope_errors[:, general],
-        least_weights=None if rp.least_weights is None else least[general],
-    )
+    restricted, _ = held_at_floor(rp, targets)  # target data at 0, checked above
     alternative = np.zeros_like(weights)
     alternative[general] = solve_direct(restricted).weights
     pessimistic = rp.violations(weights) + z * rp.prediction_errors(weights - alternative)
@@ -466,3 +462,29 @@ def general_fallback(
         "pessimistic_violation": float(max(pessimistic.max(), 0.0)),
     }
     return (weights if kept else alternative), record
+
+
+def warmup_room(
+    rp: RobustProblem, answer: np.ndarray, target_datasets: Sequence[int]
+) -> tuple[np.ndarray, list[float] | None]:
+    """Every target dataset at its least weight (its floor; 0 without one) and the rest of
+    the mixture the non-target datasets' mixture predicted to leave the constraints the
+    most room (:func:`most_feasible`), with the solver's ``answer`` it replaces, for the
+    record; ``answer`` itself and None for a problem without a constraint, without target
+    data or without non-target data.
+
+    At a dense warmup's first updates the probes are one to a few steps long, too short to
+    tell which dataset harms a constraint, and the solver's answer is then a bet, on target
+    data as often as not; target data trained on a bet stays trained, and it is the data
+    the constraints guard against. The held target weights' predicted change is counted in
+    (linearly), so the room is that of the whole mixture (:func:`dynamics.core.robust.held_at_floor`)."""
+    problem = rp.problem
+    targets = [int(j) for j in target_datasets]
+    general = [j for j in range(problem.num_datasets) if j not in targets]
+    if not problem.constraints or not targets or not general:
+        return answer, None
+    restricted, held = held_at_floor(rp, targets)
+    weights = np.zeros(problem.num_datasets)
+    weights[targets] = held
+    weights[general] = (1.0 - float(held.sum())) * most_feasible(restricted)
+    return weights, [float(x) for x in answer]

@@ -28,6 +28,7 @@ from dynamics.core.decisions import (
     past_floor_deadline,
     slope_standard_errors,
     target_floor,
+    warmup_room,
 )
 from dynamics.core.learner import AlignmentLearner, Diverged, Learner
 from dynamics.core.options import RobustOptions
@@ -41,7 +42,6 @@ from dynamics.core.robust import (
     RobustProblem,
     select_robust,
     solve_direct,
-    warmup_room,
 )
 from dynamics.core.schedules import UpdateSchedule, build_schedule
 from dynamics.core.solver import Solution, grid_candidates, solution_of, solve

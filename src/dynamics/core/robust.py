@@ -7,8 +7,7 @@
 - :func:`solve_direct`: the directly solved constrained optimum (``lp_candidate``); an LP
   without noise terms, a second-order-cone program solved by SLSQP with them.
 - :func:`select_robust`: which of the grid's candidates and the direct one an update keeps.
-- :func:`warmup_room`: the dense warmup's mixture, target data held at its least weight and
-  the non-target data predicted to leave the constraints the most room.
+- :func:`held_at_floor`: the problem over some datasets, the others fixed at their floors.
 """
 
 from __future__ import annotations
@@ -123,11 +122,16 @@ class RobustProblem:
             raise ValueError(f"probe_budget must be >= 1, got {self.probe_budget}")
 
     @property
+    def floor_weights(self) -> np.ndarray:
+        """Each dataset's least weight: ``least_weights``, or the problem's ``min_weight``."""
+        if self.least_weights is None:
+            return np.full(self.problem.num_datasets, self.problem.min_weight)
+        return self.least_weights
+
+    @property
     def bounds(self) -> list[tuple[float, float]]:
         """Each weight's bounds for a solver: [its least weight, 1]."""
-        if self.least_weights is None:
-            return [(self.problem.min_weight, 1.0)] * self.problem.num_datasets
-        return [(float(least), 1.0) for least in self.least_weights]
+        return [(float(least), 1.0) for least in self.floor_weights]
 
     def mixture(self, w: np.ndarray) -> np.ndarray:
         """A solver's answer made an exact mixture: on the simplex, every weight at or above
@@ -452,40 +456,27 @@ def select_robust(rp: RobustProblem, grid_weights: Sequence[np.ndarray], direct:
     return RobustChoice(w, index, source, violation <= FEASIBILITY_TOL, violation, objective)
 
 
-def warmup_room(
-    rp: RobustProblem, answer: np.ndarray, target_datasets: Sequence[int]
-) -> tuple[np.ndarray, list[float] | None]:
-    """Every target dataset at its least weight (its floor; 0 without one) and the rest of
-    the mixture the non-target datasets' mixture predicted to leave the constraints the
-    most room (:func:`most_feasible`), with the solver's ``answer`` it replaces, for the
-    record; ``answer`` itself and None for a problem without a constraint, without target
-    data or without non-target data.
 
-    At a dense warmup's first updates the probes are one to a few steps long, too short to
-    tell which dataset harms a constraint, and the solver's answer is then a bet, on target
-    data as often as not; target data trained on a bet stays trained, and it is the data
-    the constraints guard against. The held target weights' predicted change is counted in
-    (linearly), so the room is that of the whole mixture."""
+def held_at_floor(rp: RobustProblem, held: Sequence[int]) -> tuple[RobustProblem, np.ndarray]:
+    """``rp`` over the datasets not in ``held``, each of ``held`` fixed at its least weight
+    (its floor; 0 without one), and those fixed weights. The fixed weights' predicted change
+    is added to the current losses (linearly), the horizon is the share of it the other
+    datasets train, and their least weights become shares of that: a mixture ``w`` of the
+    returned problem is the mixture ``(1 - sum(fixed)) w`` of ``rp``'s free datasets."""
     problem = rp.problem
-    targets = [int(j) for j in target_datasets]
-    general = [j for j in range(problem.num_datasets) if j not in targets]
-    if not problem.constraints or not targets or not general:
-        return answer, None
-    least = rp.least_weights if rp.least_weights is not None else np.full(problem.num_datasets, problem.min_weight)
-    held = np.asarray(least, dtype=float)[targets]
-    rest = 1.0 - float(held.sum())
+    held = [int(j) for j in held]
+    free = [j for j in range(problem.num_datasets) if j not in held]
+    fixed = rp.floor_weights[held]
+    rest = 1.0 - float(fixed.sum())
     restricted = replace(
         rp,
         problem=replace(
             problem,
-            slopes=problem.slopes[:, general],
-            current_losses=problem.current_losses + problem.horizon * (problem.slopes[:, targets] @ held),
+            slopes=problem.slopes[:, free],
+            current_losses=problem.current_losses + problem.horizon * (problem.slopes[:, held] @ fixed),
             horizon=problem.horizon * rest,
         ),
-        slope_errors=rp.slope_errors[:, general],
-        least_weights=None if rp.least_weights is None else np.asarray(least, dtype=float)[general] / rest,
+        slope_errors=rp.slope_errors[:, free],
+        least_weights=None if rp.least_weights is None else rp.least_weights[free] / rest,
     )
-    weights = np.zeros(problem.num_datasets)
-    weights[targets] = held
-    weights[general] = rest * most_feasible(restricted)
-    return weights, [float(x) for x in answer]
+    return restricted, fixed

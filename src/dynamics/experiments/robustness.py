@@ -150,6 +150,10 @@ EXPECTED_ROBUST: dict[str, Any] = {"variant": "robust", "expected_accuracy": Tru
 """The robust variant with accuracy slopes read from the probability of the correct choice,
 without the tolerance and the floor: the setting the pair was measured against, pinned so
 that its labels keep their meaning."""
+TOLERANCE_FLOOR: dict[str, Any] = {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "target_floor": 0.02}
+"""The default's settings written out (half an answer of tolerance and the floor on target
+data on top of ``EXPECTED_ROBUST``), so that the options measured against it name only what
+they add."""
 
 METHODS: dict[str, dict[str, Any]] = {
     "paper": {"variant": "paper"},
@@ -229,14 +233,12 @@ METHODS: dict[str, dict[str, Any]] = {
     # The default, with a predicted loss of less than half an answer read as none.
     "robust_answer_tolerance": {**EXPECTED_ROBUST, "answer_tolerance": 0.5},
     # Both: half an answer of tolerance, and the floor on target data that gives way.
-    "robust_tolerance_floor": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "target_floor": 0.02},
+    "robust_tolerance_floor": TOLERANCE_FLOOR,
     # The default, training the mixture predicted to leave the constraints the most room at the
     # dense warmup's updates (probes shorter than the longest).
-    "robust_warmup_room": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "target_floor": 0.02, "warmup_room": True},
+    "robust_warmup_room": {**TOLERANCE_FLOOR, "warmup_room": True},
     # The same at only the warmup's updates where no mixture is predicted feasible.
-    "robust_warmup_fallback": {
-        **EXPECTED_ROBUST, "answer_tolerance": 0.5, "target_floor": 0.02, "warmup_fallback": True,
-    },
+    "robust_warmup_fallback": {**TOLERANCE_FLOOR, "warmup_fallback": True},
     # Half an answer of tolerance, and the non-target data where no mixture is predicted feasible.
     "robust_tolerance_fallback": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "general_fallback": 1.0},
     # Both floors and backtracking, returning only after two main evaluations in a row show
