@@ -112,11 +112,11 @@ def test_four_targets_trains_each_arithmetic_operation_as_its_own_target(tmp_pat
     monkeypatch.setitem(SCENARIOS, "four_targets", replace(SCENARIOS["four_targets"], target_budget=2))
     out = tmp_path / "beyond"
     logged: list[str] = []
-    measure(out, ["four_targets"], [0], ["paper"], fixed=False, base_folder=base, settings=SMALL, jobs=2, log=logged.append)
+    measure(out, ["four_targets"], [0], ["paper"], fixed=False, base_folder=base, settings=SMALL, log=logged.append)
     assert logged == ["four_targets seed 0 paper"]
     # Measured again: every run finished, nothing to train.
     logged.clear()
-    measure(out, ["four_targets"], [0], ["paper"], fixed=False, base_folder=base, settings=SMALL, jobs=2, log=logged.append)
+    measure(out, ["four_targets"], [0], ["paper"], fixed=False, base_folder=base, settings=SMALL, log=logged.append)
     assert logged == []
 
     # The three operation files partition the demo's arithmetic problems by operator.
