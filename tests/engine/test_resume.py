@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -105,16 +106,27 @@ def reference(tmp_path_factory) -> tuple[Path, dict, float]:
     return base, files, remaining
 
 
-@pytest.mark.parametrize(
-    "kill",
-    [("probe", 5), ("probe", 11), ("evaluate", 3), ("train", 6), ("save", 2), ("swap", 3)],
-    ids=lambda k: f"{k[0]}-{k[1]}",
-)
-def test_a_killed_run_resumes_to_the_same_files(reference, kill):
-    base, expected, _ = reference
-    out = base / f"killed-{kill[0]}-{kill[1]}"
-    config = base / "config.yaml"
-    killed = cli("run", str(config), "--out", str(out), "--no-progress", kill=kill)
+KILL_POINTS = [("probe", 5), ("probe", 11), ("evaluate", 3), ("train", 6), ("save", 2), ("swap", 3)]
+
+
+@pytest.fixture(scope="module")
+def killed_runs(reference) -> dict[tuple[str, int], tuple[Path, subprocess.CompletedProcess]]:
+    """The reference config killed at each point of KILL_POINTS: two runs at a time (one
+    thread each, in their own folders), after the reference, which times itself alone."""
+    base = reference[0]
+
+    def killed(kill: tuple[str, int]) -> tuple[Path, subprocess.CompletedProcess]:
+        out = base / f"killed-{kill[0]}-{kill[1]}"
+        return out, cli("run", str(base / "config.yaml"), "--out", str(out), "--no-progress", kill=kill)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(KILL_POINTS, pool.map(killed, KILL_POINTS), strict=True))
+
+
+@pytest.mark.parametrize("kill", KILL_POINTS, ids=lambda k: f"{k[0]}-{k[1]}")
+def test_a_killed_run_resumes_to_the_same_files(reference, killed_runs, kill):
+    _, expected, _ = reference
+    out, killed = killed_runs[kill]
     assert killed.returncode == -9, killed.stderr  # really killed, mid-run
     assert not (out / "summary.json").exists()
     assert run_state.find_resume_point(out) is not None
