@@ -52,6 +52,23 @@ def test_schedules_are_well_formed(total, preset, cap):
     assert all(1 <= c <= h for c, h in zip(schedule.probe_budgets, schedule.horizons, strict=True))
 
 
+def test_probe_min_lengthens_only_the_shorter_probes():
+    # The dense warmup at 256 steps: its first updates decide 1, 1, 2 and 4 steps, probed
+    # over 8; the later probes, already 8 or longer, keep their budgets.
+    schedule = build_schedule("dense-warmup", 256, probe_min=8)
+    assert schedule.horizons == (1, 1, 2, 4, 8, 16, 32, 64, 128)
+    assert schedule.probe_budgets == (8, 8, 8, 8, 8, 16, 16, 16, 16)
+    assert schedule.probe_min == 8
+    assert build_schedule([0, 3, 50], 100, probe_cap=20, probe_min=5).probe_budgets == (5, 20, 20)
+    assert build_schedule("dense-warmup", 256).probe_budgets == (1, 1, 2, 4, 8, 16, 16, 16, 16)
+
+
+@pytest.mark.parametrize("probe_min", [0, 17, True, 2.5])
+def test_probe_min_outside_one_to_the_cap_is_refused(probe_min):
+    with pytest.raises(ScheduleError, match=r"probe_min must be a whole number of steps from 1 to probe_cap \(16\)"):
+        build_schedule("dense-warmup", 256, probe_min=probe_min)
+
+
 def test_user_list():
     schedule = build_schedule([0, 10, 50], 100, probe_cap=20)
     assert schedule.horizons == (10, 40, 50)

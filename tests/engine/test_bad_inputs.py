@@ -175,6 +175,7 @@ CASES = [
     Case("schedule-empty", setting("method.schedule", []), ("method.schedule", "empty list", "dense-warmup")),
     Case("schedule-unknown-name", setting("method.schedule", "dense"), ("method.schedule", "unknown schedule", "dense-warmup")),
     Case("probe-cap-zero", setting("method.probe_cap", 0), ("method.probe_cap", "greater than or equal to 1")),
+    Case("probe-min-above-cap", setting("method.probe_min", 10_000), ("method.probe_min", "from 1 to probe_cap")),
     Case("gain-exponent-zero", setting("method.gain_exponent", 0.0), ("method.gain_exponent", "greater than 0")),
     Case("gain-exponent-above-one", setting("method.gain_exponent", 1.5), ("method.gain_exponent", "less than or equal to 1")),
     Case("full-step-z-negative", setting("method.full_step_z", -1.0), ("method.full_step_z", "greater than or equal to 0")),

@@ -190,7 +190,7 @@ def test_every_setting_the_protocol_measures_is_a_valid_method_config():
         method = RunConfig.from_dict(config).method
         options = method.robust_options()
         for key, value in settings.items():
-            if key in ("variant", "schedule", "probe_cap", "min_weight", "backtrack", "backtrack_patience"):
+            if key in ("variant", "schedule", "probe_cap", "probe_min", "min_weight", "backtrack", "backtrack_patience"):
                 assert getattr(method, key) == value, (label, key)
             else:
                 assert getattr(options, key) == value, (label, key)

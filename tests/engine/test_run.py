@@ -460,3 +460,22 @@ def test_the_running_best_checkpoint_puts_those_clearing_the_margin_first():
     assert plain.update(edge, history) and not plain.update(clear, history)
     assert margin.update(edge, history) and margin.update(clear, history)
     assert plain.record is edge and margin.record is clear
+
+
+def test_probe_min_lengthens_the_probes_of_short_updates(tokenizer_dir, tmp_path, monkeypatch):
+    # Updates at steps 0, 2 and 4 decide 2, 2 and 4 steps; with probe_min 3 every dataset's
+    # probe trains 3, 3 and 4 steps, and each update's record says so.
+    from dynamics.engine.learner import HFLearner
+
+    probed: list[int] = []
+    original = HFLearner.probe
+
+    def counted(self, steps, dataset):
+        probed.append(steps)
+        return original(self, steps, dataset)
+
+    monkeypatch.setattr(HFLearner, "probe", counted)
+    run(RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "run", probe_cap=4, probe_min=3)), progress=False)
+    records = read_run(tmp_path / "run")
+    assert [(u["horizon"], u["probe_budget"]) for u in records.updates] == [(2, 3), (2, 3), (4, 4)]
+    assert probed == [3, 3, 3, 3, 4, 4]  # two datasets at each update

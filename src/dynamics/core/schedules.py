@@ -37,8 +37,10 @@ class ScheduleError(ValueError):
 class UpdateSchedule:
     """Update steps U with their horizons and probe budgets.
 
-    ``probe_budgets[k] = min(H_k, probe_cap)`` for geometric and user schedules, and
-    ``H`` for fixed-interval schedules (appendix I: c_t = H_t = H).
+    ``probe_budgets[k] = max(min(H_k, probe_cap), probe_min)`` for geometric and user
+    schedules, and ``H`` for fixed-interval schedules (appendix I: c_t = H_t = H). A probe
+    longer than its update's horizon measures its slopes over more steps than the update
+    decides; it is rolled back as every probe is.
     """
 
     name: str
@@ -46,6 +48,7 @@ class UpdateSchedule:
     steps: tuple[int, ...]
     horizons: tuple[int, ...]
     probe_budgets: tuple[int, ...]
+    probe_min: int = 1
 
     def horizon(self, step: int) -> int:
         return self.horizons[self._index(step)]
@@ -85,26 +88,33 @@ def _horizons(steps: Sequence[int], total_steps: int) -> tuple[int, ...]:
 
 
 def build_schedule(
-    spec: str | Sequence[int], total_steps: int, probe_cap: int | None = None
+    spec: str | Sequence[int], total_steps: int, probe_cap: int | None = None, probe_min: int = 1
 ) -> UpdateSchedule:
     """Build the schedule named by ``spec`` for a run of ``total_steps`` steps.
 
-    ``probe_cap`` is c_max; None means the paper's 128 scaled to the run length. It is
-    ignored by ``fixed:H`` schedules, whose probe budget is always H.
+    ``probe_cap`` is c_max; None means the paper's 128 scaled to the run length.
+    ``probe_min`` is the fewest steps a probe trains (1: the paper's budgets, each update's
+    horizon up to c_max): a dense warmup's first updates decide one or two steps each, and
+    ``probe_min`` lets their probes measure more steps than that. Both are ignored by
+    ``fixed:H`` schedules, whose probe budget is always H.
     """
     if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
         raise ScheduleError(f"total_steps must be a positive integer, got {total_steps!r}")
     if probe_cap is not None and (isinstance(probe_cap, bool) or not isinstance(probe_cap, int) or probe_cap < 1):
         raise ScheduleError(f"probe_cap must be a positive integer (c_max), got {probe_cap!r}")
     cap = scaled_probe_cap(total_steps) if probe_cap is None else probe_cap
+    if isinstance(probe_min, bool) or not isinstance(probe_min, int) or not 1 <= probe_min <= cap:
+        raise ScheduleError(f"probe_min must be a whole number of steps from 1 to probe_cap ({cap}), got {probe_min!r}")
+
+    def budgets_of(horizons: Sequence[int]) -> tuple[int, ...]:
+        return tuple(max(min(h, cap), probe_min) for h in horizons)
 
     if isinstance(spec, str):
         text = spec.strip()
         if text in PRESETS:
             steps = scale_steps(PRESETS[text], total_steps)
             horizons = _horizons(steps, total_steps)
-            budgets = tuple(min(h, cap) for h in horizons)
-            return UpdateSchedule(text, total_steps, steps, horizons, budgets)
+            return UpdateSchedule(text, total_steps, steps, horizons, budgets_of(horizons), probe_min)
         if text.startswith("fixed:"):
             value = text.split(":", 1)[1]
             if not value.isdigit() or int(value) < 1:
@@ -135,4 +145,4 @@ def build_schedule(
         raise ScheduleError(f"schedule step {steps_list[-1]} is not before the end of training ({total_steps} steps)")
     steps = tuple(steps_list)
     horizons = _horizons(steps, total_steps)
-    return UpdateSchedule("custom", total_steps, steps, horizons, tuple(min(h, cap) for h in horizons))
+    return UpdateSchedule("custom", total_steps, steps, horizons, budgets_of(horizons), probe_min)

@@ -183,7 +183,7 @@ def build_policy(config: RunConfig, dataset_names: list[str]) -> MixturePolicy:
         assert method.weights is not None  # validated
         weights = np.array([method.weights[name] for name in dataset_names], dtype=float)
         return FixedWeightsPolicy(weights, total_steps=total_steps, label="fixed")
-    schedule = build_schedule(method.schedule, total_steps, method.probe_cap)
+    schedule = build_schedule(method.schedule, total_steps, method.probe_cap, method.probe_min)
     if method.name == "gradient-alignment":
         return GradientAlignmentPolicy(
             schedule, num_batches=method.alignment_batches, grid=grid, min_weight=method.min_weight

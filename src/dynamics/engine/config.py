@@ -262,9 +262,12 @@ class RunConfig(ConfigSection):
             raise ValueError("datasets: at least one dataset needs role 'target'")
         training_names = [d.name for d in self.datasets if d.role != "constraint"]
         try:
-            build_schedule(self.method.schedule, self.training.total_steps, self.method.probe_cap)
+            build_schedule(
+                self.method.schedule, self.training.total_steps, self.method.probe_cap, self.method.probe_min
+            )
         except ScheduleError as err:
-            raise ValueError(f"method.schedule: {err}") from None
+            field = "method.probe_min" if str(err).startswith("probe_min") else "method.schedule"
+            raise ValueError(f"{field}: {err}") from None
         floor, num_trained = self.method.min_weight, len(training_names)
         if floor * num_trained > 1.0 + 1e-12:
             raise ValueError(

@@ -41,6 +41,13 @@ class MethodConfig(ConfigSection):
     probe_cap: int | None = Field(
         None, ge=1, description="c_max; default 128 scaled by total_steps / 2048."
     )
+    probe_min: int = Field(
+        1,
+        ge=1,
+        description="The fewest steps a probe trains (at most c_max; 1: each probe as long as its update's "
+        "horizon, up to c_max, as the paper does). Longer probes measure a dense warmup's first updates over "
+        "more steps than they decide.",
+    )
     predictor: Literal["linear", "curve"] = Field("linear", description="Loss predictor (curve: appendix J).")
     grid: GridConfig = Field(default_factory=GridConfig, description="The (lambda, eps) solver grid.")
     weights: dict[str, float] | None = Field(

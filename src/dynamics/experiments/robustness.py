@@ -239,6 +239,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "robust_warmup_room": {**TOLERANCE_FLOOR, "warmup_room": True},
     # The same at only the warmup's updates where no mixture is predicted feasible.
     "robust_warmup_fallback": {**TOLERANCE_FLOOR, "warmup_fallback": True},
+    # The default with every probe at least 8 steps long: the dense warmup's first updates
+    # still decide 1 to 4 steps each, from slopes measured over 8.
+    "robust_probe_min_8": {**TOLERANCE_FLOOR, "probe_min": 8},
     # Half an answer of tolerance, and the non-target data where no mixture is predicted feasible.
     "robust_tolerance_fallback": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "general_fallback": 1.0},
     # Both floors and backtracking, returning only after two main evaluations in a row show

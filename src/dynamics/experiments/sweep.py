@@ -39,7 +39,7 @@ SWEEP_FILE = "sweep.json"
 """Written into the sweep's output folder: the plan and what became of every run."""
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-INHERITED_METHOD_FIELDS = ("probe_cap", "grid", "alignment_batches")
+INHERITED_METHOD_FIELDS = ("probe_cap", "probe_min", "grid", "alignment_batches")
 """The fields of a base config's ``method`` that every method of the sweep keeps."""
 
 
