@@ -186,6 +186,10 @@ def test_cli_options_change_the_cost(run_cli) -> None:
     assert relative("--schedule", "fixed:256", "--predictor", "curve") > base
     assert relative("--schedule", "fixed:256", "--train-fwd-ratio", "2") < base
     assert relative("--schedule", "0,64,512", "--steps", "1024", "--probe-cap", "32") > 1
+    dense = ("--schedule", "dense-warmup", "--steps", "256")
+    assert relative(*dense, "--probe-min", "8") > relative(*dense) > 1
+    code, _, err = run_cli("--scenario", "paper/s11", *dense, "--probe-min", "32")
+    assert code == 2 and "probe_min must be a whole number of steps from 1 to probe_cap (16)" in err
 
 
 def test_cli_paper_tables(run_cli) -> None:

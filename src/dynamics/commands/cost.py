@@ -50,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="c_max, probe steps per dataset (default 128 scaled to --steps)",
     )
     parser.add_argument(
+        "--probe-min",
+        type=int,
+        default=None,
+        help="the fewest steps a probe trains (method.probe_min; default 1)",
+    )
+    parser.add_argument(
         "--train-fwd-ratio",
         type=float,
         default=DEFAULT_TRAIN_FWD_RATIO,
@@ -167,7 +173,7 @@ def _schedule(args: argparse.Namespace) -> UpdateSchedule:
                 f"--schedule {text!r}: a list of steps must be integers separated by commas"
             ) from None
     try:
-        return build_schedule(spec, steps, args.probe_cap)
+        return build_schedule(spec, steps, args.probe_cap, 1 if args.probe_min is None else args.probe_min)
     except ScheduleError as err:
         raise UsageError(f"--schedule: {err}") from None
 
@@ -186,6 +192,7 @@ def _paper_tables(args: argparse.Namespace) -> int:
         "--schedule": args.schedule,
         "--steps": args.steps,
         "--probe-cap": args.probe_cap,
+        "--probe-min": args.probe_min,
         "--predictor": args.predictor,
     }
     for option, value in options.items():
