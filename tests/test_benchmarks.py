@@ -86,6 +86,15 @@ def test_the_gpu_check_runs_only_the_sections_it_is_asked_for():
     assert done.returncode == 2 and "unknown section 'qlroa'" in done.stderr and not done.stdout
 
 
+@pytest.fixture
+def run_overhead(monkeypatch):
+    """benchmarks/run_overhead.py as a module of this process."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import run_overhead
+
+    return run_overhead
+
+
 PAPER_TOY = ["benchmarks/run_overhead.py", "--paper-shape", "--scale", "0.005", "--seq", "32", "--batch", "1"]
 
 
@@ -121,12 +130,9 @@ def test_the_paper_shape_cost_is_the_cost_models_on_the_measured_unit_costs(gpu_
     assert predicted["paper_relative_cost"] == 1.7
 
 
-def test_the_paper_shape_reports_nothing_it_did_not_measure(monkeypatch, capsys):
+def test_the_paper_shape_reports_nothing_it_did_not_measure(run_overhead, monkeypatch, capsys):
     """With no time, nothing runs: every unit and every prediction that needs one is null,
     with the reason (the script's main in this process: nothing trains, nothing to isolate)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import run_overhead
-
     monkeypatch.setattr(sys, "argv", [*PAPER_TOY, "--seconds", "0"])
     run_overhead.main()
     result = json.loads(capsys.readouterr().out)
@@ -139,12 +145,9 @@ def test_the_paper_shape_reports_nothing_it_did_not_measure(monkeypatch, capsys)
     assert predicted["all_measured_units"] is None and "train_step" in predicted["reason_all_measured_units"]
 
 
-def test_the_four_unit_prediction_is_the_cost_model_when_units_follow_its_assumptions():
+def test_the_four_unit_prediction_is_the_cost_model_when_units_follow_its_assumptions(run_overhead):
     """A probe step costing a training step and a reduced evaluation 50/200 of a main one:
     the four-unit formula gives cost.py's relative cost (here with C_bp = 3 C_fwd)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import run_overhead
-
     n, m = 3, 4
     units = {"train_step": 3.0, "main_evaluation": m * 200.0, "probe_step": 3.0, "reduced_evaluation": m * 50.0}
     predicted = run_overhead.predictions(units, n, m)
