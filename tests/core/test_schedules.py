@@ -90,14 +90,20 @@ def test_user_list():
     ],
 )
 def test_invalid_schedules_have_clear_errors(spec, total, message):
-    with pytest.raises(ScheduleError, match=message):
+    with pytest.raises(ScheduleError, match=message) as error:
         build_schedule(spec, total)
+    assert error.value.argument == "spec"
 
 
 def test_invalid_lengths_and_caps():
-    with pytest.raises(ScheduleError, match="total_steps"):
-        build_schedule("no-warmup", 0)
-    with pytest.raises(ScheduleError, match="probe_cap"):
-        build_schedule("no-warmup", 100, probe_cap=0)
+    # Each error names the argument that is wrong, for a caller to name its own field.
+    for kwargs, argument in (
+        ({"total_steps": 0}, "total_steps"),
+        ({"total_steps": 100, "probe_cap": 0}, "probe_cap"),
+        ({"total_steps": 100, "probe_cap": 4, "probe_min": 5}, "probe_min"),
+    ):
+        with pytest.raises(ScheduleError, match=argument) as error:
+            build_schedule("no-warmup", **kwargs)
+        assert error.value.argument == argument
     with pytest.raises(KeyError, match="not an update step"):
         build_schedule("no-warmup", 2048).horizon(5)

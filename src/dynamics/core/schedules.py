@@ -30,7 +30,12 @@ SCHEDULE_HELP = (
 
 
 class ScheduleError(ValueError):
-    """An update schedule that cannot be used; the message says how to fix it."""
+    """An update schedule that cannot be used; the message says how to fix it, and
+    ``argument`` names the argument of :func:`build_schedule` that is wrong."""
+
+    def __init__(self, message: str, argument: str = "spec") -> None:
+        super().__init__(message)
+        self.argument = argument
 
 
 @dataclass(frozen=True)
@@ -99,12 +104,14 @@ def build_schedule(
     ``fixed:H`` schedules, whose probe budget is always H.
     """
     if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-        raise ScheduleError(f"total_steps must be a positive integer, got {total_steps!r}")
+        raise ScheduleError(f"total_steps must be a positive integer, got {total_steps!r}", "total_steps")
     if probe_cap is not None and (isinstance(probe_cap, bool) or not isinstance(probe_cap, int) or probe_cap < 1):
-        raise ScheduleError(f"probe_cap must be a positive integer (c_max), got {probe_cap!r}")
+        raise ScheduleError(f"probe_cap must be a positive integer (c_max), got {probe_cap!r}", "probe_cap")
     cap = scaled_probe_cap(total_steps) if probe_cap is None else probe_cap
     if isinstance(probe_min, bool) or not isinstance(probe_min, int) or not 1 <= probe_min <= cap:
-        raise ScheduleError(f"probe_min must be a whole number of steps from 1 to probe_cap ({cap}), got {probe_min!r}")
+        raise ScheduleError(
+            f"probe_min must be a whole number of steps from 1 to probe_cap ({cap}), got {probe_min!r}", "probe_min"
+        )
 
     def budgets_of(horizons: Sequence[int]) -> tuple[int, ...]:
         return tuple(max(min(h, cap), probe_min) for h in horizons)

@@ -26,6 +26,14 @@ from dynamics.engine.config_text import apply_overrides, format_validation_error
 from dynamics.engine.dataset_config import DatasetConfig
 from dynamics.engine.method_config import MethodConfig
 
+# The config field behind each argument of build_schedule, for its errors.
+SCHEDULE_FIELDS = {
+    "spec": "method.schedule",
+    "total_steps": "training.total_steps",
+    "probe_cap": "method.probe_cap",
+    "probe_min": "method.probe_min",
+}
+
 
 class QuantizationConfig(ConfigSection):
     bits: Literal[4, 8] = Field(
@@ -266,8 +274,7 @@ class RunConfig(ConfigSection):
                 self.method.schedule, self.training.total_steps, self.method.probe_cap, self.method.probe_min
             )
         except ScheduleError as err:
-            field = "method.probe_min" if str(err).startswith("probe_min") else "method.schedule"
-            raise ValueError(f"{field}: {err}") from None
+            raise ValueError(f"{SCHEDULE_FIELDS[err.argument]}: {err}") from None
         floor, num_trained = self.method.min_weight, len(training_names)
         if floor * num_trained > 1.0 + 1e-12:
             raise ValueError(
