@@ -15,6 +15,7 @@ import pytest
 
 from dynamics.core.cost import CostModel, relative_cost, run_cost
 from dynamics.core.schedules import build_schedule
+from tests.fixtures.preloaded import Child
 
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = ("train_step", "main_evaluation", "probe_step", "reduced_evaluation")
@@ -160,7 +161,9 @@ def test_the_four_unit_prediction_is_the_cost_model_when_units_follow_its_assump
 def test_the_fsdp_resume_check_resumes_a_run_to_the_same_evaluations():
     """benchmarks/fsdp_resume.py, unsharded (accelerate shards only on GPUs): a finished run's
     copy, its summary removed, resumes from its last resume point to the same evaluations."""
-    result = run_json([sys.executable, "benchmarks/fsdp_resume.py", "--no-fsdp"])
+    check = Child("benchmarks/fsdp_resume.py", ["--no-fsdp"])
+    assert check.wait(timeout=900) == 0, check.stderr()[-3000:]
+    result = json.loads(check.stdout())
     assert result["fsdp"] is False
     assert result["resumed_from_step"] == 8 and result["resumed_at"] == [8]
     assert result["evaluations"] == 4  # steps 0, 4, 8, 12

@@ -1,12 +1,10 @@
-"""Two CPU processes (torchrun, gloo, one thread each) follow the same weight trajectory
+"""Two CPU processes (gloo, one thread each) follow the same weight trajectory
 as one process with the same global batch."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ import yaml
 
 from tests.engine.test_run import TINY_LLAMA
 from tests.fixtures.in_process import cli_here
+from tests.fixtures.preloaded import Child
 from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -51,26 +50,19 @@ def config(tokenizer_dir: Path, out: Path, batch_size: int, split_probes: bool =
 def launch(
     tmp_path: Path, name: str, nproc: int, batch_size: int, tokenizer_dir: Path, split_probes: bool = True
 ) -> list[dict]:
+    """The run as one process (this one), or as ``nproc`` processes started one by one as a
+    cluster scheduler or torchrun starts them (the same environment variables)."""
     path = tmp_path / f"{name}.yaml"
     out = tmp_path / name
     path.write_text(yaml.safe_dump(config(tokenizer_dir, out, batch_size, split_probes)))
-    env = {
-        **os.environ,
-        # Two processes with two threads each on two cores run ~40x slower.
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-    }
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-        "-m", "dynamics.cli", "run", str(path), "--no-progress",
-    ]
     if nproc == 1:
         cli_here("run", str(path), "--no-progress")  # the reference, without a launcher
     else:
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert result.stdout.count("run folder:") == 1  # the summary is printed once, not per rank
+        ranks = start_ranks("dynamics.cli", ["run", str(path), "--no-progress"], nproc)
+        for code, rank in zip(finish(ranks, timeout=600), ranks, strict=True):
+            assert code == 0, rank.stderr()[-3000:]
+        # The summary is printed once, by rank 0, not once per rank.
+        assert [rank.stdout().count("run folder:") for rank in ranks] == [1] + [0] * (nproc - 1)
     return [json.loads(line) for line in (out / "controller.jsonl").read_text().splitlines()]
 
 
@@ -126,49 +118,38 @@ def run_two_ranks(config_path: Path, timeout: float = 120) -> list[tuple[int, st
     """``dynamics run`` as two processes started one by one, as a cluster scheduler starts
     them: no launcher stops the other ranks when one exits, so a rank left waiting for a
     collective would wait until the timeout. Returns each rank's exit code and stderr."""
-    return run_ranks(["-m", "dynamics.cli", "run", str(config_path), "--no-progress"], timeout=timeout)
+    return run_ranks("dynamics.cli", ["run", str(config_path), "--no-progress"], timeout=timeout)
 
 
-def run_ranks(args: list[str], nproc: int = 2, timeout: float = 120) -> list[tuple[int, str]]:
-    """``python ARGS`` as ``nproc`` processes started one by one (see :func:`run_two_ranks`),
-    with one thread each; returns each rank's exit code and stderr, or fails the test when a
-    rank is still running after ``timeout`` seconds."""
-    root = Path(__file__).resolve().parents[2]
+def start_ranks(module: str, args: list[str], nproc: int = 2) -> list[Child]:
+    """``python -m MODULE ARGS`` as ``nproc`` ranks started one by one (see
+    :func:`run_two_ranks`), with one thread each (tests.fixtures.preloaded)."""
     env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        # This checkout's sources, wherever the installed package points.
-        "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)]),
-        "MKL_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
         "WORLD_SIZE": str(nproc),
         "LOCAL_WORLD_SIZE": str(nproc),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
     }
-    command = [sys.executable, *args]
-    processes = [
-        subprocess.Popen(
-            command,
-            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(nproc)
-    ]
-    results = []
-    try:
-        for process in processes:
-            _, err = process.communicate(timeout=timeout)
-            results.append((process.returncode, err))
-    except subprocess.TimeoutExpired:
-        for process in processes:
-            process.kill()
-            process.wait()
+    return [Child(module, args, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in range(nproc)]
+
+
+def finish(ranks: list[Child], timeout: float = 120) -> list[int]:
+    """Each rank's exit code; fails the test when a rank is still running after ``timeout``
+    seconds (it was left waiting for the others)."""
+    deadline = time.monotonic() + timeout
+    codes = [rank.wait(max(0.0, deadline - time.monotonic())) for rank in ranks]
+    if any(code is None for code in codes):
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
         pytest.fail(f"a rank was still running after {timeout} s: it was left waiting for the others")
-    return results
+    return [code for code in codes if code is not None]
+
+
+def run_ranks(module: str, args: list[str], nproc: int = 2, timeout: float = 120) -> list[tuple[int, str]]:
+    """``python -m MODULE ARGS`` as ``nproc`` ranks: each rank's exit code and stderr."""
+    ranks = start_ranks(module, args, nproc)
+    return [(code, rank.stderr()) for code, rank in zip(finish(ranks, timeout), ranks, strict=True)]
 
 
 def refused_everywhere(results: list[tuple[int, str]], *expected: str) -> None:

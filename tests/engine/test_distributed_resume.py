@@ -36,7 +36,7 @@ def resumable(tokenizer_dir: Path, out: Path) -> dict:
 
 
 def ranks(*args: str, kill: tuple[str, int] = ("none", 0)) -> list[tuple[int, str]]:
-    return run_ranks(["-m", "tests.engine.ranks_draw", kill[0], str(kill[1]), *args], timeout=TIMEOUT)
+    return run_ranks("tests.engine.ranks_draw", [kill[0], str(kill[1]), *args], timeout=TIMEOUT)
 
 
 def rank_rng(point: Path, rank: int) -> tuple[torch.Tensor, str]:
@@ -102,5 +102,5 @@ def test_a_resume_under_another_number_of_processes_is_refused_on_every_rank(tmp
         (folder / run_state.LOOP_FILE).write_text(json.dumps(saved))
 
     run_state.write_resume_point(out, 4, write)
-    results = run_ranks(["-m", "dynamics.cli", "run", "--resume", str(out), "--no-progress"], timeout=TIMEOUT)
+    results = run_ranks("dynamics.cli", ["run", "--resume", str(out), "--no-progress"], timeout=TIMEOUT)
     refused_everywhere(results, "was saved by 3 processes but this run has 2", "torchrun --nproc-per-node 3")

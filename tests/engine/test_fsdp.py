@@ -4,9 +4,6 @@ a probe's rollback is exact, and training and evaluation follow one unsharded pr
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +15,11 @@ from transformers import AutoModelForCausalLM
 
 from dynamics.engine.learner import load_snapshot
 from tests.engine import fsdp_script
-from tests.engine.test_distributed import config
+from tests.engine.test_distributed import config, run_ranks
 from tests.fixtures.in_process import one_thread
 from tests.fixtures.tiny_tokenizer import tiny_tokenizer
 
 pytestmark = pytest.mark.slow
-
-SCRIPT = Path(__file__).with_name("fsdp_script.py")
 
 
 def launch(
@@ -37,14 +32,12 @@ def launch(
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / name
     out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(SCRIPT), str(path), str(out)]
     if nproc == 1:
         with one_thread():  # the unsharded reference, without a launcher
             fsdp_script.main(str(path), str(out))
     else:
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
+        for code, err in run_ranks("tests.engine.fsdp_script", [str(path), str(out)], nproc=nproc, timeout=600):
+            assert code == 0, err[-3000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]
 
 

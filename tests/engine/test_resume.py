@@ -1,5 +1,6 @@
 """Crash-safe resume with real processes: a `dynamics run` is SIGKILLed at chosen moments
-(a probe, a main evaluation, a training stretch, a save, the swap of a save), resumed with
+(a probe, a main evaluation, a training stretch, a save, the swap of a save) in a process of
+its own on one thread (tests.fixtures.preloaded), resumed with
 `dynamics run --resume DIR` (in the test's own process, on one thread), and its files
 compared with an uninterrupted run's."""
 
@@ -9,8 +10,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,10 +23,7 @@ from dynamics.cli import main as cli_main
 from dynamics.runs import state as run_state
 from tests.engine.test_run import tiny_config
 from tests.fixtures.in_process import cli_here
-
-ROOT = Path(__file__).resolve().parents[2]
-# One thread everywhere: the reference and the resumed run must reduce in the same order.
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+from tests.fixtures.preloaded import Child
 
 pytestmark = pytest.mark.slow
 
@@ -39,13 +35,15 @@ def resumable_config(tokenizer_dir: Path, out: Path) -> dict:
     return data
 
 
-def cli(*args: str, kill: tuple[str, int] | None = None) -> subprocess.CompletedProcess:
-    command = (
-        [sys.executable, "-m", "tests.engine.kill_run", kill[0], str(kill[1]), *args]
-        if kill
-        else [sys.executable, "-m", "tests.engine.kill_run", "none", "0", *args]
-    )
-    return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+def killed_run(*args: str, kill: tuple[str, int]) -> tuple[int | None, str]:
+    """``dynamics ARGS`` in a process of its own, SIGKILLed at ``kill`` (tests.engine.kill_run):
+    its exit status and stderr."""
+    child = Child("tests.engine.kill_run", [kill[0], str(kill[1]), *args])
+    code = child.wait(timeout=600)
+    if code is None:
+        child.kill()
+        child.wait()
+    return code, child.stderr()
 
 
 def resume_here(run_folder: Path) -> None:
@@ -71,15 +69,14 @@ def comparable(run_folder: Path) -> dict:
     }
 
 
-def _started_until_first_resume_point(base: Path, out: Path) -> tuple[subprocess.Popen, float]:
-    """``dynamics run`` of the reference config in a child process, returned once its first
-    resume point exists, with the time that happened."""
-    command = [sys.executable, "-m", "dynamics.cli", "run", str(base / "config.yaml"), "--out", str(out), "--no-progress"]
-    process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _started_until_first_resume_point(base: Path, out: Path) -> tuple[Child, float]:
+    """``dynamics run`` of the reference config in a process of its own, returned once its
+    first resume point exists, with the time that happened."""
+    child = Child("dynamics.cli", ["run", str(base / "config.yaml"), "--out", str(out), "--no-progress"])
     while not (out / run_state.RESUME_DIR).exists():
-        assert process.poll() is None, "the run ended before its first resume point"
+        assert child.poll() is None, f"the run ended before its first resume point: {child.stderr()[-3000:]}"
         time.sleep(0.01)
-    return process, time.perf_counter()
+    return child, time.perf_counter()
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +91,10 @@ def reference(tmp_path_factory) -> tuple[Path, dict, float]:
     config.write_text(yaml.safe_dump(resumable_config(base / "tokenizer", base / "reference")))
     process, since = _started_until_first_resume_point(base, base / "reference")
     while not (base / "reference" / "summary.json").exists():
-        assert process.poll() is None, "the reference run ended without a summary"
+        assert process.poll() is None, f"the reference run ended without a summary: {process.stderr()[-3000:]}"
         time.sleep(0.01)
     remaining = time.perf_counter() - since
-    assert process.wait(timeout=600) == 0
+    assert process.wait(timeout=600) == 0, process.stderr()[-3000:]
     files = comparable(base / "reference")
     # The run must exercise what a resume restores: a feasible best checkpoint, updates at
     # several resume points, and a backtrack (its margins and the feasible snapshot).
@@ -110,14 +107,14 @@ KILL_POINTS = [("probe", 5), ("probe", 11), ("evaluate", 3), ("train", 6), ("sav
 
 
 @pytest.fixture(scope="module")
-def killed_runs(reference) -> dict[tuple[str, int], tuple[Path, subprocess.CompletedProcess]]:
+def killed_runs(reference) -> dict[tuple[str, int], tuple[Path, tuple[int | None, str]]]:
     """The reference config killed at each point of KILL_POINTS: two runs at a time (one
     thread each, in their own folders), after the reference, which times itself alone."""
     base = reference[0]
 
-    def killed(kill: tuple[str, int]) -> tuple[Path, subprocess.CompletedProcess]:
+    def killed(kill: tuple[str, int]) -> tuple[Path, tuple[int | None, str]]:
         out = base / f"killed-{kill[0]}-{kill[1]}"
-        return out, cli("run", str(base / "config.yaml"), "--out", str(out), "--no-progress", kill=kill)
+        return out, killed_run("run", str(base / "config.yaml"), "--out", str(out), "--no-progress", kill=kill)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(zip(KILL_POINTS, pool.map(killed, KILL_POINTS), strict=True))
@@ -126,8 +123,8 @@ def killed_runs(reference) -> dict[tuple[str, int], tuple[Path, subprocess.Compl
 @pytest.mark.parametrize("kill", KILL_POINTS, ids=lambda k: f"{k[0]}-{k[1]}")
 def test_a_killed_run_resumes_to_the_same_files(reference, killed_runs, kill):
     _, expected, _ = reference
-    out, killed = killed_runs[kill]
-    assert killed.returncode == -9, killed.stderr  # really killed, mid-run
+    out, (code, stderr) = killed_runs[kill]
+    assert code == -9, stderr  # really killed, mid-run
     assert not (out / "summary.json").exists()
     assert run_state.find_resume_point(out) is not None
     resume_here(out)
