@@ -33,3 +33,6 @@ def test_a_killed_child_reports_the_signal():
     assert child.stdout() and child.poll() is None  # started, and sleeping
     child.kill()
     assert child.wait(timeout=60) == -9
+    # A child still running after wait's timeout is killed, as subprocess.run kills it.
+    late = Child("tests/fixtures/child_report.py", ["sleep"])
+    assert late.wait(timeout=0.5) is None and late.poll() == -9

@@ -1,5 +1,6 @@
-"""Run under ``torchrun`` (gloo, CPU): the learner on a tiny model sharded with FSDP2
-(``fully_shard``, one shard per rank), or unsharded in one process for reference.
+"""Run as the ranks of a gloo group on the CPU (torchrun's environment variables): the
+learner on a tiny model sharded with FSDP2 (``fully_shard``, one shard per rank), or
+unsharded in one process for reference.
 
 Writes ``{out}/rank{r}.json`` with evaluations taken around a probe and its rollback, so
 the test can check that restoring a snapshot is exact under sharding and that sharded

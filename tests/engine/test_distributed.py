@@ -1,9 +1,12 @@
-"""Two CPU processes (gloo, one thread each) follow the same weight trajectory
+"""Two CPU processes (gloo, one thread each; torchrun, or started one by one) follow the same weight trajectory
 as one process with the same global batch."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +18,8 @@ from tests.engine.test_run import TINY_LLAMA
 from tests.fixtures.in_process import cli_here
 from tests.fixtures.preloaded import Child
 from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
@@ -48,20 +53,29 @@ def config(tokenizer_dir: Path, out: Path, batch_size: int, split_probes: bool =
 
 
 def launch(
-    tmp_path: Path, name: str, nproc: int, batch_size: int, tokenizer_dir: Path, split_probes: bool = True
+    tmp_path: Path, name: str, nproc: int, batch_size: int, tokenizer_dir: Path, split_probes: bool = True,
+    torchrun: bool = False,
 ) -> list[dict]:
-    """The run as one process (this one), or as ``nproc`` processes started one by one as a
-    cluster scheduler or torchrun starts them (the same environment variables)."""
+    """The run as one process (this one), or as ``nproc`` processes: started by torchrun in
+    fresh interpreters, as the README runs it, or one by one as a cluster scheduler starts
+    them (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set as torchrun sets them)."""
     path = tmp_path / f"{name}.yaml"
     out = tmp_path / name
     path.write_text(yaml.safe_dump(config(tokenizer_dir, out, batch_size, split_probes)))
+    args = ["run", str(path), "--no-progress"]
     if nproc == 1:
-        cli_here("run", str(path), "--no-progress")  # the reference, without a launcher
+        cli_here(*args)  # the reference, without a launcher
+    elif torchrun:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                   "-m", "dynamics.cli", *args]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.count("run folder:") == 1  # the summary is printed once, not per rank
     else:
-        ranks = start_ranks("dynamics.cli", ["run", str(path), "--no-progress"], nproc)
-        for code, rank in zip(finish(ranks, timeout=600), ranks, strict=True):
-            assert code == 0, rank.stderr()[-3000:]
-        # The summary is printed once, by rank 0, not once per rank.
+        ranks = start_ranks("dynamics.cli", args, nproc)
+        finish(ranks, timeout=600, stop_on_failure=True)
+        # The summary is printed once, by rank 0.
         assert [rank.stdout().count("run folder:") for rank in ranks] == [1] + [0] * (nproc - 1)
     return [json.loads(line) for line in (out / "controller.jsonl").read_text().splitlines()]
 
@@ -81,7 +95,7 @@ def test_two_processes_match_one_process(tmp_path):
     tiny_tokenizer().save_pretrained(tokenizer_dir)
     single = launch(tmp_path, "single", nproc=1, batch_size=4, tokenizer_dir=tokenizer_dir)
     # Two datasets over two ranks: each rank probes one dataset on its own.
-    split = launch(tmp_path, "split", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir)
+    split = launch(tmp_path, "split", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir, torchrun=True)
     # Both ranks take part in both probes, as data-parallel training does.
     together = launch(tmp_path, "together", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir, split_probes=False)
     assert [u["probe_ranks"] for u in single] == [[[0], [0]]] * 3
@@ -133,16 +147,26 @@ def start_ranks(module: str, args: list[str], nproc: int = 2) -> list[Child]:
     return [Child(module, args, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in range(nproc)]
 
 
-def finish(ranks: list[Child], timeout: float = 120) -> list[int]:
-    """Each rank's exit code; fails the test when a rank is still running after ``timeout``
-    seconds (it was left waiting for the others)."""
+def finish(ranks: list[Child], timeout: float = 120, stop_on_failure: bool = False) -> list[int]:
+    """Each rank's exit code, once every rank has exited by itself; fails the test when a
+    rank is still running after ``timeout`` seconds (left waiting for the others) or, with
+    ``stop_on_failure``, as soon as one rank fails (its stderr in the message)."""
     deadline = time.monotonic() + timeout
-    codes = [rank.wait(max(0.0, deadline - time.monotonic())) for rank in ranks]
+    while time.monotonic() < deadline and any(rank.poll() is None for rank in ranks):
+        failed = [i for i, rank in enumerate(ranks) if rank.poll() not in (None, 0)]
+        if stop_on_failure and failed:
+            for rank in ranks:
+                rank.kill()
+            pytest.fail(f"rank {failed[0]} exited with {ranks[failed[0]].poll()}: {ranks[failed[0]].stderr()[-3000:]}")
+        time.sleep(0.05)
+    codes = [rank.poll() for rank in ranks]
     if any(code is None for code in codes):
         for rank in ranks:
             rank.kill()
-            rank.wait()
-        pytest.fail(f"a rank was still running after {timeout} s: it was left waiting for the others")
+        tails = "; ".join(f"rank {i}: {rank.stderr()[-1000:]}" for i, rank in enumerate(ranks))
+        pytest.fail(f"a rank was still running after {timeout} s: it was left waiting for the others ({tails})")
+    if stop_on_failure:
+        assert codes == [0] * len(ranks), [rank.stderr()[-3000:] for rank in ranks]
     return [code for code in codes if code is not None]
 
 

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from dynamics.engine.learner import load_snapshot
 from tests.engine import fsdp_script
-from tests.engine.test_distributed import config, run_ranks
+from tests.engine.test_distributed import config, finish, start_ranks
 from tests.fixtures.in_process import one_thread
 from tests.fixtures.tiny_tokenizer import tiny_tokenizer
 
@@ -36,8 +36,7 @@ def launch(
         with one_thread():  # the unsharded reference, without a launcher
             fsdp_script.main(str(path), str(out))
     else:
-        for code, err in run_ranks("tests.engine.fsdp_script", [str(path), str(out)], nproc=nproc, timeout=600):
-            assert code == 0, err[-3000:]
+        finish(start_ranks("tests.engine.fsdp_script", [str(path), str(out)], nproc), timeout=600, stop_on_failure=True)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]
 
 
