@@ -189,7 +189,7 @@ def test_cli_options_change_the_cost(run_cli) -> None:
     dense = ("--schedule", "dense-warmup", "--steps", "256")
     assert relative(*dense, "--probe-min", "8") > relative(*dense) > 1
     code, _, err = run_cli("--scenario", "paper/s11", *dense, "--probe-min", "32")
-    assert code == 2 and "probe_min must be a whole number of steps from 1 to probe_cap (16)" in err
+    assert code == 2 and "--probe-min: probe_min must be a whole number of steps from 1 to probe_cap (16)" in err
 
 
 def test_cli_paper_tables(run_cli) -> None:

@@ -175,7 +175,8 @@ def _schedule(args: argparse.Namespace) -> UpdateSchedule:
     try:
         return build_schedule(spec, steps, args.probe_cap, 1 if args.probe_min is None else args.probe_min)
     except ScheduleError as err:
-        raise UsageError(f"--schedule: {err}") from None
+        option = {"total_steps": "--steps", "probe_cap": "--probe-cap", "probe_min": "--probe-min"}
+        raise UsageError(f"{option.get(err.argument, '--schedule')}: {err}") from None
 
 
 def _assumption(ratio: float) -> str:
