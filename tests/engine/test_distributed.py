@@ -1,5 +1,5 @@
-"""Two CPU processes (gloo, one thread each; torchrun, or started one by one) follow the same weight trajectory
-as one process with the same global batch."""
+"""Two CPU processes (gloo, one thread each; started by torchrun, or one by one) follow the
+same weight trajectory as one process with the same global batch."""
 
 from __future__ import annotations
 
