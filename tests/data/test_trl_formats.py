@@ -13,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -357,3 +358,20 @@ def test_run_config_passes_the_chat_template_fields() -> None:
         {"enable_thinking": False},
         "functions",
     )
+
+
+def test_generation_blocks_without_the_end_of_turn_token_are_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As TRL warns: the model would never be trained to end its turn."""
+    before_end = GENERATION_TEMPLATE.replace(
+        "{{ message['content'] + '<|im_end|>\\n' }}{% endgeneration %}",
+        "{{ message['content'] }}{% endgeneration %}{{ '<|im_end|>\\n' }}",
+    )
+    assert before_end != GENERATION_TEMPLATE
+    rows = rows_of("multi_turn.jsonl")
+    with caplog.at_level(logging.WARNING, logger="dynamics.data.formatting"):
+        ours(rows, tiny_tokenizer(chat_template=GENERATION_TEMPLATE), loss_on="all-assistant")
+        assert "end-of-turn" not in caplog.text
+        ours(rows, tiny_tokenizer(chat_template=before_end), loss_on="all-assistant")
+    assert "rows in memory: the chat template's {% generation %} blocks leave out the assistant's" in caplog.text

@@ -423,19 +423,36 @@ def _assistant_template(tokenizer: PreTrainedTokenizerBase, template: str | None
     """The template whose ``{% generation %}`` blocks mark the assistant's tokens, chosen as
     TRL's ``SFTTrainer`` chooses it with ``assistant_only_loss=True``: ``template`` (None: the
     tokenizer's own) when it has such blocks, else TRL's training template of its model
-    family (``get_training_chat_template``: Qwen3, Llama 3, Gemma, ...). Without TRL installed
+    family (``get_training_chat_template``: Qwen3, Llama 3, Gemma, ...). As TRL, a warning
+    says when the blocks leave out the assistant's end-of-turn token. Without TRL installed
     the template is kept; a row it marks no token of is refused (``_assistant_document``)."""
     try:
-        from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+        from trl.chat_template_utils import (
+            has_generation_markers,
+            is_chat_template_stop_token_trained,
+        )
     except ImportError:
         return template
     rendering = copy.copy(tokenizer)  # TRL reads the template from the tokenizer
     if template is not None:
         rendering.chat_template = template
-    if has_generation_markers(rendering.chat_template):
-        return template
+    chosen = template if has_generation_markers(rendering.chat_template) else _training_template(rendering, source)
+    if not is_chat_template_stop_token_trained(rendering, chat_template=chosen):
+        logger.warning(
+            "%s: the chat template's {%% generation %%} blocks leave out the assistant's end-of-turn token, so "
+            "the model is not trained to stop; put the end-of-turn token inside {%% generation %%}...{%% "
+            "endgeneration %%} (chat_template_path)",
+            source.description,
+        )
+    return chosen
+
+
+def _training_template(tokenizer: PreTrainedTokenizerBase, source: DataSource) -> str | None:
+    """TRL's training template (with ``{% generation %}`` blocks) of the tokenizer's template."""
+    from trl.chat_template_utils import get_training_chat_template
+
     try:
-        return get_training_chat_template(rendering)
+        return get_training_chat_template(tokenizer)
     except ValueError:
         raise DataError(
             f"{source.description}: loss_on='all-assistant' trains the tokens that the chat template's "
@@ -536,8 +553,10 @@ def _not_a_prefix(source: DataSource, index: int) -> DataError:
     return DataError(
         f"{source.description}, row {index}: the chat template's rendering of the "
         "prompt with add_generation_prompt=True is not a prefix of its rendering of the "
-        "whole conversation, so the response tokens cannot be located; use a template "
-        "that renders earlier turns the same way (chat_template_path), or set "
+        "whole conversation (it renders earlier turns differently, or the response does not "
+        "start as the generation prompt ends, e.g. reasoning_content after the empty <think> "
+        "block of enable_thinking=false), so the response tokens cannot be located; use a "
+        "template that renders the prompt the same way (chat_template_path), or set "
         "tokenizer.chat_template = None to use the fallback template"
     )
 
