@@ -29,7 +29,7 @@ from dynamics.data import (
     letter_token_ids,
     pad_token_id,
 )
-from tests.fixtures.tiny_tokenizer import FIXTURES, tiny_tokenizer
+from tests.fixtures.tiny_tokenizer import CHATML_TEMPLATE, FIXTURES, tiny_tokenizer
 
 METAMATH = DataSource(path="metamath.jsonl", format="instruction", prompt_column="query")
 CHAT = DataSource(path="chat.jsonl", format="instruction")
@@ -404,6 +404,32 @@ def test_tokenization_cache_is_keyed_by_the_code_version(
     monkeypatch.setattr(formatting, "TOKENIZATION_VERSION", "edited-code")
     tokenize_rows(rows, tokenizer, source)
     assert sum(calls) == 32  # other code: tokenized again
+
+
+def test_tokenization_cache_is_keyed_by_the_chat_template_file_text(
+    tmp_path: Path, tokenized_rows: list[int]
+) -> None:
+    """An edited chat_template_path file is read again, and the rows tokenized again."""
+    from dynamics.data import load_rows
+    from dynamics.data.formatting import tokenize_rows
+
+    template = tmp_path / "chat.jinja"
+    template.write_text(CHATML_TEMPLATE)
+    source = DataSource(
+        path=str(FIXTURES / "metamath.jsonl"),
+        format="instruction",
+        prompt_column="query",
+        chat_template_path=str(template),
+    )
+    rows = load_rows(source, cache_dir=tmp_path / "cache")
+    tokenizer = tiny_tokenizer(chat_template=None)
+    first = tokenize_rows(rows, tokenizer, source)
+    assert tokenize_rows(rows, tokenizer, source)["input_ids"] == first["input_ids"]
+    assert sum(tokenized_rows) == 16  # the same template: read from the cache
+    template.write_text("{{ 'Chat:\\n' }}" + CHATML_TEMPLATE)
+    edited = tokenize_rows(rows, tokenizer, source)
+    assert sum(tokenized_rows) == 32
+    assert tokenizer.decode(edited["input_ids"][0]).startswith("Chat:\n<|im_start|>user\n")
 
 
 def test_errors_of_rows_in_memory_say_so(tokenizer: PreTrainedTokenizerFast) -> None:

@@ -16,6 +16,8 @@ Public API:
 - ``letter_token_ids(tokenizer, num_letters)``: the token id of " A", " B", ...
 - ``pad_token_id(tokenizer)``: the pad id, or the EOS id when the tokenizer has no pad.
 - ``FALLBACK_TEMPLATE``: how instruction rows are rendered without a chat template.
+- ``source_chat_template(tokenizer, source)``: the chat template an instruction source is
+  rendered with (its ``chat_template_path``, or for ``all-assistant`` TRL's training template).
 
 Formats (``DataSource.format``):
 
@@ -38,13 +40,25 @@ Formats (``DataSource.format``):
   exact by construction. Otherwise the template rewrites earlier turns and ``DataError`` is
   raised. Without a chat template, ``FALLBACK_TEMPLATE`` renders the prompt and the
   response's tokens are followed by EOS. With ``source.loss_on == "all-assistant"`` every
-  assistant turn carries the loss (of the completion, for a prompt/completion pair): each
-  turn is the text from the end of the template's generation prompt before it (the
-  conversation up to it rendered with ``add_generation_prompt=True``) to the end of its own
-  rendering (its end-of-turn tokens included); the whole conversation is tokenized once and
-  a token carries the loss where it overlaps such a span, the rule of transformers'
-  ``return_assistant_tokens_mask`` that TRL's ``assistant_only_loss`` reads from a template's
-  ``{% generation %}`` blocks (so no such block is needed here).
+  assistant turn carries the loss (of the completion, for a prompt/completion pair), as TRL's
+  ``SFTTrainer`` with ``assistant_only_loss=True`` masks it: the conversation is tokenized by
+  ``apply_chat_template(..., return_assistant_tokens_mask=True)`` and a token carries the loss
+  where the template's ``{% generation %}`` blocks mark it (for a pair, only after the
+  tokens it shares with the prompt rendered with the generation prompt, TRL's
+  ``completion_mask``). A template without such blocks is replaced by TRL's training template
+  of its model family (``trl.chat_template_utils.get_training_chat_template``: Qwen3, Llama
+  3, Gemma, ...); one TRL has none for is refused with ``DataError`` (its fix:
+  ``chat_template_path`` to a copy with the blocks, or ``loss_on="last-assistant"``). Without
+  TRL installed the template is used as it is, and a row it marks no token of is refused.
+
+  The chat template is the tokenizer's, or the Jinja file ``source.chat_template_path``. It
+  gets each message's keys as they are (``tool_calls``, ``reasoning_content``, the
+  ``name`` of a ``tool`` message, ...; an assistant message with ``tool_calls`` and a null or
+  no content gets ``""``), the row's tool schemas as ``tools=`` (``source.tools_column``: a
+  list of JSON schemas or its JSON text, as TRL reads it), and ``source.chat_template_kwargs``
+  (e.g. ``enable_thinking=False``). ``FALLBACK_TEMPLATE`` cannot render tools, tool calls,
+  reasoning or template variables: a row with them, or ``chat_template_kwargs``, is refused
+  without a chat template.
 - ``multiple_choice`` scored by accuracy (``source.metric == "accuracy"``): the prompt
   ``"{question}\\nA. {choice}\\nB. {choice}\\n...Answer:"`` (with the tokenizer's special
   tokens); a prompt longer than ``sequence_length`` keeps its *last* tokens, so the scoring
@@ -93,6 +107,7 @@ from its position in the next block, seeing only that block's part).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -105,6 +120,7 @@ from typing import Any, Literal
 
 import datasets
 import numpy as np
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from dynamics.data import loading
@@ -240,31 +256,39 @@ def _string(value: Any, column: str, index: int, source: DataSource) -> str:
     return value
 
 
-def _messages(value: Any, column: str, index: int, source: DataSource) -> list[dict[str, str]]:
-    """A column's chat list as ``{"role", "content"}`` messages (ShareGPT keys and roles read too)."""
+def _messages(value: Any, column: str, index: int, source: DataSource) -> list[dict[str, Any]]:
+    """A column's chat list as chat-template messages (ShareGPT keys and roles read too)."""
     if not isinstance(value, list) or not value:
         raise DataError(
             f"{source.description}, row {index}: {column!r} must be a non-empty list of "
             "{'role', 'content'} messages"
         )
-    conversation = []
-    for message in value:
-        keys = _message_keys(message)
-        if keys is None:
-            raise DataError(
-                f"{source.description}, row {index}: every message needs 'role' and "
-                f"'content' keys (or ShareGPT's 'from' and 'value'), got {message!r}"
-            )
-        role = _string(message[keys[0]], keys[0], index, source)
-        conversation.append(
-            {"role": SHAREGPT_ROLES.get(role, role), "content": _string(message[keys[1]], column, index, source)}
+    return [_message(message, column, index, source) for message in value]
+
+
+def _message(message: Any, column: str, index: int, source: DataSource) -> dict[str, Any]:
+    """One message as ``{"role", "content", ...}``: its other keys (``tool_calls``,
+    ``reasoning_content``, a tool message's ``name``, ...) go to the chat template as they are,
+    except those whose value is null (``datasets`` writes a null where only another row's
+    message has the key; ``apply_chat_template`` leaves such keys out too). An assistant
+    message that only calls tools may have a null or no content (OpenAI's shape): it is ``""``."""
+    keys = _message_keys(message)
+    if keys is None:
+        raise DataError(
+            f"{source.description}, row {index}: every message needs 'role' and "
+            f"'content' keys (or ShareGPT's 'from' and 'value'), got {message!r}"
         )
-    return conversation
+    role = _string(message[keys[0]], keys[0], index, source)
+    content = message.get(keys[1])
+    if content is None and message.get("tool_calls"):
+        content = ""
+    others = {key: value for key, value in message.items() if key not in keys and value is not None}
+    return {**others, "role": SHAREGPT_ROLES.get(role, role), "content": _string(content, column, index, source)}
 
 
 def _with_system(
-    conversation: list[dict[str, str]], row: Mapping[str, Any], index: int, source: DataSource
-) -> list[dict[str, str]]:
+    conversation: list[dict[str, Any]], row: Mapping[str, Any], index: int, source: DataSource
+) -> list[dict[str, Any]]:
     """``conversation`` after the row's non-empty system prompt, unless it starts with one."""
     if source.system_column is None or not row[source.system_column]:
         return conversation
@@ -274,13 +298,48 @@ def _with_system(
     return [{"role": "system", "content": system}, *conversation]
 
 
-def _conversation(
-    row: Mapping[str, Any], index: int, source: DataSource, use_messages: bool
-) -> tuple[list[dict[str, str]], int, int]:
-    """The row as a chat list whose last message is the assistant's, the index of the first
-    message of its response (the last message, or a conversational prompt/completion pair's
-    first completion message), and the index from which its assistant turns are trained with
-    ``loss_on="all-assistant"`` (0, or the completion's first message)."""
+def _tools(row: Mapping[str, Any], index: int, source: DataSource) -> list[Any] | None:
+    """The row's tool schemas (``source.tools_column``: a list of JSON schemas or its JSON
+    text, as TRL's SFTTrainer reads its ``tools`` column), or None where it has none."""
+    value = row.get(source.tools_column)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise DataError(
+                f"{source.description}, row {index}: {source.tools_column!r} is not valid JSON ({err}); give a "
+                "list of tool schemas or its JSON text"
+            ) from None
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(tool, Mapping) for tool in value):
+        raise DataError(
+            f"{source.description}, row {index}: {source.tools_column!r} must hold a list of tool schemas "
+            f"(JSON objects) or its JSON text, got {type(value).__name__}"
+        )
+    return [dict(tool) for tool in value]
+
+
+@dataclass(frozen=True)
+class _Chat:
+    """One instruction row as a conversation for the chat template."""
+
+    messages: list[dict[str, Any]]
+    """The messages, the last one the assistant's."""
+    tools: list[Any] | None
+    """The row's tool schemas (JSON objects), passed as ``apply_chat_template(tools=...)``;
+    None without."""
+    response_start: int
+    """Index of the response's first message: the last message, or the first message of a
+    conversational prompt/completion pair's completion."""
+    assistant_start: int
+    """Index from which ``loss_on="all-assistant"`` trains the assistant turns: 0, or the
+    completion's first message."""
+
+
+def _conversation(row: Mapping[str, Any], index: int, source: DataSource, use_messages: bool) -> _Chat:
+    """The row as a conversation whose last message is the assistant's."""
+    tools = _tools(row, index, source)
     if use_messages:
         conversation = _with_system(_messages(row[source.messages_column], source.messages_column, index, source), row, index, source)
         if conversation[-1]["role"] != "assistant":
@@ -288,7 +347,7 @@ def _conversation(
                 f"{source.description}, row {index}: the last message is the response and must "
                 f"have role 'assistant', not {conversation[-1]['role']!r}"
             )
-        return conversation, len(conversation) - 1, 0
+        return _Chat(conversation, tools, len(conversation) - 1, 0)
     response_column = source.response_key(row.keys())
     prompt, response = row[source.prompt_column], row[response_column]
     if isinstance(prompt, list) or isinstance(response, list):
@@ -310,7 +369,7 @@ def _conversation(
                 f"{source.description}, row {index}: {response_column!r} must end with a message of role "
                 f"'assistant', not {completion[-1]['role']!r}"
             )
-        return [*prompt_messages, *completion], len(prompt_messages), len(prompt_messages)
+        return _Chat([*prompt_messages, *completion], tools, len(prompt_messages), len(prompt_messages))
     conversation = _with_system(
         [
             {"role": "user", "content": _string(prompt, source.prompt_column, index, source)},
@@ -320,7 +379,7 @@ def _conversation(
         index,
         source,
     )
-    return conversation, len(conversation) - 1, 0
+    return _Chat(conversation, tools, len(conversation) - 1, 0)
 
 
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
@@ -328,11 +387,12 @@ SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
 
 
 def _message_keys(message: Any) -> tuple[str, str] | None:
-    """The (role, content) keys of one chat message, or None when it has neither pair."""
+    """The (role, content) keys of one chat message, or None when it has neither pair (a
+    message with ``tool_calls`` needs no content)."""
     if not isinstance(message, Mapping):
         return None
     for keys in (("role", "content"), ("from", "value")):
-        if keys[0] in message and keys[1] in message:
+        if keys[0] in message and (keys[1] in message or message.get("tool_calls")):
             return keys
     return None
 
@@ -343,16 +403,115 @@ def _encode(tokenizer: PreTrainedTokenizerBase, texts: list[str], special: bool)
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=special)["input_ids"]]
 
 
+# ---------------------------------------------------------------------------------------
+# Conversations -> token examples
+# ---------------------------------------------------------------------------------------
+
+
+def source_chat_template(tokenizer: PreTrainedTokenizerBase, source: DataSource) -> str | None:
+    """The Jinja template an instruction source's rows are rendered with, or None for the
+    tokenizer's own (``FALLBACK_TEMPLATE`` where it has none): the file at
+    ``source.chat_template_path`` when set; with ``loss_on="all-assistant"``, a template with
+    ``{% generation %}`` blocks (``_assistant_template``)."""
+    template = loading.read_chat_template(source) if source.chat_template_path is not None else None
+    if source.loss_on != "all-assistant" or (template is None and tokenizer.chat_template is None):
+        return template
+    return _assistant_template(tokenizer, template, source)
+
+
+def _assistant_template(tokenizer: PreTrainedTokenizerBase, template: str | None, source: DataSource) -> str | None:
+    """The template whose ``{% generation %}`` blocks mark the assistant's tokens, chosen as
+    TRL's ``SFTTrainer`` chooses it with ``assistant_only_loss=True``: ``template`` (None: the
+    tokenizer's own) when it has such blocks, else TRL's training template of its model
+    family (``get_training_chat_template``: Qwen3, Llama 3, Gemma, ...). As TRL, a warning
+    says when the blocks leave out the assistant's end-of-turn token. Without TRL installed
+    the template is kept; a row it marks no token of is refused (``_assistant_document``)."""
+    try:
+        from trl.chat_template_utils import (
+            has_generation_markers,
+            is_chat_template_stop_token_trained,
+        )
+    except ImportError:
+        return template
+    rendering = copy.copy(tokenizer)  # TRL reads the template from the tokenizer
+    if template is not None:
+        rendering.chat_template = template
+    chosen = template if has_generation_markers(rendering.chat_template) else _training_template(rendering, source)
+    if not is_chat_template_stop_token_trained(rendering, chat_template=chosen):
+        logger.warning(
+            "%s: the chat template's {%% generation %%} blocks leave out the assistant's end-of-turn token, so "
+            "the model is not trained to stop; put the end-of-turn token inside {%% generation %%}...{%% "
+            "endgeneration %%} (chat_template_path)",
+            source.description,
+        )
+    return chosen
+
+
+def _training_template(tokenizer: PreTrainedTokenizerBase, source: DataSource) -> str | None:
+    """TRL's training template (with ``{% generation %}`` blocks) of the tokenizer's template."""
+    from trl.chat_template_utils import get_training_chat_template
+
+    try:
+        return get_training_chat_template(tokenizer)
+    except ValueError:
+        raise DataError(
+            f"{source.description}: loss_on='all-assistant' trains the tokens that the chat template's "
+            "{% generation %} blocks mark, and this template has none and is not one TRL has a training template "
+            "for; set chat_template_path to a copy of it with {% generation %}...{% endgeneration %} around each "
+            "assistant turn (TRL's trl/chat_templates/*_training.jinja show how), or use loss_on='last-assistant'"
+        ) from None
+
+
+def _render(
+    tokenizer: PreTrainedTokenizerBase,
+    chat: _Chat,
+    messages: list[dict[str, Any]],
+    template: str | None,
+    source: DataSource,
+    index: int,
+    **options: Any,
+) -> Any:
+    """``apply_chat_template`` of ``messages`` (``chat``'s, or the first of them) with the
+    row's tools and the source's ``chat_template_kwargs``; a template's error names the row."""
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tools=chat.tools, chat_template=template, **source.chat_template_kwargs, **options
+        )
+    except (TemplateError, TypeError) as err:
+        raise DataError(
+            f"{source.description}, row {index}: the chat template cannot render this row: {loading.one_line(err)}"
+        ) from None
+
+
+def _apply_template(
+    tokenizer: PreTrainedTokenizerBase,
+    chat: _Chat,
+    messages: list[dict[str, Any]],
+    template: str | None,
+    source: DataSource,
+    index: int,
+    generation_prompt: bool,
+) -> str:
+    text = _render(
+        tokenizer, chat, messages, template, source, index, tokenize=False, add_generation_prompt=generation_prompt
+    )
+    if not isinstance(text, str):
+        raise DataError(f"apply_chat_template returned {type(text).__name__}, expected a string")
+    return text
+
+
 def _fallback_document(
-    tokenizer: PreTrainedTokenizerBase, turns: tuple[list[dict[str, str]], int, int], loss_on: str
+    tokenizer: PreTrainedTokenizerBase, chat: _Chat, index: int, source: DataSource
 ) -> LMExample:
     """A conversation rendered with ``FALLBACK_TEMPLATE``, its parts tokenized apart (the first
     with the tokenizer's special tokens) so the loss boundaries are exact, and EOS after the
     last message. ``last-assistant``: the loss is on everything after the generation prompt
     of the response's first message; ``all-assistant``: on the content of every assistant
-    message it trains (with the blank line that ends it, or the EOS of the last)."""
-    conversation, response_start, assistant_start = turns
-    first_loss = response_start if loss_on == "last-assistant" else assistant_start
+    message it trains (with the blank line that ends it, or the EOS of the last). Tools, tool
+    calls and reasoning have no rendering there: a row with them is refused."""
+    _check_fallback(chat, index, source)
+    conversation, loss_on = chat.messages, source.loss_on
+    first_loss = chat.response_start if loss_on == "last-assistant" else chat.assistant_start
     last = len(conversation) - 1
     parts: list[tuple[str, bool]] = []
     for i, message in enumerate(conversation):
@@ -379,71 +538,41 @@ def _fallback_document(
     return LMExample(input_ids=array, labels=np.asarray([*labels, eos], dtype=np.int32))
 
 
+def _check_fallback(chat: _Chat, index: int, source: DataSource) -> None:
+    """Refuse what ``FALLBACK_TEMPLATE`` would drop: tools, tool calls, reasoning."""
+    unrendered = ["tools"] if chat.tools is not None else []
+    unrendered += sorted({key for m in chat.messages for key in ("tool_calls", "reasoning_content") if key in m})
+    if unrendered:
+        raise DataError(
+            f"{source.description}, row {index}: its {', '.join(unrendered)} need a chat template, and the "
+            "tokenizer has none; set chat_template_path to the model's Jinja chat template"
+        )
+
+
 def _not_a_prefix(source: DataSource, index: int) -> DataError:
     return DataError(
         f"{source.description}, row {index}: the chat template's rendering of the "
         "prompt with add_generation_prompt=True is not a prefix of its rendering of the "
-        "whole conversation, so the response tokens cannot be located; use a template "
-        "that renders earlier turns the same way, or set tokenizer.chat_template = None "
-        "to use the fallback template"
+        "whole conversation (it renders earlier turns differently, or the response does not "
+        "start as the generation prompt ends, e.g. reasoning_content after the empty <think> "
+        "block of enable_thinking=false), so the response tokens cannot be located; use a "
+        "template that renders the prompt the same way (chat_template_path), or set "
+        "tokenizer.chat_template = None to use the fallback template"
     )
 
 
-def _assistant_spans(
-    tokenizer: PreTrainedTokenizerBase, conversation: list[dict[str, str]], first_loss: int, full: str, index: int, source: DataSource
-) -> list[tuple[int, int]]:
-    """The characters of ``full`` (the rendered conversation) of each assistant turn from
-    ``first_loss`` on: from the end of the template's generation prompt before the turn to the
-    end of the turn's rendering (its end-of-turn tokens included)."""
-    spans = []
-    last = len(conversation) - 1
-    for i in range(first_loss, len(conversation)):
-        if conversation[i]["role"] != "assistant":
-            continue
-        before = _apply_template(tokenizer, conversation[:i], generation_prompt=True)
-        through = full if i == last else _apply_template(tokenizer, conversation[: i + 1], generation_prompt=False)
-        if not (full.startswith(before) and full.startswith(through) and len(through) >= len(before)):
-            raise _not_a_prefix(source, index)
-        spans.append((len(before), len(through)))
-    return spans
-
-
-def _span_labels(
-    tokenizer: PreTrainedTokenizerBase, full: str, spans: list[tuple[int, int]], source: DataSource
-) -> LMExample:
-    """``full`` tokenized once; a token carries the loss when it overlaps one of ``spans`` (the
-    rule of ``apply_chat_template(return_assistant_tokens_mask=True)``)."""
-    try:
-        encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    except NotImplementedError:
-        raise DataError(
-            f"{source.description}: loss_on='all-assistant' locates the assistant turns by the tokens' character "
-            "offsets, which only a fast tokenizer gives; load a fast tokenizer (use_fast=True) or use "
-            "loss_on='last-assistant'"
-        ) from None
-    ids = np.asarray(encoded["input_ids"], dtype=np.int32)
-    labels = np.full_like(ids, IGNORE_INDEX)
-    for position, (token_start, token_end) in enumerate(encoded["offset_mapping"]):
-        if any(token_end > begin and token_start < finish for begin, finish in spans):
-            labels[position] = ids[position]
-    return LMExample(input_ids=ids, labels=labels)
-
-
-def _instruction_documents(
-    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource, start: int
+def _response_documents(
+    tokenizer: PreTrainedTokenizerBase, chats: list[_Chat], template: str | None, source: DataSource, start: int
 ) -> list[LMExample]:
-    use_messages = bool(rows) and source.messages_column in rows[0]
-    parsed = [_conversation(row, start + i, source, use_messages) for i, row in enumerate(rows)]
-    if tokenizer.chat_template is None:
-        return [_fallback_document(tokenizer, turns, source.loss_on) for turns in parsed]
-
-    fulls = [_apply_template(tokenizer, c, generation_prompt=False) for c, _, _ in parsed]
-    if source.loss_on == "all-assistant":
-        return [
-            _span_labels(tokenizer, full, _assistant_spans(tokenizer, c, first, full, start + i, source), source)
-            for i, ((c, _, first), full) in enumerate(zip(parsed, fulls, strict=True))
-        ]
-    prompts = [_apply_template(tokenizer, c[:first], generation_prompt=True) for c, first, _ in parsed]
+    """``loss_on="last-assistant"``: the loss on the tokens after the prompt's rendering with
+    the generation prompt (see the module docstring)."""
+    fulls = [
+        _apply_template(tokenizer, c, c.messages, template, source, start + i, False) for i, c in enumerate(chats)
+    ]
+    prompts = [
+        _apply_template(tokenizer, c, c.messages[: c.response_start], template, source, start + i, True)
+        for i, c in enumerate(chats)
+    ]
     prompt_ids = _encode(tokenizer, prompts, special=False)
     full_ids = _encode(tokenizer, fulls, special=False)
     documents = []
@@ -461,15 +590,69 @@ def _instruction_documents(
     return documents
 
 
-def _apply_template(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], generation_prompt: bool
-) -> str:
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=generation_prompt
+def _assistant_document(
+    tokenizer: PreTrainedTokenizerBase, chat: _Chat, template: str | None, source: DataSource, index: int
+) -> LMExample:
+    """``loss_on="all-assistant"``: the conversation tokenized by ``apply_chat_template`` with
+    ``return_assistant_tokens_mask=True``, a token carrying the loss where the template's
+    ``{% generation %}`` blocks mark it, as TRL's ``assistant_only_loss``; for a
+    prompt/completion pair only from where the prompt's tokens (rendered with the generation
+    prompt) and the conversation's diverge, as TRL's ``completion_only_loss``."""
+    encoded = _render(
+        tokenizer, chat, chat.messages, template, source, index,
+        tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
     )
-    if not isinstance(text, str):
-        raise DataError(f"apply_chat_template returned {type(text).__name__}, expected a string")
-    return text
+    ids = np.asarray(encoded["input_ids"], dtype=np.int32)
+    trained = np.asarray(encoded["assistant_masks"], dtype=bool)
+    if chat.assistant_start > 0:
+        prompt = _render(
+            tokenizer, chat, chat.messages[: chat.assistant_start], template, source, index,
+            tokenize=True, return_dict=True, add_generation_prompt=True,
+        )["input_ids"]
+        trained[: _common_prefix_length(prompt, ids.tolist())] = False
+    if not trained.any():
+        raise DataError(
+            f"{source.description}, row {index}: the chat template marks none of its tokens as the assistant's "
+            "({% generation %} blocks), which loss_on='all-assistant' trains; set chat_template_path to a template "
+            "with {% generation %}...{% endgeneration %} around each assistant turn, install TRL "
+            "(pip install 'dynamics[trl]') for its training template of this model family, or use "
+            "loss_on='last-assistant'"
+        )
+    return LMExample(input_ids=ids, labels=np.where(trained, ids, IGNORE_INDEX).astype(np.int32))
+
+
+def _common_prefix_length(ids: list[int], other_ids: list[int]) -> int:
+    """How many leading tokens the two share (TRL's ``common_prefix_length``)."""
+    differences = (i for i, (a, b) in enumerate(zip(ids, other_ids, strict=False)) if a != b)
+    return next(differences, min(len(ids), len(other_ids)))
+
+
+def _instruction_documents(
+    rows: list[dict[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    source: DataSource,
+    start: int,
+    template: str | None,
+) -> list[LMExample]:
+    """Each row as a conversation rendered with ``template`` (``source_chat_template``)."""
+    use_messages = bool(rows) and source.messages_column in rows[0]
+    chats = [_conversation(row, start + i, source, use_messages) for i, row in enumerate(rows)]
+    if template is None and tokenizer.chat_template is None:
+        if source.chat_template_kwargs:
+            raise DataError(
+                f"{source.description}: chat_template_kwargs are passed to a chat template, and the tokenizer has "
+                "none; set chat_template_path to the model's Jinja chat template, or remove chat_template_kwargs"
+            )
+        return [_fallback_document(tokenizer, chat, start + i, source) for i, chat in enumerate(chats)]
+    if source.loss_on == "last-assistant":
+        return _response_documents(tokenizer, chats, template, source, start)
+    if not tokenizer.is_fast:
+        raise DataError(
+            f"{source.description}: loss_on='all-assistant' locates the assistant's tokens by their character "
+            "offsets, which only a fast tokenizer gives; load a fast tokenizer (use_fast=True) or use "
+            "loss_on='last-assistant'"
+        )
+    return [_assistant_document(tokenizer, chat, template, source, start + i) for i, chat in enumerate(chats)]
 
 
 def _masked(prompt_ids: Sequence[int], response_ids: Sequence[int]) -> LMExample:
@@ -778,9 +961,11 @@ def _encode_batch(
     tokenizer: PreTrainedTokenizerBase,
     source: DataSource,
     version: str,
+    chat_template: str | None = None,
 ) -> dict[str, list[Any]]:
     """``Dataset.map`` function: one batch of rows to token ids (see ``tokenize_rows``;
-    ``version``, ``TOKENIZATION_VERSION``, only keys the cache)."""
+    ``version``, ``TOKENIZATION_VERSION``, only keys the cache; ``chat_template`` is
+    ``source_chat_template``'s, read once per source)."""
     rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
     start = indices[0] if indices else 0
     if source.lm_eval_task is not None and source.metric == "accuracy":
@@ -794,7 +979,7 @@ def _encode_batch(
     elif source.format == "text":
         documents = _text_documents(rows, tokenizer, source, start)
     else:
-        documents = _instruction_documents(rows, tokenizer, source, start)
+        documents = _instruction_documents(rows, tokenizer, source, start, chat_template)
     return {"input_ids": [d.input_ids for d in documents], "labels": [d.labels for d in documents]}
 
 
@@ -806,8 +991,9 @@ def tokenize_rows(
     ``input_ids`` (the whole prompt), ``choice_token_ids`` and ``answer_index``.
 
     Rows read from files are mapped into ``datasets``' cache next to their Arrow files, keyed
-    by the rows, the tokenizer, the source's settings and ``TOKENIZATION_VERSION`` (the code
-    of this module and of ``loading``): a second run on the same machine, or
+    by the rows, the tokenizer, the source's settings, the text of its chat template
+    (``source_chat_template``) and ``TOKENIZATION_VERSION`` (the code of this module and of
+    ``loading``): a second run on the same machine, or
     a second process once the first has finished (``Accelerator.local_main_process_first``),
     reads the tokens instead of tokenizing again. Rows in memory are tokenized in memory.
     """
@@ -825,6 +1011,8 @@ def tokenize_rows(
             "tokenizer": tokenizer,
             "source": dataclasses.replace(source, rows=None, origin="rows in memory" if source.rows is not None else source.origin),
             "version": TOKENIZATION_VERSION,
+            # The template's text, not its path, so that an edited file is tokenized again.
+            "chat_template": source_chat_template(tokenizer, source) if source.format == "instruction" else None,
         },
         remove_columns=rows.column_names,
         features=features,

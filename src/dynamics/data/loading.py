@@ -14,6 +14,8 @@ Public API:
   ``Dataset.map``; ``load_rows`` applies it, and drops the rows ``source.drop_empty`` names.
 - ``check_path(source)``: that a local source exists, has a known extension and is not an
   empty file, without reading it (a run checks every dataset this way before loading the model).
+- ``read_chat_template(source)``: the text of ``source.chat_template_path`` (``check_path``
+  checks it too).
 - ``offline()``: whether the Hugging Face libraries are told not to use the network.
 - ``SourcePath``, ``HubId``, ... ``LmEvalIncludePath``: the annotated types of the fields
   ``DataSource`` shares with a run config's ``datasets:`` entry, each holding the field's
@@ -68,6 +70,14 @@ ROW_FORMATS: tuple[str, ...] = ("text", "instruction", "multiple_choice")
 ChoiceMetric = Literal["accuracy", "loss"]
 LossOn = Literal["last-assistant", "all-assistant"]
 LOSS_ON: tuple[str, ...] = ("last-assistant", "all-assistant")
+CHAT_TEMPLATE_ARGUMENTS = frozenset(
+    {
+        "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+        "continue_final_message", "tokenize", "return_dict", "return_assistant_tokens_mask", "return_tensors",
+        "padding", "truncation", "max_length", "tokenizer_kwargs",
+    }
+)
+"""Arguments of ``apply_chat_template`` that the formatting sets: not ``chat_template_kwargs``."""
 DataFiles = str | list[str] | dict[str, str | list[str]]
 """``load_dataset``'s ``data_files``: a path or glob, a list of them, or split -> path(s)."""
 STREAM_SHUFFLE_BUFFER = 10_000
@@ -193,6 +203,22 @@ TruncationSide = Annotated[
         "a long prompt (a document before a question), right keeps the start.",
     ),
 ]
+ChatTemplatePath = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        description="Instruction rows: a Jinja file rendering them instead of the tokenizer's chat template (as TRL's "
+        "chat_template_path), e.g. one with {% generation %} blocks for loss_on all-assistant; relative paths are "
+        "read from the working directory.",
+    ),
+]
+ChatTemplateKwargs = Annotated[
+    dict[str, Any],
+    Field(
+        description="Instruction rows: variables passed to the chat template (apply_chat_template's keyword "
+        "arguments), e.g. {enable_thinking: false} for Qwen3.",
+    ),
+]
 StreamRows = Annotated[
     int | None,
     Field(
@@ -273,9 +299,15 @@ class DataSource:
     system_column: str | None = None
     """Optional column of a per-row system prompt (e.g. OpenOrca's ``system_prompt``)."""
     messages_column: str = "messages"
-    """Column of a chat list of ``{"role", "content"}``; used instead of the pair columns
+    """Column of a chat list of ``{"role", "content"}`` (with any other keys the chat template
+    reads, e.g. ``tool_calls``, ``reasoning_content``); used instead of the pair columns
     whenever the rows have it. The last message is the response and must be the assistant's."""
+    tools_column: str = "tools"
+    """Column of a row's tool schemas (a list of JSON schemas, or its JSON text), passed to
+    the chat template as ``tools=``; read whenever the rows have it."""
     loss_on: LossOnField = "last-assistant"
+    chat_template_path: ChatTemplatePath = None
+    chat_template_kwargs: ChatTemplateKwargs = field(default_factory=dict)
     question_column: str = "question"
     choices_column: str = "choices"
     """A list of choice texts, or a dict ``{"text": [...], "label": [...]}`` (ARC-style)."""
@@ -380,6 +412,7 @@ class DataSource:
                 )
         for name, spec in self.fields.items():
             _check_field_spec(name, spec)
+        self._check_chat_template()
         if self.truncation_side not in ("right", "left"):
             raise DataError(f"truncation_side={self.truncation_side!r}: use 'right' or 'left'")
         _check_split_size("eval_size", self.eval_size)
@@ -392,6 +425,31 @@ class DataSource:
             raise DataError(
                 f"eval_size + test_size = {self.eval_size + self.test_size} > 1: the held-out "
                 "fractions cannot take more than every row"
+            )
+
+    def _check_chat_template(self) -> None:
+        if self.chat_template_path is not None and (
+            not isinstance(self.chat_template_path, str) or not self.chat_template_path.strip()
+        ):
+            raise DataError(f"chat_template_path={self.chat_template_path!r}: give the path of a Jinja file")
+        if not isinstance(self.chat_template_kwargs, Mapping) or not all(
+            isinstance(key, str) for key in self.chat_template_kwargs
+        ):
+            raise DataError(
+                f"chat_template_kwargs={self.chat_template_kwargs!r}: give a mapping of template variable names "
+                "to values, e.g. {'enable_thinking': False}"
+            )
+        reserved = sorted(set(self.chat_template_kwargs) & CHAT_TEMPLATE_ARGUMENTS)
+        if reserved:
+            raise DataError(
+                f"chat_template_kwargs sets {', '.join(reserved)}, which the formatting of the rows sets itself; "
+                "remove them (tools come from the rows' tools column, the template from chat_template_path)"
+            )
+        given = [name for name in ("chat_template_path", "chat_template_kwargs") if getattr(self, name)]
+        if given and self.format != "instruction":
+            raise DataError(
+                f"{' and '.join(given)} render instruction rows through the chat template; this dataset's format is "
+                f"{self.format!r}: remove {' and '.join(given)} or use format='instruction'"
             )
 
     @property
@@ -690,9 +748,31 @@ def _stream_stamp(source: DataSource, options: Mapping[str, Any]) -> dict[str, A
     return stamp
 
 
+def read_chat_template(source: DataSource) -> str:
+    """The text of ``source.chat_template_path``; ``DataError`` when it is not a readable,
+    non-empty text file."""
+    path = Path(source.chat_template_path or "")
+    where = f"{source.description}: chat_template_path {str(path)!r}"
+    if not path.is_file():
+        raise DataError(
+            f"{where} is not a file; give the path of a Jinja chat template (relative paths are read from the "
+            f"working directory {Path.cwd()})"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"{where} cannot be read as UTF-8 text: {one_line(err)}") from None
+    if not text.strip():
+        raise DataError(f"{where} is empty; give a Jinja chat template")
+    return text
+
+
 def check_path(source: DataSource) -> None:
-    """Raise ``DataError`` when a local source is missing, has an unknown extension or is
-    an empty file; hub ids pass (they are looked up only when loaded)."""
+    """Raise ``DataError`` when a local source (or its ``chat_template_path``) is missing,
+    has an unknown extension or is an empty file; hub ids pass (they are looked up only
+    when loaded)."""
+    if source.chat_template_path is not None:
+        read_chat_template(source)
     if source.path is None:
         return
     path = Path(source.path)

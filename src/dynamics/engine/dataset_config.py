@@ -12,6 +12,8 @@ from pydantic import Field, field_validator, model_validator
 from dynamics.data.loading import (
     STREAM_SHUFFLE_BUFFER,
     Budget,
+    ChatTemplateKwargs,
+    ChatTemplatePath,
     ConfigName,
     DataError,
     DataFilesField,
@@ -33,7 +35,9 @@ from dynamics.data.loading import (
 )
 from dynamics.engine.config_section import ConfigSection
 
-COLUMN_KEYS = ("text", "prompt", "response", "completion", "system", "messages", "question", "choices", "answer")
+COLUMN_KEYS = (
+    "text", "prompt", "response", "completion", "system", "messages", "tools", "question", "choices", "answer"
+)
 
 
 class DatasetConfig(ConfigSection):
@@ -54,6 +58,8 @@ class DatasetConfig(ConfigSection):
     )
     format: Format = "text"
     loss_on: LossOnField = "last-assistant"
+    chat_template_path: ChatTemplatePath = None
+    chat_template_kwargs: ChatTemplateKwargs = Field(default_factory=dict)
     metric: Literal["loss", "accuracy"] = Field(
         "loss",
         description="Constraint metric; accuracy needs format multiple_choice. A multiple_choice "
