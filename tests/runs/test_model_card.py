@@ -8,9 +8,12 @@ import shutil
 from pathlib import Path
 from typing import ClassVar
 
+import httpx2
 import pytest
 import yaml
 from huggingface_hub import ModelCard
+from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.hf_api import ModelInfo
 
 from dynamics.cli import main as cli_main
 from dynamics.engine.config import RunConfig
@@ -137,28 +140,53 @@ def test_push_dry_run_writes_the_card_and_lists_the_files(run_folder, capsys):
 
 
 class RecordingApi:
-    """A stand-in for ``huggingface_hub.HfApi``: records the calls, touches no network."""
+    """A stand-in for ``huggingface_hub.HfApi``: records the calls, touches no network. It
+    holds the Hub's repositories (id -> private) and answers as the Hub does: ``create_repo``
+    with ``exist_ok`` leaves an existing repository's visibility as it is, ``repo_info`` says
+    it, and ``update_repo_settings`` changes it (or refuses, as for a token without admin rights)."""
 
     calls: ClassVar[list[tuple[str, dict]]] = []
+    repos: ClassVar[dict[str, bool]] = {}
+    refuse_settings: ClassVar[bool] = False
 
     def create_repo(self, repo_id, **kwargs):
         self.calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
+        self.repos.setdefault(repo_id, bool(kwargs.get("private")))
         return f"https://huggingface.co/{repo_id}"
+
+    def repo_info(self, repo_id, **kwargs):
+        self.calls.append(("repo_info", {"repo_id": repo_id, **kwargs}))
+        return ModelInfo(id=repo_id, private=self.repos[repo_id])
+
+    def update_repo_settings(self, repo_id, **kwargs):
+        self.calls.append(("update_repo_settings", {"repo_id": repo_id, **kwargs}))
+        if self.refuse_settings:
+            response = httpx2.Response(403, request=httpx2.Request("PUT", f"https://huggingface.co/api/models/{repo_id}/settings"))
+            raise HfHubHTTPError("403 Forbidden", response=response)
+        self.repos[repo_id] = kwargs["private"]
 
     def upload_folder(self, **kwargs):
         self.calls.append(("upload_folder", kwargs))
 
 
-def test_push_creates_the_repo_and_uploads_the_checkpoint_with_its_card(run_folder, capsys, monkeypatch):
+@pytest.fixture
+def hub(monkeypatch) -> type[RecordingApi]:
+    """The stand-in Hub, empty, in place of ``huggingface_hub.HfApi``."""
     import huggingface_hub
 
-    RecordingApi.calls = []
+    monkeypatch.setattr(RecordingApi, "calls", [])
+    monkeypatch.setattr(RecordingApi, "repos", {})
+    monkeypatch.setattr(RecordingApi, "refuse_settings", False)
     monkeypatch.setattr(huggingface_hub, "HfApi", RecordingApi)
+    return RecordingApi
 
+
+def test_push_creates_the_repo_and_uploads_the_checkpoint_with_its_card(run_folder, capsys, hub):
     code = cli_main(["push", str(run_folder), "my-org/my-model", "--private"])
 
-    assert code == 0, capsys.readouterr().err
-    (create, created), (upload, uploaded) = RecordingApi.calls
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    (create, created), _, (upload, uploaded) = hub.calls
     assert create == "create_repo" and created == {
         "repo_id": "my-org/my-model", "private": True, "exist_ok": True, "repo_type": "model"
     }
@@ -166,9 +194,46 @@ def test_push_creates_the_repo_and_uploads_the_checkpoint_with_its_card(run_fold
     assert uploaded["repo_id"] == "my-org/my-model" and uploaded["repo_type"] == "model"
     assert Path(uploaded["folder_path"]) == run_folder / "best_checkpoint"
     assert uploaded["allow_patterns"] == CHECKPOINT_FILES
+    assert hub.repos == {"my-org/my-model": True} and out.rstrip().endswith("(private)")
     text = (run_folder / "best_checkpoint" / "README.md").read_text()
     assert 'AutoPeftModelForCausalLM' not in text  # the tiny base has no hub id: PeftModel on a built base
     assert MARKER in text
+
+
+def test_push_private_makes_an_existing_public_repo_private(run_folder, capsys, hub):
+    hub.repos["my-org/my-model"] = False
+
+    code = cli_main(["push", str(run_folder), "my-org/my-model", "--private"])
+
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert [name for name, _ in hub.calls] == [
+        "create_repo", "repo_info", "update_repo_settings", "repo_info", "upload_folder"
+    ]
+    assert hub.calls[2][1] == {"repo_id": "my-org/my-model", "private": True, "repo_type": "model"}
+    assert hub.repos == {"my-org/my-model": True} and out.rstrip().endswith("(private)")
+
+
+def test_push_private_refuses_a_public_repo_it_cannot_make_private(run_folder, capsys, hub):
+    hub.repos["my-org/my-model"] = False
+    hub.refuse_settings = True
+
+    assert cli_main(["push", str(run_folder), "my-org/my-model", "--private"]) == 2
+
+    out, err = capsys.readouterr()
+    assert "upload_folder" not in [name for name, _ in hub.calls]  # nothing reached a public repository
+    assert "(private)" not in out
+    err = err.rstrip("\n")
+    assert "\n" not in err and err.startswith("dynamics push: error: --private: my-org/my-model exists and is public")
+
+
+def test_push_without_private_reports_the_repos_own_visibility(run_folder, capsys, hub):
+    hub.repos["my-org/my-model"] = True  # made private on the Hub: pushing without --private keeps it so
+
+    assert cli_main(["push", str(run_folder), "my-org/my-model"]) == 0
+
+    assert "update_repo_settings" not in [name for name, _ in hub.calls]
+    assert hub.repos == {"my-org/my-model": True} and capsys.readouterr().out.rstrip().endswith("(private)")
 
 
 def test_push_keeps_a_card_written_by_hand(run_folder, capsys):

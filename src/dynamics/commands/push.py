@@ -4,13 +4,21 @@
 The card (``best_checkpoint/README.md``, ``dynamics.runs.model_card``) is written when the
 folder has none of its own (no README, PEFT's empty template, or a card dynamics wrote,
 rewritten to name REPO_ID); a card written by hand is uploaded as it is. The token is the
-usual one of ``huggingface_hub``: ``HF_TOKEN``, or the one ``hf auth login`` saved."""
+usual one of ``huggingface_hub``: ``HF_TOKEN``, or the one ``hf auth login`` saved.
+
+``--private`` creates the repository private, or turns an existing public one private
+before anything is uploaded (``create_repo(exist_ok=True)`` keeps an existing repository's
+visibility); the visibility printed is the one the Hub reports."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
 
 HELP = "upload a run's best checkpoint, with its model card, to the Hugging Face Hub"
 
@@ -18,7 +26,11 @@ HELP = "upload a run's best checkpoint, with its model card, to the Hugging Face
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished run folder written by 'dynamics run'")
     parser.add_argument("repo_id", metavar="REPO_ID", help="the Hub model repository, e.g. my-org/my-model")
-    parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument(
+        "--private",
+        action="store_true",
+        help="make the repository private (created private, or an existing public one turned private)",
+    )
     parser.add_argument(
         "--dry-run", action="store_true", help="write the model card and list the files, upload nothing"
     )
@@ -74,6 +86,7 @@ def main(args: argparse.Namespace) -> int:
     api = HfApi()
     try:
         url = api.create_repo(args.repo_id, private=args.private, exist_ok=True, repo_type="model")
+        visibility = "private" if _is_private(api, args.repo_id, make_private=args.private) else "public"
         api.upload_folder(
             repo_id=args.repo_id,
             folder_path=checkpoint,
@@ -96,3 +109,28 @@ def main(args: argparse.Namespace) -> int:
         return 1
     print(f"uploaded {len(files)} files of {checkpoint} (step {step}) to {url} ({visibility})")
     return 0
+
+
+def _is_private(api: HfApi, repo_id: str, *, make_private: bool) -> bool:
+    """Whether the Hub repository ``repo_id`` is private, after turning it private when
+    ``make_private`` asks for it. ``create_repo(exist_ok=True)`` leaves an existing
+    repository's visibility as it is, so a public one is changed with
+    ``update_repo_settings``; when it stays public this refuses, before anything is uploaded."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from dynamics.commands.errors import UsageError
+
+    private = bool(api.repo_info(repo_id, repo_type="model").private)
+    if private or not make_private:
+        return private
+    fix = "make it private in its settings on the Hub, or push to a new REPO_ID"
+    try:
+        api.update_repo_settings(repo_id, private=True, repo_type="model")
+    except HfHubHTTPError as err:
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        raise UsageError(
+            f"--private: {repo_id} exists and is public, and the Hub refused to make it private ({status}): {fix}"
+        ) from None
+    if not api.repo_info(repo_id, repo_type="model").private:
+        raise UsageError(f"--private: {repo_id} exists and is still public after the request to make it private: {fix}")
+    return True
