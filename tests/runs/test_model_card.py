@@ -22,6 +22,8 @@ from dynamics.runs.model_card import MARKER, card_is_missing, write_model_card
 from dynamics.runs.rundir import RunDirError, read_jsonl
 from tests.engine.test_run import tiny_config
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
 # What a tiny LoRA run's best_checkpoint/ holds, and so what push uploads (the card included).
 CHECKPOINT_FILES = [
     "README.md",
@@ -78,10 +80,19 @@ def test_the_card_describes_the_run_from_its_files(run_folder):
     for update in read_jsonl(run_folder / "controller.jsonl"):
         weights = " | ".join(f"{w:.3f}" for w in update["weights"])
         assert f"| {update['step']} | {weights} |" in text
-    # The reduction and the worst slack at the chosen step.
+    # The final mixture, and the one trained on at the chosen step.
+    last = read_jsonl(run_folder / "controller.jsonl")[-1]
+    final = ", ".join(f"{name} {w:.3f}" for name, w in zip(summary["dataset_names"], last["weights"], strict=True))
+    assert f"Final mixture (update at step {last['step']}, in force to the end of the run): {final}." in text
+    # The reduction and each constraint's slack at the chosen step, the worst named.
     assert f"step {step} of {summary['total_steps']}" in text
     assert f"{100 * summary['constrained_ppl_reduction']:.1f}%" in text
     row = next(r for r in read_jsonl(run_folder / "metrics.jsonl") if r["step"] == step)
+    chosen = ", ".join(f"{name} {w:.3f}" for name, w in row["weights"].items())
+    assert f"Mixture trained on at the chosen step {step}: {chosen}." in text
+    for name, slack in row["constraint_slack"].items():
+        shown = f"{slack:+.3f} accuracy" if name == "mmlu" else f"{slack:+.4f} nats"
+        assert any(line.startswith(f"| {name} |") and line.endswith(f"| {shown} |") for line in text.splitlines())
     worst = min(row["constraint_slack"], key=row["constraint_slack"].get)
     assert f"Worst constraint slack at step {step}: {worst}," in text
     # How to load it, and how it was trained.
@@ -104,6 +115,83 @@ def test_hub_names_reach_the_metadata_and_the_loading_snippet(run_folder):
     assert "qlora" in meta["tags"]
     assert 'AutoPeftModelForCausalLM.from_pretrained("me/tuned")' in text
     assert "QLoRA (4-bit base weights)" in text
+
+
+def _base_card(folder: Path, front: str) -> Path:
+    """A base model's own card (``README.md``) with ``front`` as its front matter."""
+    folder.mkdir(parents=True)
+    (folder / "README.md").write_text(f"---\n{front}---\n\n# The base model\n")
+    return folder
+
+
+def _name_base(run_folder: Path, name_or_path: str, revision: str | None = None) -> None:
+    config = yaml.safe_load((run_folder / "config.yaml").read_text())
+    config["model"] = {**config["model"], "name_or_path": name_or_path, "revision": revision, "init_config": None}
+    (run_folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def test_the_license_is_the_one_of_a_local_base_folder(run_folder, tmp_path):
+    base = _base_card(tmp_path / "base", "license: apache-2.0\ntags: [text-generation]\n")
+    _name_base(run_folder, str(base))
+
+    card = ModelCard.load(write_model_card(run_folder))
+
+    assert card.data.license == "apache-2.0"
+    assert card.data.base_model is None  # a local folder is no hub id
+
+
+def test_the_license_is_the_one_of_a_base_in_the_hub_cache(run_folder, tmp_path, monkeypatch):
+    """The cache as huggingface_hub lays it out: refs/<revision> names a snapshot folder."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--some-org--base-model"
+    _base_card(
+        repo / "snapshots" / "0123abcd",
+        "license: other\nlicense_name: base-model-license\nlicense_link: https://example.org/LICENSE\n",
+    )
+    (repo / "refs").mkdir()
+    (repo / "refs" / "v1").write_text("0123abcd")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    _name_base(run_folder, "some-org/base-model", revision="v1")
+
+    meta = front_matter(write_model_card(run_folder).read_text())
+
+    assert meta["base_model"] == "some-org/base-model"
+    assert (meta["license"], meta["license_name"], meta["license_link"]) == (
+        "other", "base-model-license", "https://example.org/LICENSE"
+    )
+    _name_base(run_folder, "some-org/base-model", revision="v2")  # another revision: its card is not cached
+    assert "license" not in front_matter(write_model_card(run_folder).read_text())
+
+
+def test_lm_eval_results_reach_the_model_index_and_the_body(run_folder):
+    shutil.copy(FIXTURES / "lm_eval.json", run_folder / "lm_eval.json")
+
+    path = write_model_card(run_folder, repo_id="me/tuned")
+
+    meta = front_matter(path.read_text())
+    (entry,) = meta["model-index"]
+    assert entry["name"] == "me/tuned"
+    values = {
+        (result["dataset"]["type"], metric["name"]): metric["value"]
+        for result in entry["results"]
+        for metric in result["metrics"]
+    }
+    # The best checkpoint's values of tests/fixtures/lm_eval.json, stderr left out.
+    assert values == {
+        ("tinyArc", "acc_norm"): 0.4387,
+        ("tinyGSM8k", "exact_match (strict-match)"): 0.1,
+        ("tinyGSM8k", "exact_match (flexible-extract)"): 0.15,
+    }
+    assert {r["dataset"]["type"]: r["dataset"]["args"] for r in entry["results"]} == {
+        "tinyArc": {"num_few_shot": 25}, "tinyGSM8k": {"num_few_shot": 5}
+    }
+    card = ModelCard.load(path)  # the Hub's parser reads the model-index back as evaluation results
+    assert sorted(r.metric_value for r in card.data.eval_results) == [0.1, 0.15, 0.4387]
+    assert "| tinyArc | acc_norm | 0.4125 | 0.4387 |" in card.text
+    assert "| tinyGSM8k | exact_match,flexible-extract | - | 0.1500 |" in card.text
+    assert "at most 20 documents per task" in card.text
 
 
 def test_full_fine_tuning_is_a_transformers_card(run_folder):
