@@ -10,13 +10,16 @@ from typing import ClassVar
 
 import httpx2
 import pytest
+import torch
 import yaml
 from huggingface_hub import ModelCard
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.hf_api import ModelInfo
+from safetensors.torch import load_file
 
 from dynamics.cli import main as cli_main
 from dynamics.engine.config import RunConfig
+from dynamics.engine.model import load_causal_lm
 from dynamics.engine.run import run
 from dynamics.runs.model_card import MARKER, card_is_missing, write_model_card
 from dynamics.runs.rundir import RunDirError, read_jsonl
@@ -194,10 +197,17 @@ def test_lm_eval_results_reach_the_model_index_and_the_body(run_folder):
     assert "at most 20 documents per task" in card.text
 
 
-def test_full_fine_tuning_is_a_transformers_card(run_folder):
+def _as_full_fine_tuning(run_folder: Path) -> None:
+    """The run folder as a full fine-tuning run leaves it: no lora, no adapter in the checkpoint."""
     config = yaml.safe_load((run_folder / "config.yaml").read_text())
     config["lora"] = None
     (run_folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (run_folder / "best_checkpoint" / name).unlink()
+
+
+def test_full_fine_tuning_is_a_transformers_card(run_folder):
+    _as_full_fine_tuning(run_folder)
     text = write_model_card(run_folder).read_text()
     assert front_matter(text)["library_name"] == "transformers"
     assert "AutoModelForCausalLM.from_pretrained(" in text and "full fine-tuning" in text
@@ -236,6 +246,7 @@ class RecordingApi:
     calls: ClassVar[list[tuple[str, dict]]] = []
     repos: ClassVar[dict[str, bool]] = {}
     refuse_settings: ClassVar[bool] = False
+    received: ClassVar[Path | None] = None
 
     def create_repo(self, repo_id, **kwargs):
         self.calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
@@ -255,13 +266,20 @@ class RecordingApi:
 
     def upload_folder(self, **kwargs):
         self.calls.append(("upload_folder", kwargs))
+        if self.received is not None:  # what the repository receives (the folder may be temporary)
+            for name in kwargs["allow_patterns"]:
+                target = self.received / kwargs["repo_id"] / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(kwargs["folder_path"]) / name, target)
 
 
 @pytest.fixture
-def hub(monkeypatch) -> type[RecordingApi]:
-    """The stand-in Hub, empty, in place of ``huggingface_hub.HfApi``."""
+def hub(monkeypatch, tmp_path) -> type[RecordingApi]:
+    """The stand-in Hub, empty, in place of ``huggingface_hub.HfApi``; the files uploaded
+    are copied under ``received`` (one folder per repository)."""
     import huggingface_hub
 
+    monkeypatch.setattr(RecordingApi, "received", tmp_path / "hub")
     monkeypatch.setattr(RecordingApi, "calls", [])
     monkeypatch.setattr(RecordingApi, "repos", {})
     monkeypatch.setattr(RecordingApi, "refuse_settings", False)
@@ -337,6 +355,8 @@ def test_push_keeps_a_card_written_by_hand(run_folder, capsys):
     [
         (["push", "RUN", "not a repo id!"], "REPO_ID 'not a repo id!' is not a Hub repository id"),
         (["push", "NOWHERE", "my-org/my-model"], "summary.json is missing"),
+        (["push", "RUN", "my-org/my-model", "--merge"], "(model.init_config, or a model passed in Python): give --base"),
+        (["push", "RUN", "my-org/my-model", "--base", "some-org/base"], "give it with --merge"),
     ],
 )
 def test_push_refuses_bad_input_in_one_line(argv, expect, run_folder, tmp_path, capsys):
@@ -355,3 +375,55 @@ def test_an_update_a_backtrack_abandoned_is_marked_in_the_trajectory(run_folder)
     rows = [line for line in write_model_card(run_folder).read_text().splitlines() if line.startswith("| ")]
     marked = [row.split(" | ")[0] for row in rows if row.endswith("| abandoned by a backtrack |")]
     assert marked == [f"| {updates[1]['step']}"]
+
+
+def _tiny_base(run_folder: Path, folder: Path) -> Path:
+    """The tiny run's base model saved as a folder: built from its model.init_config with its
+    seed, as the run built it (what ``--base`` names for a run that names no base)."""
+    config = RunConfig.from_yaml(run_folder / "config.yaml")
+    torch.manual_seed(config.training.seed)
+    load_causal_lm(config.model).save_pretrained(folder)
+    return folder
+
+
+def test_push_merge_uploads_the_adapter_merged_into_its_base(run_folder, tmp_path, capsys, hub, single_thread):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = _tiny_base(run_folder, tmp_path / "base")
+    checkpoint = run_folder / "best_checkpoint"
+
+    code = cli_main(["push", str(run_folder), "my-org/my-model", "--merge", "--base", str(base)])
+
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    received = hub.received / "my-org/my-model"
+    files = sorted(p.name for p in received.iterdir())
+    assert "model.safetensors" in files and "tokenizer.json" in files and "README.md" in files
+    assert not [name for name in files if name.startswith("adapter_")]
+    # The weights uploaded are PEFT's merge of the adapter into the base.
+    expected = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), checkpoint).merge_and_unload()
+    uploaded = load_file(received / "model.safetensors")
+    assert uploaded and set(uploaded) <= set(expected.state_dict())
+    assert all(torch.equal(tensor, expected.state_dict()[name]) for name, tensor in uploaded.items())
+    # They load with transformers alone and compute what the adapter on its base computes.
+    merged = AutoModelForCausalLM.from_pretrained(received).eval()
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), checkpoint).eval()
+    tokens = AutoTokenizer.from_pretrained(received)("What is 12 times 7? It is 84.", return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(merged(**tokens).logits, adapter(**tokens).logits, rtol=1e-5, atol=1e-5)
+    # The card describes the merged weights, and the adapter's own card is left as it was.
+    card = ModelCard.load(received / "README.md")
+    assert card.data.library_name == "transformers" and "lora" in card.data.tags
+    assert 'AutoModelForCausalLM.from_pretrained("my-org/my-model")' in card.text and "merged in" in card.text
+    assert card_is_missing(checkpoint / "README.md") and "(step 8, merged)" in out
+
+
+def test_push_merge_of_a_full_fine_tuning_run_has_nothing_to_merge(run_folder, capsys, hub):
+    _as_full_fine_tuning(run_folder)
+
+    assert cli_main(["push", str(run_folder), "my-org/my-model", "--merge"]) == 2
+
+    err = capsys.readouterr().err.rstrip("\n")
+    assert "\n" not in err and "holds whole weights (a full fine-tuning run), so there is no adapter to merge" in err
+    assert hub.calls == []

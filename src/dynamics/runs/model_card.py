@@ -41,16 +41,22 @@ CARD_FILE = "README.md"
 MARKER = "<!-- model card written by dynamics from the run folder (dynamics.runs.model_card) -->"
 # What PEFT's and transformers' save_pretrained leave when no card is given: an empty template.
 _TEMPLATE_SIGN = "[More Information Needed]"
+# What PEFT saves beside an adapter's weights: how a folder of adapter weights is told from whole ones.
+ADAPTER_CONFIG = "adapter_config.json"
 _METHOD_TAGS = {"fixed": "fixed-mixture", "gradient-alignment": "gradient-alignment"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 # The card: the metadata as huggingface_hub writes it, then the body.
 _TEMPLATE = "---\n{{ card_data }}\n---\n\n{{ body }}\n"
 
 
-def write_model_card(run_folder: Path, repo_id: str | None = None) -> Path:
-    """Write ``best_checkpoint/README.md`` of the finished run in ``run_folder`` (atomically)
-    and return its path. ``repo_id``: the Hub repository the checkpoint goes to, named in the
-    loading snippet (by default the snippet loads the local folder)."""
+def write_model_card(run_folder: Path, repo_id: str | None = None, weights_folder: Path | None = None) -> Path:
+    """Write the model card of the finished run in ``run_folder`` (atomically) and return its
+    path. ``repo_id``: the Hub repository the checkpoint goes to, named in the loading
+    snippet (by default the snippet loads the local folder). ``weights_folder``: the folder
+    whose weights the card describes and where it is written, ``best_checkpoint/`` by default
+    (``dynamics push --merge`` writes the card of the merged weights into their own folder);
+    the card loads them as an adapter when the folder holds one (``adapter_config.json``),
+    as whole weights otherwise."""
     folder = Path(run_folder)
     records = read_run(folder)
     checkpoint = folder / CHECKPOINT_DIR
@@ -63,8 +69,10 @@ def write_model_card(run_folder: Path, repo_id: str | None = None) -> Path:
         config = yaml.safe_load((folder / CONFIG_FILE).read_text())
     except (OSError, yaml.YAMLError) as err:
         raise RunDirError(f"{folder / CONFIG_FILE} cannot be read ({err}): the run folder is damaged") from None
-    path = checkpoint / CARD_FILE
-    card = model_card(records, config, where=repo_id or str(checkpoint), name=repo_id or folder.name)
+    weights = checkpoint if weights_folder is None else Path(weights_folder)
+    path = weights / CARD_FILE
+    adapter = (weights / ADAPTER_CONFIG).is_file()
+    card = model_card(records, config, where=repo_id or str(weights), name=repo_id or folder.name, adapter=adapter)
     atomic_write_text(path, str(card))
     return path
 
@@ -159,10 +167,11 @@ def eval_results(record: dict[str, Any]) -> list[EvalResult]:
 
 
 def card_data(
-    records: RunRecords, config: dict[str, Any], name: str, lm_eval: dict[str, Any] | None
+    records: RunRecords, config: dict[str, Any], name: str, lm_eval: dict[str, Any] | None, *, adapter: bool
 ) -> ModelCardData:
     """The card's metadata (the Hub's model-card fields); ``name``: the model's name in the
-    ``model-index``, made of ``lm_eval`` (``lm_eval.json``) when the run was evaluated."""
+    ``model-index``, made of ``lm_eval`` (``lm_eval.json``) when the run was evaluated;
+    ``adapter``: whether the weights are a PEFT adapter (else whole weights)."""
     lora = config.get("lora") is not None
     model = config.get("model") or {}
     method = str(records.summary.get("method", (config.get("method") or {}).get("name", "")))
@@ -180,7 +189,7 @@ def card_data(
         license=license.get("license"),
         license_name=license.get("license_name"),
         license_link=license.get("license_link"),
-        library_name="peft" if lora else "transformers",
+        library_name="peft" if adapter else "transformers",
         datasets=hub_ids or None,
         tags=tags,
         pipeline_tag="text-generation",
@@ -287,12 +296,11 @@ def _weights(weights: dict[str, Any]) -> str:
     return ", ".join(f"{name} {float(w):.3f}" for name, w in weights.items())
 
 
-def _loading_section(config: dict[str, Any], where: str) -> list[str]:
-    lora = config.get("lora") is not None
+def _loading_section(config: dict[str, Any], where: str, adapter: bool) -> list[str]:
     quantization = (config.get("model") or {}).get("quantization")
     base = _base_model(config)
     lines = ["## How to load", ""]
-    if lora and base is not None:
+    if adapter and base is not None:
         lines += [
             "```python",
             "from peft import AutoPeftModelForCausalLM",
@@ -309,7 +317,7 @@ def _loading_section(config: dict[str, Any], where: str) -> list[str]:
                 "(bitsandbytes; 4 bits: NF4, double quantization, bfloat16 compute); pass the same "
                 "`quantization_config` to load the base as it was trained, or load it in full precision.",
             ]
-    elif lora:
+    elif adapter:
         lines += [
             "```python",
             "from peft import PeftModel",
@@ -327,6 +335,12 @@ def _loading_section(config: dict[str, Any], where: str) -> list[str]:
             f'tokenizer = AutoTokenizer.from_pretrained("{where}")',
             "```",
         ]
+        if config.get("lora") is not None:
+            lines += [
+                "",
+                "The weights are the base model's with the trained LoRA adapter merged in (peft's "
+                "`merge_and_unload`, on the base loaded unquantized), so loading them needs no peft.",
+            ]
     return lines
 
 
@@ -402,9 +416,10 @@ def _lm_eval_section(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def model_card(records: RunRecords, config: dict[str, Any], *, where: str, name: str) -> ModelCard:
+def model_card(records: RunRecords, config: dict[str, Any], *, where: str, name: str, adapter: bool) -> ModelCard:
     """The card of ``records``' best checkpoint; ``where``: what the loading snippet loads,
-    ``name``: the model's name in the metadata's ``model-index``."""
+    ``name``: the model's name in the metadata's ``model-index``, ``adapter``: whether the
+    weights are a PEFT adapter (else whole weights: full fine-tuning, or an adapter merged)."""
     lm_eval = lm_eval_record(records.path)
     step = int(records.summary["best_checkpoint"]["step"])
     base = _base_model(config)
@@ -431,9 +446,9 @@ def model_card(records: RunRecords, config: dict[str, Any], *, where: str, name:
         *([*_lm_eval_section(lm_eval), ""] if lm_eval is not None else []),
         *_trajectory_section(records, config, step),
         "",
-        *_loading_section(config, where),
+        *_loading_section(config, where, adapter),
         "",
         *_training_section(records, config),
     ]
-    data = card_data(records, config, name, lm_eval)
+    data = card_data(records, config, name, lm_eval, adapter=adapter)
     return ModelCard.from_template(data, template_str=_TEMPLATE, body="\n".join(body))
