@@ -197,6 +197,13 @@ def test_lm_eval_results_reach_the_model_index_and_the_body(run_folder):
     assert "at most 20 documents per task" in card.text
 
 
+@pytest.mark.parametrize(("limit", "scope"), [(None, "every document of each task"), (0.25, "the first 25% of each")])
+def test_the_lm_eval_section_says_how_many_documents_were_evaluated(run_folder, limit, scope):
+    record = json.loads((FIXTURES / "lm_eval.json").read_text())
+    (run_folder / "lm_eval.json").write_text(json.dumps({**record, "limit": limit}))
+    assert f"lm-evaluation-harness 0.4.13 on {scope}" in write_model_card(run_folder).read_text()
+
+
 def _as_full_fine_tuning(run_folder: Path) -> None:
     """The run folder as a full fine-tuning run leaves it: no lora, no adapter in the checkpoint."""
     config = yaml.safe_load((run_folder / "config.yaml").read_text())

@@ -398,7 +398,12 @@ def _lm_eval_section(record: dict[str, Any]) -> list[str]:
     models = record["models"]
     base, best = models["base"]["results"], models["best_checkpoint"]["results"]
     limit = record.get("limit")
-    scope = "every document" if limit is None else f"at most {limit} documents per task"
+    if limit is None:
+        scope = "every document of each task"
+    elif limit < 1:  # lm-eval's --limit below 1 is a fraction of each task's documents
+        scope = f"the first {limit:.0%} of each task's documents"
+    else:
+        scope = f"at most {int(limit)} documents per task"
     lines = [
         "## lm-evaluation-harness",
         "",
