@@ -34,7 +34,7 @@ from typing import Any
 
 from dynamics.runs import rundir
 
-LM_EVAL_FILE = "lm_eval.json"
+LM_EVAL_FILE = rundir.LM_EVAL_FILE
 
 
 class HarnessError(ValueError):

@@ -1,25 +1,34 @@
 """The model card of a run's best checkpoint: ``best_checkpoint/README.md`` in the Hugging
 Face Hub's format (YAML metadata, then Markdown), written from the run folder's files only
-(``config.yaml``, ``summary.json``, ``metrics.jsonl``, ``controller.jsonl``), so any driver
-that wrote the folder, and ``dynamics push``, can write it.
+(``config.yaml``, ``summary.json``, ``metrics.jsonl``, ``controller.jsonl``, and
+``lm_eval.json`` once ``dynamics eval`` wrote it), so any driver that wrote the folder, and
+``dynamics push``, can write it.
 
-It says what the checkpoint was trained for (targets, constraints and their metrics), how
-the mixture moved (the weights chosen at each update), what it achieved at the chosen step
-(the targets' test perplexity reduction and the worst constraint slack), how to load it and
-how it was trained.
+The metadata is huggingface_hub's ``ModelCardData``: ``base_model``, the base's ``license``
+(read from the base model's own card when it is on disk, ``dynamics.runs.base_card``),
+``library_name``, ``datasets``, ``tags`` and, from ``lm_eval.json``, a ``model-index`` of
+the best checkpoint's lm-evaluation-harness results (``EvalResult``). The body says what the
+checkpoint was trained for (targets, constraints and their metrics), how the mixture moved
+(the weights chosen at each update, the final ones), what it achieved at the chosen step
+(each constraint's slack, the targets' test perplexity reduction), the lm-evaluation-harness
+results against the base model, how to load it and how it was trained.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from dynamics.runs.base_card import base_license
 from dynamics.runs.rundir import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
+    LM_EVAL_FILE,
     RunDirError,
     RunRecords,
     abandoned,
@@ -32,14 +41,22 @@ CARD_FILE = "README.md"
 MARKER = "<!-- model card written by dynamics from the run folder (dynamics.runs.model_card) -->"
 # What PEFT's and transformers' save_pretrained leave when no card is given: an empty template.
 _TEMPLATE_SIGN = "[More Information Needed]"
+# What PEFT saves beside an adapter's weights: how a folder of adapter weights is told from whole ones.
+ADAPTER_CONFIG = "adapter_config.json"
 _METHOD_TAGS = {"fixed": "fixed-mixture", "gradient-alignment": "gradient-alignment"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# The card: the metadata as huggingface_hub writes it, then the body.
+_TEMPLATE = "---\n{{ card_data }}\n---\n\n{{ body }}\n"
 
 
-def write_model_card(run_folder: Path, repo_id: str | None = None) -> Path:
-    """Write ``best_checkpoint/README.md`` of the finished run in ``run_folder`` (atomically)
-    and return its path. ``repo_id``: the Hub repository the checkpoint goes to, named in the
-    loading snippet (by default the snippet loads the local folder)."""
+def write_model_card(run_folder: Path, repo_id: str | None = None, weights_folder: Path | None = None) -> Path:
+    """Write the model card of the finished run in ``run_folder`` (atomically) and return its
+    path. ``repo_id``: the Hub repository the checkpoint goes to, named in the loading
+    snippet (by default the snippet loads the local folder). ``weights_folder``: the folder
+    whose weights the card describes and where it is written, ``best_checkpoint/`` by default
+    (``dynamics push --merge`` writes the card of the merged weights into their own folder);
+    the card loads them as an adapter when the folder holds one (``adapter_config.json``),
+    as whole weights otherwise."""
     folder = Path(run_folder)
     records = read_run(folder)
     checkpoint = folder / CHECKPOINT_DIR
@@ -52,8 +69,11 @@ def write_model_card(run_folder: Path, repo_id: str | None = None) -> Path:
         config = yaml.safe_load((folder / CONFIG_FILE).read_text())
     except (OSError, yaml.YAMLError) as err:
         raise RunDirError(f"{folder / CONFIG_FILE} cannot be read ({err}): the run folder is damaged") from None
-    path = checkpoint / CARD_FILE
-    atomic_write_text(path, model_card_text(records, config, repo_id or str(checkpoint)))
+    weights = checkpoint if weights_folder is None else Path(weights_folder)
+    path = weights / CARD_FILE
+    adapter = (weights / ADAPTER_CONFIG).is_file()
+    card = model_card(records, config, where=repo_id or str(weights), name=repo_id or folder.name, adapter=adapter)
+    atomic_write_text(path, str(card))
     return path
 
 
@@ -100,28 +120,82 @@ def _base_model(config: dict[str, Any]) -> str | None:
     return None
 
 
-def metadata(records: RunRecords, config: dict[str, Any]) -> dict[str, Any]:
-    """The card's YAML metadata (the Hub's model-card fields)."""
+def lm_eval_record(folder: Path) -> dict[str, Any] | None:
+    """The run's ``lm_eval.json`` (``dynamics eval``), or None when it has not been evaluated."""
+    path = folder / LM_EVAL_FILE
+    if not path.is_file():
+        return None
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise RunDirError(f"{path} cannot be read ({err}): run dynamics eval again, or remove it") from None
+    return record
+
+
+def _metric_keys(results: dict[str, Any]) -> list[str]:
+    """lm-eval's ``metric,filter`` keys of one task's results, its stderr keys left out."""
+    return [k for k in results if "," in k and "_stderr," not in k]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def eval_results(record: dict[str, Any]) -> list[EvalResult]:
+    """The best checkpoint's lm-evaluation-harness results of ``lm_eval.json`` as the Hub's
+    evaluation results (its ``model-index``): one per task and metric with a value."""
+    best = record["models"]["best_checkpoint"]
+    shots = best.get("n-shot") or {}
+    found = []
+    for task, results in sorted(best["results"].items()):
+        for key in _metric_keys(results):
+            if not _number(results[key]):
+                continue
+            metric, _, filter_name = key.partition(",")
+            found.append(
+                EvalResult(
+                    task_type="text-generation",
+                    dataset_type=task,
+                    dataset_name=str(results.get("alias") or task).strip(" -"),
+                    dataset_args={"num_few_shot": shots[task]} if _number(shots.get(task)) else None,
+                    metric_type=metric,
+                    metric_name=metric if filter_name == "none" else f"{metric} ({filter_name})",
+                    metric_value=results[key],
+                )
+            )
+    return found
+
+
+def card_data(
+    records: RunRecords, config: dict[str, Any], name: str, lm_eval: dict[str, Any] | None, *, adapter: bool
+) -> ModelCardData:
+    """The card's metadata (the Hub's model-card fields); ``name``: the model's name in the
+    ``model-index``, made of ``lm_eval`` (``lm_eval.json``) when the run was evaluated;
+    ``adapter``: whether the weights are a PEFT adapter (else whole weights)."""
     lora = config.get("lora") is not None
-    quantization = (config.get("model") or {}).get("quantization")
-    data: dict[str, Any] = {}
-    base = _base_model(config)
-    if base is not None:
-        data["base_model"] = base
-    data["library_name"] = "peft" if lora else "transformers"
-    hub_ids = list(dict.fromkeys(d["hub_id"] for d in config.get("datasets", []) if d.get("hub_id")))
-    if hub_ids:
-        data["datasets"] = hub_ids
+    model = config.get("model") or {}
     method = str(records.summary.get("method", (config.get("method") or {}).get("name", "")))
     tags = ["dynamics", "data-mixture", "constrained-fine-tuning"]
     tags += [_METHOD_TAGS[method]] if method in _METHOD_TAGS else []
     if lora:
-        tags += ["lora", "qlora"] if quantization else ["lora"]
+        tags += ["lora", "qlora"] if model.get("quantization") else ["lora"]
     else:
         tags.append("full-fine-tuning")
-    data["tags"] = list(dict.fromkeys(tags))
-    data["pipeline_tag"] = "text-generation"
-    return data
+    hub_ids = list(dict.fromkeys(d["hub_id"] for d in config.get("datasets", []) if d.get("hub_id")))
+    evaluations = eval_results(lm_eval) if lm_eval is not None else []
+    license = base_license(model)
+    return ModelCardData(
+        base_model=_base_model(config),
+        license=license.get("license"),
+        license_name=license.get("license_name"),
+        license_link=license.get("license_link"),
+        library_name="peft" if adapter else "transformers",
+        datasets=hub_ids or None,
+        tags=tags,
+        pipeline_tag="text-generation",
+        model_name=name if evaluations else None,
+        eval_results=evaluations or None,
+    )
 
 
 def _evaluation_at(records: RunRecords, step: int) -> dict[str, Any] | None:
@@ -190,13 +264,13 @@ def _results_section(records: RunRecords, step: int) -> list[str]:
     return lines
 
 
-def _trajectory_section(records: RunRecords, config: dict[str, Any]) -> list[str]:
+def _trajectory_section(records: RunRecords, config: dict[str, Any], step: int) -> list[str]:
     datasets = records.dataset_names
     lines = ["## Mixture trajectory", ""]
     if not records.updates:
         start = _evaluation_at(records, 0)
         weights = start["weights"] if start else (config.get("method") or {}).get("weights") or {}
-        shown = ", ".join(f"{k} {float(v):.3f}" for k, v in weights.items()) or "as configured"
+        shown = _weights(weights) or "as configured"
         return [*lines, f"Fixed weights over the whole run: {shown}."]
     lines += [
         "The training mixture chosen at each update (from controller.jsonl); it holds until the next one.",
@@ -208,15 +282,25 @@ def _trajectory_section(records: RunRecords, config: dict[str, Any]) -> list[str
         weights = [f"{float(w):.3f}" for w in update["weights"]]
         note = "abandoned by a backtrack" if abandoned(update) else ""
         lines.append(f"| {update['step']} | " + " | ".join(weights) + f" | {note} |")
+    kept = [u for u in records.updates if not abandoned(u)]
+    if kept:
+        final = dict(zip(datasets, kept[-1]["weights"], strict=True))
+        lines += ["", f"Final mixture (update at step {kept[-1]['step']}, in force to the end of the run): {_weights(final)}."]
+    chosen = _evaluation_at(records, step)
+    if chosen is not None and chosen.get("weights"):
+        lines.append(f"Mixture trained on at the chosen step {step}: {_weights(chosen['weights'])}.")
     return lines
 
 
-def _loading_section(config: dict[str, Any], where: str) -> list[str]:
-    lora = config.get("lora") is not None
+def _weights(weights: dict[str, Any]) -> str:
+    return ", ".join(f"{name} {float(w):.3f}" for name, w in weights.items())
+
+
+def _loading_section(config: dict[str, Any], where: str, adapter: bool) -> list[str]:
     quantization = (config.get("model") or {}).get("quantization")
     base = _base_model(config)
     lines = ["## How to load", ""]
-    if lora and base is not None:
+    if adapter and base is not None:
         lines += [
             "```python",
             "from peft import AutoPeftModelForCausalLM",
@@ -233,7 +317,7 @@ def _loading_section(config: dict[str, Any], where: str) -> list[str]:
                 "(bitsandbytes; 4 bits: NF4, double quantization, bfloat16 compute); pass the same "
                 "`quantization_config` to load the base as it was trained, or load it in full precision.",
             ]
-    elif lora:
+    elif adapter:
         lines += [
             "```python",
             "from peft import PeftModel",
@@ -251,6 +335,12 @@ def _loading_section(config: dict[str, Any], where: str) -> list[str]:
             f'tokenizer = AutoTokenizer.from_pretrained("{where}")',
             "```",
         ]
+        if config.get("lora") is not None:
+            lines += [
+                "",
+                "The weights are the base model's with the trained LoRA adapter merged in (peft's "
+                "`merge_and_unload`, on the base loaded unquantized), so loading them needs no peft.",
+            ]
     return lines
 
 
@@ -303,8 +393,39 @@ def _training_section(records: RunRecords, config: dict[str, Any]) -> list[str]:
     return lines
 
 
-def model_card_text(records: RunRecords, config: dict[str, Any], where: str) -> str:
-    """The card of ``records``' best checkpoint; ``where``: what the loading snippet loads."""
+def _lm_eval_section(record: dict[str, Any]) -> list[str]:
+    """The lm-evaluation-harness results of ``lm_eval.json``: the base model's and this one's."""
+    models = record["models"]
+    base, best = models["base"]["results"], models["best_checkpoint"]["results"]
+    limit = record.get("limit")
+    if limit is None:
+        scope = "every document of each task"
+    elif limit < 1:  # lm-eval's --limit below 1 is a fraction of each task's documents
+        scope = f"the first {limit:.0%} of each task's documents"
+    else:
+        scope = f"at most {int(limit)} documents per task"
+    lines = [
+        "## lm-evaluation-harness",
+        "",
+        f"lm-evaluation-harness {record.get('lm_eval_version', '')} on {scope} (`dynamics eval`; the "
+        "metadata's model-index holds this model's values).",
+        "",
+        "| task | metric | base model | this model |",
+        "| --- | --- | --- | --- |",
+    ]
+    for task in sorted(set(base) | set(best)):
+        before, after = base.get(task, {}), best.get(task, {})
+        for key in _metric_keys({**before, **after}):
+            shown = [f"{v:.4f}" if _number(v) else "-" for v in (before.get(key), after.get(key))]
+            lines.append(f"| {task} | {key.replace(',none', '')} | {shown[0]} | {shown[1]} |")
+    return lines
+
+
+def model_card(records: RunRecords, config: dict[str, Any], *, where: str, name: str, adapter: bool) -> ModelCard:
+    """The card of ``records``' best checkpoint; ``where``: what the loading snippet loads,
+    ``name``: the model's name in the metadata's ``model-index``, ``adapter``: whether the
+    weights are a PEFT adapter (else whole weights: full fine-tuning, or an adapter merged)."""
+    lm_eval = lm_eval_record(records.path)
     step = int(records.summary["best_checkpoint"]["step"])
     base = _base_model(config)
     title = f"{base} fine-tuned with dynamics" if base else "A model fine-tuned with dynamics"
@@ -327,11 +448,12 @@ def model_card_text(records: RunRecords, config: dict[str, Any], where: str) -> 
         "",
         *_results_section(records, step),
         "",
-        *_trajectory_section(records, config),
+        *([*_lm_eval_section(lm_eval), ""] if lm_eval is not None else []),
+        *_trajectory_section(records, config, step),
         "",
-        *_loading_section(config, where),
+        *_loading_section(config, where, adapter),
         "",
         *_training_section(records, config),
     ]
-    front = yaml.safe_dump(metadata(records, config), sort_keys=False, allow_unicode=True)
-    return f"---\n{front}---\n\n" + "\n".join(body) + "\n"
+    data = card_data(records, config, name, lm_eval, adapter=adapter)
+    return ModelCard.from_template(data, template_str=_TEMPLATE, body="\n".join(body))

@@ -30,6 +30,7 @@ METRICS_FILE = "metrics.jsonl"
 CONTROLLER_FILE = "controller.jsonl"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_DIR = "best_checkpoint"
+LM_EVAL_FILE = "lm_eval.json"  # written by dynamics eval (dynamics.engine.harness), read by the model card
 
 logger = logging.getLogger(__name__)
 
