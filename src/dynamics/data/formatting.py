@@ -170,13 +170,15 @@ class ChoiceExample:
     continuation) one after another, ``sequence_lengths`` their lengths and
     ``continuation_lengths`` how many tokens at the end of each are the continuation; the
     prediction is the choice whose continuation tokens have the largest summed
-    log-likelihood, and ``choice_token_ids`` is empty."""
+    log-likelihood (divided by ``score_divisors``, each choice's length in characters, for
+    lm-eval's ``acc_norm``), and ``choice_token_ids`` is empty."""
 
     input_ids: np.ndarray  # int32, shape (T,)
     choice_token_ids: np.ndarray  # int32, shape (K,)
     answer_index: int
     sequence_lengths: np.ndarray | None = None  # int32, shape (K,)
     continuation_lengths: np.ndarray | None = None  # int32, shape (K,)
+    score_divisors: np.ndarray | None = None  # float32, shape (K,); None divides by 1
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -644,7 +646,16 @@ def _continuation_questions(
         "sequences": [[context + continuation for context, continuation in row] for row in pairs],
         "continuation_lengths": [[len(continuation) for _, continuation in row] for row in pairs],
         "answer_index": [int(row["answer"]) for row in rows],
+        "score_divisors": [_score_divisors(row, source) for row in rows],
     }
+
+
+def _score_divisors(row: Mapping[str, Any], source: DataSource) -> list[float]:
+    """What each choice's summed log-likelihood is divided by: its length in characters
+    for lm-eval's ``acc_norm`` (``process_results``), 1 for ``acc``."""
+    if source.lm_eval_metric == "acc_norm":
+        return [float(length) for length in row["choice_lengths"]]
+    return [1.0] * len(row["contexts"])
 
 
 def _continuation_documents(
@@ -659,10 +670,17 @@ def _continuation_examples(
     encoded: datasets.Dataset, source: DataSource, sequence_length: int
 ) -> list[ChoiceExample]:
     """Tokenized lm-eval questions as examples; a sequence longer than ``sequence_length``
-    keeps its last tokens (lm-eval cuts its model's max_length the same way)."""
+    keeps its last tokens (lm-eval cuts its model's max_length the same way), with a warning."""
+    _warn_cut_documents(source, [max(map(len, sequences)) for sequences in encoded["sequences"]], sequence_length)
     examples = []
-    for index, (sequences, lengths, answer) in enumerate(
-        zip(encoded["sequences"], encoded["continuation_lengths"], encoded["answer_index"], strict=True)
+    for index, (sequences, lengths, answer, divisors) in enumerate(
+        zip(
+            encoded["sequences"],
+            encoded["continuation_lengths"],
+            encoded["answer_index"],
+            encoded["score_divisors"],
+            strict=True,
+        )
     ):
         if max(lengths) >= sequence_length:
             raise DataError(
@@ -678,9 +696,27 @@ def _continuation_examples(
                 answer_index=int(answer),
                 sequence_lengths=np.asarray([len(ids) for ids in kept], dtype=np.int32),
                 continuation_lengths=np.asarray(lengths, dtype=np.int32),
+                score_divisors=np.asarray(divisors, dtype=np.float32),
             )
         )
     return examples
+
+
+def _warn_cut_documents(source: DataSource, longest: Sequence[int], sequence_length: int) -> None:
+    """One warning with the count of lm-eval documents whose context and continuation do not
+    fit in ``sequence_length``: their contexts lose their first tokens, so their scores are no
+    longer lm-eval's (unless lm-eval's model cuts at the same length)."""
+    cut = sum(length > sequence_length for length in longest)
+    if cut:
+        logger.warning(
+            "%s: %d of %d documents have a context and continuation longer than sequence_length=%d; their "
+            "contexts keep their last tokens, so their scores differ from lm-eval's (raise "
+            "training.sequence_length)",
+            source.description,
+            cut,
+            len(longest),
+            sequence_length,
+        )
 
 
 def _question(row: Mapping[str, Any], index: int, source: DataSource) -> tuple[str, list[str], int]:
@@ -768,6 +804,7 @@ _CONTINUATION_FEATURES = datasets.Features(
         "sequences": datasets.Sequence(datasets.Sequence(datasets.Value("int32"))),
         "continuation_lengths": datasets.Sequence(datasets.Value("int32")),
         "answer_index": datasets.Value("int32"),
+        "score_divisors": datasets.Sequence(datasets.Value("float32")),
     }
 )
 
@@ -864,6 +901,7 @@ def build_examples(
     # A question scored by loss stays one example, as one scored by accuracy does.
     pack = packing and source.format != "multiple_choice"
     if source.lm_eval_task is not None:
+        _warn_cut_documents(source, [len(document) for document in documents], sequence_length)
         source = dataclasses.replace(source, truncation_side="left")  # a long context keeps its continuation
     examples = (
         _pack(documents, sequence_length, per_document=packing == "per-document")

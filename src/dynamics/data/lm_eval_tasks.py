@@ -30,20 +30,40 @@ names an ``lm_eval_task``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+import random
+from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import datasets
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from dynamics.data.loading import DataError, DataSource, one_line
 
 logger = logging.getLogger(__name__)
 
-FEWSHOT_SEED = 1234
-"""The seed of the few-shot sampler: ``simple_evaluate``'s default ``fewshot_random_seed``."""
+@contextlib.contextmanager
+def seeded_as_simple_evaluate() -> Iterator[None]:
+    """Python's, numpy's and torch's global generators seeded as ``simple_evaluate`` seeds
+    them by default before it loads its tasks (a task's ``process_docs`` may shuffle with
+    them), and put back as they were afterwards, so building rows leaves a run's own random
+    streams untouched."""
+    import torch
+    from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(DEFAULT_RANDOM_SEED)
+        np.random.seed(DEFAULT_OTHER_SEED)
+        torch.manual_seed(DEFAULT_OTHER_SEED)
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
 
 
 def _lm_eval() -> Any:
@@ -58,68 +78,88 @@ def _lm_eval() -> Any:
 
 def task_manager(names: Sequence[str], include_path: str | None) -> Any:
     """lm-eval's ``TaskManager`` for the tasks ``names``: the tasks of ``include_path`` alone
-    when every name is a task there (indexing lm-eval's own ~14,700 tasks takes about 8 s
-    on a CPU core), otherwise those of ``include_path`` and lm-eval's own."""
+    when every name is a task or group there (indexing lm-eval's own ~14,700 tasks takes
+    about 8 s on a CPU core), otherwise those of ``include_path`` and lm-eval's own."""
     tasks = _lm_eval()
     if include_path is not None:
         local = tasks.TaskManager(include_path=include_path, include_defaults=False)
-        if all(name in local.all_subtasks for name in names):
+        if all(name in local.all_tasks for name in names):
             return local
     return tasks.TaskManager(include_path=include_path)
 
 
-def load_task(name: str, include_path: str | None, description: str) -> Any:
-    """The lm-eval task object ``name`` (a folder of task YAMLs is searched first when
-    ``include_path`` is given), configured as ``simple_evaluate`` configures it."""
+def load_tasks(source: DataSource) -> dict[str, Any]:
+    """The lm-eval task objects of ``source.lm_eval_task`` by name (one task, or every task
+    of a group), each configured as ``simple_evaluate`` configures it: its few-shot count
+    (``lm_eval_num_fewshot``, else its own, else 0) and its few-shot sampler's seed."""
+    from lm_eval.defaults import DEFAULT_OTHER_SEED
+
+    assert source.lm_eval_task is not None
+    name = source.lm_eval_task
     try:
-        loaded = task_manager([name], include_path).load([name])["tasks"]
+        loaded = task_manager([name], source.lm_eval_include_path).load([name])["tasks"]
     except Exception as err:  # lm-eval raises plain KeyErrors and ValueErrors, and datasets' errors
         raise DataError(
-            f"{description}: lm-eval task {name!r} could not be loaded ({one_line(err)}); check "
+            f"{source.description}: lm-eval task {name!r} could not be loaded ({one_line(err)}); check "
             "lm_eval_task (and lm_eval_include_path, the folder of a local task's YAML)"
         ) from None
-    if len(loaded) != 1:
-        raise DataError(
-            f"{description}: lm_eval_task {name!r} is a group of {len(loaded)} tasks; list each of its "
-            f"tasks as its own dataset ({', '.join(sorted(loaded)[:5])}, ...)"
-        )
-    task = next(iter(loaded.values()))
+    for task_name, task in loaded.items():
+        _check_task(task, task_name, source)
+        _set_num_fewshot(task, source.lm_eval_num_fewshot)
+        task.set_fewshot_seed(seed=DEFAULT_OTHER_SEED)
+    return dict(loaded)
+
+
+def _check_task(task: Any, name: str, source: DataSource) -> None:
     if task.OUTPUT_TYPE != "multiple_choice":
         raise DataError(
-            f"{description}: lm-eval task {name!r} has output_type {task.OUTPUT_TYPE!r}; only "
-            "multiple_choice tasks (scored by acc) can be a dataset"
+            f"{source.description}: lm-eval task {name!r} has output_type {task.OUTPUT_TYPE!r}; only "
+            "multiple_choice tasks (scored by acc or acc_norm) can be a dataset"
         )
-    if "acc" not in task._metric_fn_list:
+    reported = [metric for metric in ("acc", "acc_norm") if metric in task._metric_fn_list]
+    if source.metric == "accuracy" and source.lm_eval_metric not in reported:
+        fix = f"set lm_eval_metric: {reported[0]}" if reported else "add it to the task's metric_list"
         raise DataError(
-            f"{description}: lm-eval task {name!r} has no 'acc' metric (it has "
-            f"{sorted(task._metric_fn_list)}); add acc to its metric_list"
+            f"{source.description}: lm-eval task {name!r} reports no {source.lm_eval_metric!r} (it reports "
+            f"{sorted(task._metric_fn_list)}); {fix}"
         )
-    if task.get_config("num_fewshot") is None:
+    if not reported:
+        raise DataError(
+            f"{source.description}: lm-eval task {name!r} reports neither acc nor acc_norm (it reports "
+            f"{sorted(task._metric_fn_list)}), which name its correct choice; add acc to its metric_list"
+        )
+
+
+def _set_num_fewshot(task: Any, num_fewshot: int | None) -> None:
+    """``simple_evaluate``'s rule: a requested count replaces the task's own, except a task
+    whose config says 0; without one, a task that sets none gets 0."""
+    own = task.get_config("num_fewshot")
+    if num_fewshot is not None and own != 0:
+        task.set_config(key="num_fewshot", value=num_fewshot)
+    elif own is None:
         task.set_config(key="num_fewshot", value=0)
-    task.set_fewshot_seed(seed=FEWSHOT_SEED)
-    return task
 
 
 def _correct_choice(task: Any, doc: dict[str, Any], requests: int, choices: int, where: str) -> int:
-    """The one choice that ``process_results`` scores ``acc`` 1 when it is the likeliest."""
+    """The one choice that ``process_results`` scores 1 when it is the likeliest (acc, or
+    acc_norm for a task that reports only that: with every other choice at -1 and this one
+    at 0, it is the argmax of the sums and of the sums per character alike)."""
+    metric = "acc" if "acc" in task._metric_fn_list else "acc_norm"
     correct = []
     for k in range(choices):
         results = [(0.0 if j == k else -1.0, False) for j in range(requests)]
-        if task.process_results(doc, results)["acc"] == 1.0:
+        if task.process_results(doc, results)[metric] == 1.0:
             correct.append(k)
     if len(correct) != 1:
         raise DataError(
-            f"{where}: {len(correct)} of its {choices} choices count as correct for lm-eval's acc "
+            f"{where}: {len(correct)} of its {choices} choices count as correct for lm-eval's {metric} "
             "(its doc_to_target names none of them, or several); one correct choice is supported"
         )
     return correct[0]
 
 
-def task_rows(source: DataSource) -> datasets.Dataset:
-    """The rows of ``source.lm_eval_task`` (see the module docstring)."""
-    assert source.lm_eval_task is not None
-    task = load_task(source.lm_eval_task, source.lm_eval_include_path, source.description)
-    task.build_all_requests()
+def _task_rows(task: Any, name: str, source: DataSource) -> list[dict[str, Any]]:
+    """One row per document of one task, from the requests ``build_all_requests`` made."""
     by_doc: dict[int, list[Any]] = {}
     for instance in task.instances:
         by_doc.setdefault(instance.doc_id, []).append(instance)
@@ -128,20 +168,36 @@ def task_rows(source: DataSource) -> datasets.Dataset:
         instances.sort(key=lambda instance: instance.idx)
         doc = instances[0].doc
         # acc_mutual_info adds unconditional requests after the K choices; acc reads the first K.
-        choices = len(task.doc_to_choice(doc))
-        pairs = [instance.args[:2] for instance in instances[:choices]]
-        where = f"{source.description}, document {doc_id}"
+        choices = task.doc_to_choice(doc)
+        pairs = [instance.args[:2] for instance in instances[: len(choices)]]
+        where = f"{source.description}, task {name}, document {doc_id}"
         rows.append(
             {
                 "contexts": [context for context, _ in pairs],
                 "continuations": [continuation for _, continuation in pairs],
-                "answer": _correct_choice(task, doc, len(instances), choices, where),
+                "answer": _correct_choice(task, doc, len(instances), len(choices), where),
+                # acc_norm divides by the choice's length in characters (process_results).
+                "choice_lengths": [len(choice) for choice in choices],
+                "task": name,
                 "doc_id": doc_id,
             }
         )
+    return rows
+
+
+def task_rows(source: DataSource) -> datasets.Dataset:
+    """The rows of ``source.lm_eval_task`` (see the module docstring)."""
+    with seeded_as_simple_evaluate():
+        tasks = load_tasks(source)
+        rows = []
+        for name, task in tasks.items():
+            task.build_all_requests(system_instruction=source.lm_eval_system_instruction)
+            rows += _task_rows(task, name, source)
     if not rows:
         raise DataError(f"{source.description}: lm-eval task {source.lm_eval_task!r} has no documents")
-    logger.info("%s: %d documents of lm-eval task %s", source.description, len(rows), source.lm_eval_task)
+    logger.info(
+        "%s: %d documents of lm-eval task %s (%d task(s))", source.description, len(rows), source.lm_eval_task, len(tasks)
+    )
     return datasets.Dataset.from_list(rows)
 
 
