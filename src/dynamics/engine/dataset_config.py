@@ -147,7 +147,13 @@ class DatasetConfig(ConfigSection):
         return self
 
     def _lm_eval_settings(self) -> list[str]:
-        return sorted(f for f in self.model_fields_set if f.startswith("lm_eval_") and f != "lm_eval_task")
+        """The lm_eval_* fields other than lm_eval_task set to other than their defaults (a
+        written config repeats the defaults)."""
+        return sorted(
+            name
+            for name, info in type(self).model_fields.items()
+            if name.startswith("lm_eval_") and name != "lm_eval_task" and getattr(self, name) != info.default
+        )
 
     def _check_lm_eval(self) -> None:
         if self.lm_eval_task is None:
