@@ -22,7 +22,7 @@ import torch
 from transformers import AutoTokenizer
 
 from dynamics.data.formatting import ChoiceExample, LMExample, build_examples, pad_token_id
-from dynamics.data.lm_eval_tasks import task_manager
+from dynamics.data.lm_eval_tasks import encode_pairs, task_manager
 from dynamics.data.loading import DataError, DataSource, load_rows
 from dynamics.engine.batches import EvalBatches, collate_choice, collate_lm
 from dynamics.engine.config import ConfigError, RunConfig
@@ -62,7 +62,7 @@ def in_repo():
 @pytest.fixture(scope="module")
 def harness(model_dir, in_repo) -> dict:
     """lm-eval's own results on the tiny model: acc and each document's log-likelihoods."""
-    return _simple_evaluate(model_dir, FIXTURE_TASKS + [TASK])
+    return _simple_evaluate(model_dir, [*FIXTURE_TASKS, TASK])
 
 
 @pytest.fixture(scope="module")
@@ -239,13 +239,14 @@ def test_a_group_is_one_dataset_of_its_tasks_documents(model_dir, harness, in_re
 
 
 def test_building_rows_leaves_the_global_random_streams_as_they_were(in_repo):
+    # numpy's legacy global generator: the one lm-eval seeds.
     random.seed(7)
-    np.random.seed(7)
+    np.random.seed(7)  # noqa: NPY002
     torch.manual_seed(7)
-    before = (random.getstate(), np.random.get_state()[1].copy(), torch.random.get_rng_state())
+    before = (random.getstate(), np.random.get_state()[1].copy(), torch.random.get_rng_state())  # noqa: NPY002
     load_rows(_source("accuracy", "quiz_shuffled"))
     assert random.getstate() == before[0]
-    assert (np.random.get_state()[1] == before[1]).all()
+    assert (np.random.get_state()[1] == before[1]).all()  # noqa: NPY002
     assert torch.equal(torch.random.get_rng_state(), before[2])
 
 
@@ -265,6 +266,24 @@ def test_documents_longer_than_the_sequence_are_counted_in_one_warning(model_dir
         warnings = [r.getMessage() for r in caplog.records if "longer than sequence_length" in r.getMessage()]
         assert len(warnings) == 1
         assert f"{expected} of 16 documents" in warnings[0]
+
+
+def test_pairs_are_encoded_as_lm_evals_hf_model_encodes_them(model_dir, in_repo):
+    # lm-eval's own HFLM, loaded from the model folder as simple_evaluate loads it: its
+    # _encode_pair, and its prefix token for an empty context.
+    from lm_eval.models.huggingface import HFLM
+
+    real = HFLM(pretrained=str(model_dir), device="cpu", dtype="float32", batch_size=1)
+    _, tokenizer = _model(model_dir)
+    rows = load_rows(_source("accuracy", "quiz_spaces"))
+    contexts = [c for r in rows for c in r["contexts"]] + ["", "Q: ", "Answer:  "]
+    continuations = [c for r in rows for c in r["continuations"]] + ["Mars", "Mars", " Mars"]
+    theirs = [
+        ([real.prefix_token_id], real.tok_encode(continuation)) if context == "" else real._encode_pair(context, continuation)
+        for context, continuation in zip(contexts, continuations, strict=True)
+    ]
+    assert encode_pairs(tokenizer, contexts, continuations) == theirs
+    assert tokenizer.pad_token is None  # the tokenizer given is left as it was
 
 
 def test_a_missing_task_is_named_with_the_fix(in_repo, monkeypatch):

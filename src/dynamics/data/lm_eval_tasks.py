@@ -3,26 +3,33 @@
 Public API:
 
 - ``task_manager(names, include_path)``: lm-eval's ``TaskManager`` for those tasks, without
-  indexing lm-eval's own tasks when every name is a task of ``include_path``.
-- ``task_rows(source) -> datasets.Dataset``: one row per document of the task's evaluation
-  split, as ``lm_eval.simple_evaluate`` builds its requests: the task is loaded with
-  ``task_manager`` (lm-eval's ``TaskManager``), its few-shot count is its own
-  (0 when it sets none) and its few-shot sampler is seeded as ``simple_evaluate`` seeds it
-  by default, and ``Task.build_all_requests`` makes each document's loglikelihood requests:
-  a context (``fewshot_context``: description, few-shot examples, ``doc_to_text``) and a
-  continuation (``target_delimiter`` + each ``doc_to_choice``). Columns: ``contexts`` and
-  ``continuations`` (one string per choice), ``answer`` (the choice that scores ``acc``
-  1) and ``doc_id``.
+  indexing lm-eval's own tasks when every name is a task or group of ``include_path``.
+- ``load_tasks(source) -> dict``: the task objects of ``source.lm_eval_task`` (one task, or
+  every task of a group), checked (multiple choice; ``source.lm_eval_metric`` reported when
+  the metric is accuracy) and configured as ``simple_evaluate`` configures them: few-shot
+  count (``lm_eval_num_fewshot``, else the task's own, else 0) and few-shot seed.
+- ``seeded_as_simple_evaluate()``: a context in which Python's, numpy's and torch's global
+  generators are seeded as ``simple_evaluate`` seeds them, restored on exit.
+- ``task_rows(source) -> datasets.Dataset``: one row per document of the task's (or the
+  group's tasks') evaluation split, as ``lm_eval.simple_evaluate`` builds its requests: the
+  tasks are loaded with ``load_tasks`` under ``seeded_as_simple_evaluate`` and
+  ``Task.build_all_requests`` (with ``lm_eval_system_instruction``) makes each document's
+  loglikelihood requests: a context (``fewshot_context``: system instruction, description,
+  few-shot examples, ``doc_to_text``) and a continuation (``target_delimiter`` + each
+  ``doc_to_choice``). Columns: ``contexts`` and ``continuations`` (one string per choice),
+  ``answer`` (the correct choice), ``choice_lengths`` (each choice's length in characters,
+  ``acc_norm``'s divisor), ``task`` and ``doc_id``.
 - ``encode_pairs(tokenizer, contexts, continuations)``: the token ids of each
   (context, continuation) pair as lm-eval's ``hf`` model encodes them (its own
-  ``loglikelihood`` tokenization: the context's trailing spaces moved to the
-  continuation, the whole text encoded and split at the context's length, an empty
-  context replaced by the BOS or EOS token).
+  ``loglikelihood`` tokenization, by an ``HFLM`` built by its own ``__init__``: the
+  context's trailing spaces moved to the continuation, the whole text encoded and split at
+  the context's length, an empty context replaced by the BOS or EOS token).
 
 The correct choice is the one lm-eval itself scores as right: ``Task.process_results`` is
-asked, for each choice in turn, what ``acc`` it gives when that choice has the highest
-log-likelihood, so the answer follows the task's ``doc_to_target`` (an index, a choice's
-text, or ``doc_to_text`` for a task with several inputs) exactly as lm-eval reads it.
+asked, for each choice in turn, what ``acc`` (or ``acc_norm``, for a task that reports only
+that) it gives when that choice has the highest log-likelihood, so the answer follows the
+task's ``doc_to_target`` (an index, a choice's text, or ``doc_to_text`` for a task with
+several inputs) exactly as lm-eval reads it.
 
 ``lm_eval`` is the optional extra ``lm-eval``; it is imported only here, when a dataset
 names an ``lm_eval_task``.
@@ -31,6 +38,7 @@ names an ``lm_eval_task``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import random
 from collections.abc import Iterator, Sequence
@@ -54,16 +62,17 @@ def seeded_as_simple_evaluate() -> Iterator[None]:
     import torch
     from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
 
-    python_state, numpy_state = random.getstate(), np.random.get_state()
+    # numpy's legacy global generator is the one simple_evaluate seeds and tasks draw from.
+    python_state, numpy_state = random.getstate(), np.random.get_state()  # noqa: NPY002
     with torch.random.fork_rng(devices=[]):
         random.seed(DEFAULT_RANDOM_SEED)
-        np.random.seed(DEFAULT_OTHER_SEED)
+        np.random.seed(DEFAULT_OTHER_SEED)  # noqa: NPY002
         torch.manual_seed(DEFAULT_OTHER_SEED)
         try:
             yield
         finally:
             random.setstate(python_state)
-            np.random.set_state(numpy_state)
+            np.random.set_state(numpy_state)  # noqa: NPY002
 
 
 def _lm_eval() -> Any:
@@ -187,6 +196,7 @@ def _task_rows(task: Any, name: str, source: DataSource) -> list[dict[str, Any]]
 
 def task_rows(source: DataSource) -> datasets.Dataset:
     """The rows of ``source.lm_eval_task`` (see the module docstring)."""
+    _lm_eval()  # lm-eval is installed, or the error says how to install it
     with seeded_as_simple_evaluate():
         tasks = load_tasks(source)
         rows = []
@@ -205,22 +215,42 @@ def encode_pairs(
     tokenizer: PreTrainedTokenizerBase, contexts: Sequence[str], continuations: Sequence[str]
 ) -> list[tuple[list[int], list[int]]]:
     """(context ids, continuation ids) of each pair, by lm-eval's ``hf`` model's own code."""
+    requests = [SimpleNamespace(args=pair) for pair in zip(contexts, continuations, strict=True)]
+    encoded: list[tuple[list[int], list[int]]] = _pair_encoder(tokenizer).loglikelihood(requests, disable_tqdm=True)
+    return encoded
+
+
+def _pair_encoder(tokenizer: PreTrainedTokenizerBase) -> Any:
+    """lm-eval's ``HFLM``, built by its own ``__init__`` (so every setting it derives for the
+    tokenizer, the BOS token, the prefix token, the pad token, is lm-eval's), around a
+    weightless placeholder model on the meta device: encoding needs no weights. Its
+    ``loglikelihood`` encodes the requests and hands them to ``_loglikelihood_tokens``,
+    which here returns them instead of scoring. ``HFLM`` configures the tokenizer it is
+    given (a pad token), so it gets a copy."""
+    import torch
     from lm_eval.models.huggingface import HFLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    class _PairEncoder(HFLM):
-        """HFLM's tokenization without a model: ``loglikelihood`` encodes the requests and
-        hands them to ``_loglikelihood_tokens``, which here returns them instead of scoring."""
-
-        def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-            self.tokenizer = tokenizer
-            self.add_bos_token = None  # HFLM's default
-            self.custom_prefix_token_id = None
-            self.backend = "causal"
-            self.enable_thinking = None
-
+    class PairEncoder(HFLM):
         def _loglikelihood_tokens(self, requests: Any, disable_tqdm: bool = False, override_bs: Any = None) -> Any:
             return [(list(context), list(continuation)) for _, context, continuation in requests]
 
-    requests = [SimpleNamespace(args=pair) for pair in zip(contexts, continuations, strict=True)]
-    encoded: list[tuple[list[int], list[int]]] = _PairEncoder(tokenizer).loglikelihood(requests, disable_tqdm=True)
-    return encoded
+    with torch.device("meta"):
+        placeholder = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=4,
+                intermediate_size=4,
+                num_hidden_layers=1,
+                num_attention_heads=1,
+                num_key_value_heads=1,
+            )
+        )
+    # HFLM warns that a model passed in skips accelerate's launch checks: true, and moot here.
+    quiet = logging.getLogger("lm_eval.models.huggingface")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return PairEncoder(pretrained=placeholder, tokenizer=copy.deepcopy(tokenizer), backend="causal", batch_size=1)
+    finally:
+        quiet.setLevel(level)

@@ -124,7 +124,7 @@ def quantized_model(args: dict[str, Any], quantization: QuantizationConfig, batc
         trust_remote_code=args["trust_remote_code"],
         quantization=quantization,
     )
-    model = load_causal_lm(base)
+    model: Any = load_causal_lm(base)
     if "peft" in args:
         from peft import PeftModel
 
