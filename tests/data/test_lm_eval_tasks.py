@@ -22,7 +22,7 @@ import torch
 from transformers import AutoTokenizer
 
 from dynamics.data.formatting import ChoiceExample, LMExample, build_examples, pad_token_id
-from dynamics.data.lm_eval_tasks import encode_pairs, task_manager
+from dynamics.data.lm_eval_tasks import encode_pairs, render_chats, task_manager
 from dynamics.data.loading import DataError, DataSource, load_rows
 from dynamics.engine.batches import EvalBatches, collate_choice, collate_lm
 from dynamics.engine.config import ConfigError, RunConfig
@@ -222,6 +222,26 @@ def test_few_shot_count_and_system_instruction_are_passed_as_simple_evaluate_pas
     # A task whose config says num_fewshot: 0 keeps 0, as simple_evaluate keeps it.
     zero_shot = load_rows(_source("loss", "tinyMMLU"))["contexts"]
     assert load_rows(_source("loss", "tinyMMLU", lm_eval_num_fewshot=3))["contexts"] == zero_shot
+
+
+@pytest.mark.parametrize("multiturn", [True, False], ids=["multiturn", "single-turn"])
+def test_chat_template_is_applied_as_simple_evaluate_applies_it(model_dir, in_repo, multiturn):
+    options = {"apply_chat_template": True, "fewshot_as_multiturn": multiturn, "system_instruction": "Be brief."}
+    theirs = _simple_evaluate(model_dir, [TASK], **options)["tasks"][TASK]
+    model, tokenizer = _model(model_dir)
+    source = _source(
+        "accuracy",
+        lm_eval_apply_chat_template=True,
+        lm_eval_fewshot_as_multiturn=multiturn,
+        lm_eval_system_instruction="Be brief.",
+    )
+    rows, _, scores = _scores(model, tokenizer, source)
+    contexts = render_chats(tokenizer, [c for r in rows for c in r["contexts"]])
+    assert contexts[0].startswith("<|im_start|>system\nBe brief.")
+    assert contexts[0].count("<|im_start|>user") == (2 if multiturn else 1)
+    continuations = [c for r in rows for c in r["continuations"]]
+    assert list(zip(contexts, continuations, strict=True)) == [pair for doc in theirs["requests"] for pair in doc]
+    np.testing.assert_allclose(scores, np.asarray(theirs["lls"]), rtol=0, atol=1e-4)
 
 
 def test_acc_norm_and_acc_pick_differently_on_quiz_norm(harness):

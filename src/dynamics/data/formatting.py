@@ -625,9 +625,11 @@ def _continuation_pairs(
     rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource
 ) -> list[list[tuple[list[int], list[int]]]]:
     """Each lm-eval row's (context ids, continuation ids) per choice, encoded as lm-eval encodes them."""
-    from dynamics.data.lm_eval_tasks import encode_pairs
+    from dynamics.data.lm_eval_tasks import encode_pairs, render_chats
 
     contexts = [c for row in rows for c in row["contexts"]]
+    if source.lm_eval_apply_chat_template:
+        contexts = render_chats(tokenizer, contexts)
     continuations = [c for row in rows for c in row["continuations"]]
     encoded = encode_pairs(tokenizer, contexts, continuations)
     pairs, start = [], 0

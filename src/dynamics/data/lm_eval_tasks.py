@@ -19,6 +19,10 @@ Public API:
   ``doc_to_choice``). Columns: ``contexts`` and ``continuations`` (one string per choice),
   ``answer`` (the correct choice), ``choice_lengths`` (each choice's length in characters,
   ``acc_norm``'s divisor), ``task`` and ``doc_id``.
+  With ``lm_eval_apply_chat_template`` a context is the chat lm-eval's task built
+  (``fewshot_as_multiturn`` or not), as JSON, rendered later by ``render_chats``.
+- ``render_chats(tokenizer, contexts) -> list[str]``: those chats rendered by lm-eval's
+  ``HFLM.apply_chat_template`` with the tokenizer's chat template.
 - ``encode_pairs(tokenizer, contexts, continuations)``: the token ids of each
   (context, continuation) pair as lm-eval's ``hf`` model encodes them (its own
   ``loglikelihood`` tokenization, by an ``HFLM`` built by its own ``__init__``: the
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import random
 from collections.abc import Iterator, Sequence
@@ -201,7 +206,12 @@ def task_rows(source: DataSource) -> datasets.Dataset:
         tasks = load_tasks(source)
         rows = []
         for name, task in tasks.items():
-            task.build_all_requests(system_instruction=source.lm_eval_system_instruction)
+            task.build_all_requests(
+                system_instruction=source.lm_eval_system_instruction,
+                apply_chat_template=source.lm_eval_apply_chat_template,
+                fewshot_as_multiturn=source.lm_eval_fewshot_as_multiturn,
+                chat_template=_chat_to_render if source.lm_eval_apply_chat_template else None,
+            )
             rows += _task_rows(task, name, source)
     if not rows:
         raise DataError(f"{source.description}: lm-eval task {source.lm_eval_task!r} has no documents")
@@ -209,6 +219,21 @@ def task_rows(source: DataSource) -> datasets.Dataset:
         "%s: %d documents of lm-eval task %s (%d task(s))", source.description, len(rows), source.lm_eval_task, len(tasks)
     )
     return datasets.Dataset.from_list(rows)
+
+
+def _chat_to_render(chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """The ``chat_template`` lm-eval's task calls with a context's chat: the chat itself, as
+    JSON, for ``render_chats`` to render with the run's tokenizer once there is one (rows are
+    built before the tokenizer is known)."""
+    return json.dumps({"messages": chat_history, "add_generation_prompt": add_generation_prompt})
+
+
+def render_chats(tokenizer: PreTrainedTokenizerBase, contexts: Sequence[str]) -> list[str]:
+    """Each context of rows built with ``lm_eval_apply_chat_template`` (a chat, as JSON)
+    rendered by lm-eval's ``HFLM.apply_chat_template`` with ``tokenizer``'s chat template."""
+    encoder = _pair_encoder(tokenizer)
+    chats = [json.loads(context) for context in contexts]
+    return [encoder.apply_chat_template(chat["messages"], chat["add_generation_prompt"]) for chat in chats]
 
 
 def encode_pairs(

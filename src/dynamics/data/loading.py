@@ -249,6 +249,20 @@ LmEvalNumFewshot = Annotated[
         "num_fewshot: 0 keeps 0); default: the task's own.",
     ),
 ]
+LmEvalApplyChatTemplate = Annotated[
+    bool,
+    Field(
+        description="lm_eval --apply_chat_template: each context (system instruction, few-shot examples, "
+        "document) is put through the tokenizer's chat template, as lm-eval's hf model renders it.",
+    ),
+]
+LmEvalFewshotAsMultiturn = Annotated[
+    bool,
+    Field(
+        description="lm_eval --fewshot_as_multiturn, with lm_eval_apply_chat_template: the few-shot examples as "
+        "turns of the chat (true, simple_evaluate's default) or all in the first user turn (false).",
+    ),
+]
 LmEvalSystemInstruction = Annotated[
     str | None,
     Field(min_length=1, description="lm_eval --system_instruction: text put before each context."),
@@ -329,6 +343,8 @@ class DataSource:
     lm_eval_metric: LmEvalMetric = "acc"
     lm_eval_num_fewshot: LmEvalNumFewshot = None
     lm_eval_system_instruction: LmEvalSystemInstruction = None
+    lm_eval_apply_chat_template: LmEvalApplyChatTemplate = False
+    lm_eval_fewshot_as_multiturn: LmEvalFewshotAsMultiturn = True
     origin: str | None = field(default=None, compare=False, repr=False)
     """How messages name where the rows come from, when none of ``path``/``hub_id``/``rows``
     says it (``tokenize_rows`` leaves the in-memory rows out of its cache key but keeps
@@ -341,6 +357,8 @@ class DataSource:
             "lm_eval_metric": "acc",
             "lm_eval_num_fewshot": None,
             "lm_eval_system_instruction": None,
+            "lm_eval_apply_chat_template": False,
+            "lm_eval_fewshot_as_multiturn": True,
         }
         given = [name for name, default in defaults.items() if getattr(self, name) != default]
         if given:

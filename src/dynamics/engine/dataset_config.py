@@ -19,6 +19,8 @@ from dynamics.data.loading import (
     Fields,
     Format,
     HubId,
+    LmEvalApplyChatTemplate,
+    LmEvalFewshotAsMultiturn,
     LmEvalIncludePath,
     LmEvalMetric,
     LmEvalNumFewshot,
@@ -98,6 +100,8 @@ class DatasetConfig(ConfigSection):
     lm_eval_metric: LmEvalMetric = "acc"
     lm_eval_num_fewshot: LmEvalNumFewshot = None
     lm_eval_system_instruction: LmEvalSystemInstruction = None
+    lm_eval_apply_chat_template: LmEvalApplyChatTemplate = False
+    lm_eval_fewshot_as_multiturn: LmEvalFewshotAsMultiturn = True
 
     @field_validator("eval_size", "test_size", mode="before")
     @classmethod
