@@ -393,6 +393,20 @@ def test_the_documented_tiny_mmlu_entry_runs_offline_from_the_fixtures(in_repo):
     assert all(e.score_divisors.tolist() == [1.0] * 4 for e in examples)  # the choices are the letters A-D
 
 
+def test_lm_evals_own_tiny_mmlu_names_the_package_its_aggregation_needs(in_repo):
+    # lm-eval's tinyMMLU.yaml itself (its folder as the include path, so lm-eval's other tasks
+    # are not indexed): its aggregation imports tinyBenchmarks before any data is read.
+    tiny_benchmarks = Path(lm_eval.__file__).parent / "tasks" / "tinyBenchmarks"
+    source = DataSource(
+        lm_eval_task="tinyMMLU",
+        lm_eval_include_path=str(tiny_benchmarks),
+        format="multiple_choice",
+        lm_eval_metric="acc_norm",
+    )
+    with pytest.raises(DataError, match=r"'tinyMMLU' could not be loaded \(`tinyBenchmarks` is required.*pip install"):
+        load_rows(source)
+
+
 def test_the_metric_asked_for_is_the_one_checked(in_repo):
     with pytest.raises(DataError, match=r"task 'tinyMMLU' reports no 'acc' \(it reports \['acc_norm'\]\); set lm_eval_metric: acc_norm"):
         load_rows(_source("accuracy", "tinyMMLU"))

@@ -55,12 +55,14 @@ Formats (``DataSource.format``):
   benchmarks in scenarios 1-50. The choices are not listed (the loss is of the answer's text,
   not of a letter). It is truncated like an instruction example.
 - an lm-eval task's rows (``source.lm_eval_task``; ``lm_eval_tasks`` builds them with the
-  task's own prompts, and ``lm_eval_tasks.encode_pairs`` tokenizes each (context,
-  continuation) pair as lm-eval's ``hf`` model does): scored by accuracy, a ``ChoiceExample``
-  holding each choice's context and continuation (lm-eval's ``acc``: the choice whose
-  continuation is likeliest; each sequence keeps its last ``sequence_length`` tokens); scored
-  by loss, an ``LMExample`` of the context with the correct choice's continuation as the
-  response, truncated on the left.
+  task's own prompts, ``lm_eval_tasks.render_chats`` renders them with the chat template
+  when ``source.lm_eval_apply_chat_template``, and ``lm_eval_tasks.encode_pairs`` tokenizes
+  each (context, continuation) pair as lm-eval's ``hf`` model does): scored by accuracy, a
+  ``ChoiceExample`` holding each choice's context and continuation (lm-eval's ``acc``, or
+  ``acc_norm`` by ``score_divisors``; each sequence keeps its last ``sequence_length``
+  tokens); scored by loss, an ``LMExample`` of the context with the correct choice's
+  continuation as the response, truncated on the left. Either way one warning counts the
+  documents that do not fit in ``sequence_length``.
 
 Answers (``answer_column``): a 0-based index, a letter (``"B"``), one of the choices' own
 labels (ARC's ``"A"``/``"1"``), a decimal string (HellaSwag's ``"2"``), or a list of 0/1
