@@ -1,10 +1,12 @@
-"""``dynamics eval RUN_DIR --tasks T1,T2 [--limit N]``: lm-evaluation-harness on the base
+"""``dynamics eval RUN_DIR --tasks T1,T2 [--limit N] [--num-fewshot N] [--apply-chat-template]
+[--system-instruction TEXT]``: lm-evaluation-harness on the base
 model and on the run's best checkpoint, written to ``RUN_DIR/lm_eval.json`` (shown by
 ``dynamics report RUN_DIR``; docs/lm-eval.md)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 HELP = "evaluate the base model and the best checkpoint of a run with lm-evaluation-harness tasks"
 
@@ -21,6 +23,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", default="8", help="lm-eval's batch size (an integer, or 'auto')")
     parser.add_argument("--device", help="e.g. cuda:0 or cpu (default: cuda when available)")
+    parser.add_argument(
+        "--num-fewshot", type=int, metavar="N", help="few-shot examples per document, as lm-eval's --num_fewshot"
+    )
+    parser.add_argument(
+        "--apply-chat-template",
+        action="store_true",
+        default=None,
+        help="put each context through the tokenizer's chat template, as lm-eval's --apply_chat_template",
+    )
+    parser.add_argument(
+        "--fewshot-as-multiturn",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --apply-chat-template, few-shot examples as turns of the chat (lm-eval's default)",
+    )
+    parser.add_argument("--system-instruction", metavar="TEXT", help="lm-eval's --system_instruction")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -46,12 +64,26 @@ def main(args: argparse.Namespace) -> int:
             base=args.base,
             batch_size=batch_size,
             device=args.device,
+            options=_prompt_options(args),
         )
     except HarnessError as err:
         raise UsageError(str(err)) from None
     print("\n".join(lm_eval_table(record)))
     print(f"written: {args.run_dir.rstrip('/')}/{LM_EVAL_FILE}")
     return 0
+
+
+def _prompt_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The prompt options given, by ``simple_evaluate``'s names; the others keep its defaults."""
+    from dynamics.commands.errors import UsageError
+    from dynamics.engine.harness import EVAL_OPTIONS
+
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise UsageError(f"--num-fewshot {args.num_fewshot}: give a count >= 0")
+    if args.fewshot_as_multiturn and not args.apply_chat_template:
+        raise UsageError("--fewshot-as-multiturn shapes a chat: give --apply-chat-template too")
+    given = {name: getattr(args, name) for name in EVAL_OPTIONS}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _positive(text: str) -> int:

@@ -69,12 +69,14 @@ Formats (``DataSource.format``):
   benchmarks in scenarios 1-50. The choices are not listed (the loss is of the answer's text,
   not of a letter). It is truncated like an instruction example.
 - an lm-eval task's rows (``source.lm_eval_task``; ``lm_eval_tasks`` builds them with the
-  task's own prompts, and ``lm_eval_tasks.encode_pairs`` tokenizes each (context,
-  continuation) pair as lm-eval's ``hf`` model does): scored by accuracy, a ``ChoiceExample``
-  holding each choice's context and continuation (lm-eval's ``acc``: the choice whose
-  continuation is likeliest; each sequence keeps its last ``sequence_length`` tokens); scored
-  by loss, an ``LMExample`` of the context with the correct choice's continuation as the
-  response, truncated on the left.
+  task's own prompts, ``lm_eval_tasks.render_chats`` renders them with the chat template
+  when ``source.lm_eval_apply_chat_template``, and ``lm_eval_tasks.encode_pairs`` tokenizes
+  each (context, continuation) pair as lm-eval's ``hf`` model does): scored by accuracy, a
+  ``ChoiceExample`` holding each choice's context and continuation (lm-eval's ``acc``, or
+  ``acc_norm`` by ``score_divisors``; each sequence keeps its last ``sequence_length``
+  tokens); scored by loss, an ``LMExample`` of the context with the correct choice's
+  continuation as the response, truncated on the left. Either way one warning counts the
+  documents that do not fit in ``sequence_length``.
 
 Answers (``answer_column``): a 0-based index, a letter (``"B"``), one of the choices' own
 labels (ARC's ``"A"``/``"1"``), a decimal string (HellaSwag's ``"2"``), or a list of 0/1
@@ -186,13 +188,15 @@ class ChoiceExample:
     continuation) one after another, ``sequence_lengths`` their lengths and
     ``continuation_lengths`` how many tokens at the end of each are the continuation; the
     prediction is the choice whose continuation tokens have the largest summed
-    log-likelihood, and ``choice_token_ids`` is empty."""
+    log-likelihood (divided by ``score_divisors``, each choice's length in characters, for
+    lm-eval's ``acc_norm``), and ``choice_token_ids`` is empty."""
 
     input_ids: np.ndarray  # int32, shape (T,)
     choice_token_ids: np.ndarray  # int32, shape (K,)
     answer_index: int
     sequence_lengths: np.ndarray | None = None  # int32, shape (K,)
     continuation_lengths: np.ndarray | None = None  # int32, shape (K,)
+    score_divisors: np.ndarray | None = None  # float32, shape (K,); None divides by 1
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -806,9 +810,11 @@ def _continuation_pairs(
     rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource
 ) -> list[list[tuple[list[int], list[int]]]]:
     """Each lm-eval row's (context ids, continuation ids) per choice, encoded as lm-eval encodes them."""
-    from dynamics.data.lm_eval_tasks import encode_pairs
+    from dynamics.data.lm_eval_tasks import encode_pairs, render_chats
 
     contexts = [c for row in rows for c in row["contexts"]]
+    if source.lm_eval_apply_chat_template:
+        contexts = render_chats(tokenizer, contexts)
     continuations = [c for row in rows for c in row["continuations"]]
     encoded = encode_pairs(tokenizer, contexts, continuations)
     pairs, start = [], 0
@@ -827,7 +833,16 @@ def _continuation_questions(
         "sequences": [[context + continuation for context, continuation in row] for row in pairs],
         "continuation_lengths": [[len(continuation) for _, continuation in row] for row in pairs],
         "answer_index": [int(row["answer"]) for row in rows],
+        "score_divisors": [_score_divisors(row, source) for row in rows],
     }
+
+
+def _score_divisors(row: Mapping[str, Any], source: DataSource) -> list[float]:
+    """What each choice's summed log-likelihood is divided by: its length in characters
+    for lm-eval's ``acc_norm`` (``process_results``), 1 for ``acc``."""
+    if source.lm_eval_metric == "acc_norm":
+        return [float(length) for length in row["choice_lengths"]]
+    return [1.0] * len(row["contexts"])
 
 
 def _continuation_documents(
@@ -842,10 +857,17 @@ def _continuation_examples(
     encoded: datasets.Dataset, source: DataSource, sequence_length: int
 ) -> list[ChoiceExample]:
     """Tokenized lm-eval questions as examples; a sequence longer than ``sequence_length``
-    keeps its last tokens (lm-eval cuts its model's max_length the same way)."""
+    keeps its last tokens (lm-eval cuts its model's max_length the same way), with a warning."""
+    _warn_cut_documents(source, [max(map(len, sequences)) for sequences in encoded["sequences"]], sequence_length)
     examples = []
-    for index, (sequences, lengths, answer) in enumerate(
-        zip(encoded["sequences"], encoded["continuation_lengths"], encoded["answer_index"], strict=True)
+    for index, (sequences, lengths, answer, divisors) in enumerate(
+        zip(
+            encoded["sequences"],
+            encoded["continuation_lengths"],
+            encoded["answer_index"],
+            encoded["score_divisors"],
+            strict=True,
+        )
     ):
         if max(lengths) >= sequence_length:
             raise DataError(
@@ -861,9 +883,27 @@ def _continuation_examples(
                 answer_index=int(answer),
                 sequence_lengths=np.asarray([len(ids) for ids in kept], dtype=np.int32),
                 continuation_lengths=np.asarray(lengths, dtype=np.int32),
+                score_divisors=np.asarray(divisors, dtype=np.float32),
             )
         )
     return examples
+
+
+def _warn_cut_documents(source: DataSource, longest: Sequence[int], sequence_length: int) -> None:
+    """One warning with the count of lm-eval documents whose context and continuation do not
+    fit in ``sequence_length``: their contexts lose their first tokens, so their scores are no
+    longer lm-eval's (unless lm-eval's model cuts at the same length)."""
+    cut = sum(length > sequence_length for length in longest)
+    if cut:
+        logger.warning(
+            "%s: %d of %d documents have a context and continuation longer than sequence_length=%d; their "
+            "contexts keep their last tokens, so their scores differ from lm-eval's (raise "
+            "training.sequence_length)",
+            source.description,
+            cut,
+            len(longest),
+            sequence_length,
+        )
 
 
 def _question(row: Mapping[str, Any], index: int, source: DataSource) -> tuple[str, list[str], int]:
@@ -951,6 +991,7 @@ _CONTINUATION_FEATURES = datasets.Features(
         "sequences": datasets.Sequence(datasets.Sequence(datasets.Value("int32"))),
         "continuation_lengths": datasets.Sequence(datasets.Value("int32")),
         "answer_index": datasets.Value("int32"),
+        "score_divisors": datasets.Sequence(datasets.Value("float32")),
     }
 )
 
@@ -1052,6 +1093,7 @@ def build_examples(
     # A question scored by loss stays one example, as one scored by accuracy does.
     pack = packing and source.format != "multiple_choice"
     if source.lm_eval_task is not None:
+        _warn_cut_documents(source, [len(document) for document in documents], sequence_length)
         source = dataclasses.replace(source, truncation_side="left")  # a long context keeps its continuation
     examples = (
         _pack(documents, sequence_length, per_document=packing == "per-document")

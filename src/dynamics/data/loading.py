@@ -248,16 +248,50 @@ LmEvalTask = Annotated[
     str | None,
     Field(
         min_length=1,
-        description="An lm-evaluation-harness multiple-choice task (e.g. tinyMMLU) whose documents are the rows, "
-        "built by the task's own prompts, choices, answers, few-shot setting and split (instead of path or "
-        "hub_id; needs the extra lm-eval). metric accuracy is lm-eval's acc (the choice whose continuation is "
-        "likeliest; constraints only), loss the loss of the correct choice's continuation (any role). "
-        "docs/lm-eval.md.",
+        description="An lm-evaluation-harness multiple-choice task (e.g. tinyMMLU), or a group of them pooled "
+        "into one dataset, whose documents are the rows, built by the task's own prompts, choices, answers, "
+        "few-shot setting and split (instead of path or hub_id; needs the extra lm-eval). metric accuracy is "
+        "lm-eval's acc or acc_norm (lm_eval_metric; constraints only), loss the loss of the correct choice's "
+        "continuation (any role). docs/lm-eval.md.",
     ),
 ]
 LmEvalIncludePath = Annotated[
     str | None,
     Field(min_length=1, description="A folder of lm-eval task YAMLs searched for lm_eval_task (a task over local files)."),
+]
+LmEvalMetric = Annotated[
+    Literal["acc", "acc_norm"],
+    Field(
+        description="Which of lm-eval's multiple-choice metrics metric accuracy is: acc (the choice whose "
+        "continuation has the largest summed log-likelihood) or acc_norm (that sum divided by the choice's "
+        "length in characters, e.g. tinyMMLU, tinyHellaswag); the task must report it. docs/lm-eval.md.",
+    ),
+]
+LmEvalNumFewshot = Annotated[
+    int | None,
+    Field(
+        ge=0,
+        description="Few-shot examples before each document, as lm_eval --num_fewshot (a task whose config sets "
+        "num_fewshot: 0 keeps 0); default: the task's own.",
+    ),
+]
+LmEvalApplyChatTemplate = Annotated[
+    bool,
+    Field(
+        description="lm_eval --apply_chat_template: each context (system instruction, few-shot examples, "
+        "document) is put through the tokenizer's chat template, as lm-eval's hf model renders it.",
+    ),
+]
+LmEvalFewshotAsMultiturn = Annotated[
+    bool,
+    Field(
+        description="lm_eval --fewshot_as_multiturn, with lm_eval_apply_chat_template: the few-shot examples as "
+        "turns of the chat (true, simple_evaluate's default) or all in the first user turn (false).",
+    ),
+]
+LmEvalSystemInstruction = Annotated[
+    str | None,
+    Field(min_length=1, description="lm_eval --system_instruction: text put before each context."),
 ]
 
 
@@ -338,10 +372,29 @@ class DataSource:
     truncation_side: TruncationSide = "right"
     lm_eval_task: LmEvalTask = None
     lm_eval_include_path: LmEvalIncludePath = None
+    lm_eval_metric: LmEvalMetric = "acc"
+    lm_eval_num_fewshot: LmEvalNumFewshot = None
+    lm_eval_system_instruction: LmEvalSystemInstruction = None
+    lm_eval_apply_chat_template: LmEvalApplyChatTemplate = False
+    lm_eval_fewshot_as_multiturn: LmEvalFewshotAsMultiturn = True
     origin: str | None = field(default=None, compare=False, repr=False)
     """How messages name where the rows come from, when none of ``path``/``hub_id``/``rows``
     says it (``tokenize_rows`` leaves the in-memory rows out of its cache key but keeps
     their description)."""
+
+    def _check_no_lm_eval_settings(self) -> None:
+        """``lm_eval_*`` settings configure an lm-eval task; without one they are a mistake."""
+        defaults = {
+            "lm_eval_include_path": None,
+            "lm_eval_metric": "acc",
+            "lm_eval_num_fewshot": None,
+            "lm_eval_system_instruction": None,
+            "lm_eval_apply_chat_template": False,
+            "lm_eval_fewshot_as_multiturn": True,
+        }
+        given = [name for name, default in defaults.items() if getattr(self, name) != default]
+        if given:
+            raise DataError(f"{', '.join(given)} configure lm_eval_task; set lm_eval_task= too")
 
     def __post_init__(self) -> None:
         given = [name for name in ("path", "hub_id", "rows", "lm_eval_task") if getattr(self, name) is not None]
@@ -354,8 +407,8 @@ class DataSource:
             raise DataError(
                 f"lm_eval_task={self.lm_eval_task!r} reads a multiple-choice task: set format='multiple_choice'"
             )
-        if self.lm_eval_include_path is not None and self.lm_eval_task is None:
-            raise DataError("lm_eval_include_path is searched for lm_eval_task; set lm_eval_task= too")
+        if self.lm_eval_task is None:
+            self._check_no_lm_eval_settings()
         if self.rows is not None and not isinstance(self.rows, datasets.Dataset):
             raise DataError(f"rows= must be a datasets.Dataset, got {type(self.rows).__name__}")
         if self.format not in ROW_FORMATS:
@@ -374,6 +427,13 @@ class DataSource:
             raise DataError(
                 f"metric='accuracy' needs format='multiple_choice' (got {self.format!r}); a "
                 f"{self.format} source is scored by metric='loss'"
+            )
+        if self.lm_eval_metric not in ("acc", "acc_norm"):
+            raise DataError(f"lm_eval_metric={self.lm_eval_metric!r}: use 'acc' or 'acc_norm'")
+        if self.lm_eval_metric != "acc" and self.metric == "loss":
+            raise DataError(
+                f"lm_eval_metric={self.lm_eval_metric!r} picks what metric='accuracy' scores; metric='loss' is the "
+                "correct continuation's loss: remove lm_eval_metric or set metric='accuracy'"
             )
         if self.stream_rows is not None and (
             isinstance(self.stream_rows, bool) or not isinstance(self.stream_rows, int) or self.stream_rows < 1

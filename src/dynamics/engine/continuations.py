@@ -12,9 +12,12 @@ Public API:
 - ``collate_continuations(examples, pad_id) -> dict``: the batch's choice sequences as
   rows: ``input_ids``, ``attention_mask`` and ``labels`` (R, T), right-padded, the labels
   ``-100`` except on each row's continuation; ``choice_rows`` (B, K) long, the row of each
-  question's choice k (-1 where a question has fewer than K choices); ``answer_index`` (B,).
+  question's choice k (-1 where a question has fewer than K choices); ``answer_index`` (B,);
+  ``score_divisors`` (B, K) float32, each choice's ``ChoiceExample.score_divisors`` (1 where
+  none: ``acc``; the choice's length in characters: ``acc_norm``).
 - ``continuation_scores(model, batch) -> Tensor``: (B, K) summed log-likelihood of each
-  choice's continuation (float32; ``-inf`` for the missing choices).
+  choice's continuation divided by its score divisor (float32; ``-inf`` for the missing
+  choices), so the argmax is lm-eval's ``acc`` or ``acc_norm`` prediction.
 - ``logits_at(model, input_ids, attention_mask, positions) -> Tensor``: the logits at the
   given positions only, not at every position of every row.
 """
@@ -44,10 +47,13 @@ def collate_continuations(examples: Sequence[ChoiceExample], pad_id: int) -> dic
     labels: list[np.ndarray] = []
     width = max(len(e.sequence_lengths) for e in examples if e.sequence_lengths is not None)
     choice_rows = np.full((len(examples), width), -1, dtype=np.int64)
+    divisors = np.ones((len(examples), width), dtype=np.float32)
     for b, example in enumerate(examples):
         if example.sequence_lengths is None or example.continuation_lengths is None:
             raise ValueError("a batch mixes questions scored by letter and by continuation")
         ends = np.cumsum(example.sequence_lengths)
+        if example.score_divisors is not None:
+            divisors[b, : len(example.score_divisors)] = example.score_divisors
         for k, (end, length, continuation) in enumerate(
             zip(ends, example.sequence_lengths, example.continuation_lengths, strict=True)
         ):
@@ -71,6 +77,7 @@ def collate_continuations(examples: Sequence[ChoiceExample], pad_id: int) -> dic
         "labels": torch.from_numpy(padded_labels),
         "choice_rows": torch.from_numpy(choice_rows),
         "answer_index": torch.tensor([e.answer_index for e in examples], dtype=torch.long),
+        "score_divisors": torch.from_numpy(divisors),
     }
 
 
@@ -110,8 +117,8 @@ def _takes_logits_to_keep(model: nn.Module) -> bool:
 
 
 def continuation_scores(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
-    """(B, K) summed log-likelihood of each choice's continuation tokens (-inf where a
-    question has no choice k)."""
+    """(B, K) summed log-likelihood of each choice's continuation tokens over its score
+    divisor (-inf where a question has no choice k)."""
     labels = batch["labels"]
     # The logits at position t score token t + 1: keep the positions before each
     # continuation token.
@@ -124,5 +131,5 @@ def continuation_scores(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor
     row_scores = torch.zeros(scored.shape, dtype=token_scores.dtype, device=token_scores.device)
     row_scores = row_scores.masked_scatter(scored, token_scores).sum(dim=1)
     rows = batch["choice_rows"]
-    scores = row_scores[rows.clamp(min=0)]
+    scores = row_scores[rows.clamp(min=0)] / batch["score_divisors"]
     return torch.where(rows >= 0, scores, torch.full_like(scores, -torch.inf))

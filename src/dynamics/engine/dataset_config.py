@@ -21,7 +21,12 @@ from dynamics.data.loading import (
     Fields,
     Format,
     HubId,
+    LmEvalApplyChatTemplate,
+    LmEvalFewshotAsMultiturn,
     LmEvalIncludePath,
+    LmEvalMetric,
+    LmEvalNumFewshot,
+    LmEvalSystemInstruction,
     LmEvalTask,
     LossOnField,
     Revision,
@@ -98,6 +103,11 @@ class DatasetConfig(ConfigSection):
     )
     lm_eval_task: LmEvalTask = None
     lm_eval_include_path: LmEvalIncludePath = None
+    lm_eval_metric: LmEvalMetric = "acc"
+    lm_eval_num_fewshot: LmEvalNumFewshot = None
+    lm_eval_system_instruction: LmEvalSystemInstruction = None
+    lm_eval_apply_chat_template: LmEvalApplyChatTemplate = False
+    lm_eval_fewshot_as_multiturn: LmEvalFewshotAsMultiturn = True
 
     @field_validator("eval_size", "test_size", mode="before")
     @classmethod
@@ -120,7 +130,7 @@ class DatasetConfig(ConfigSection):
         unknown = sorted(set(self.columns) - set(COLUMN_KEYS))
         if unknown:
             raise ValueError(f"dataset {self.name!r}: unknown columns keys {unknown}; use {list(COLUMN_KEYS)}")
-        if self.lm_eval_task is not None or self.lm_eval_include_path is not None:
+        if self.lm_eval_task is not None or self._lm_eval_settings():
             self._check_lm_eval()
         elif self.metric == "accuracy" and self.format != "multiple_choice":
             raise ValueError(f"dataset {self.name!r}: metric 'accuracy' needs format 'multiple_choice'")
@@ -146,9 +156,20 @@ class DatasetConfig(ConfigSection):
             raise ValueError(f"dataset {self.name!r}: {err}") from None
         return self
 
+    def _lm_eval_settings(self) -> list[str]:
+        """The lm_eval_* fields other than lm_eval_task set to other than their defaults (a
+        written config repeats the defaults)."""
+        return sorted(
+            name
+            for name, info in type(self).model_fields.items()
+            if name.startswith("lm_eval_") and name != "lm_eval_task" and getattr(self, name) != info.default
+        )
+
     def _check_lm_eval(self) -> None:
         if self.lm_eval_task is None:
-            raise ValueError(f"dataset {self.name!r}: lm_eval_include_path is searched for lm_eval_task; set lm_eval_task")
+            raise ValueError(
+                f"dataset {self.name!r}: {', '.join(self._lm_eval_settings())} configure lm_eval_task; set lm_eval_task"
+            )
         fields = ("path", "hub_id", "config_name", "revision", "data_files", "stream_rows")
         given = [f for f in fields if getattr(self, f) is not None]
         given += [f for f in ("columns", "fields", "drop_empty", "strip_strings", "shuffle_choices") if getattr(self, f)]
