@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import ClassVar
 
-import httpx2
 import pytest
 import torch
 import yaml
@@ -267,7 +267,8 @@ class RecordingApi:
     def update_repo_settings(self, repo_id, **kwargs):
         self.calls.append(("update_repo_settings", {"repo_id": repo_id, **kwargs}))
         if self.refuse_settings:
-            response = httpx2.Response(403, request=httpx2.Request("PUT", f"https://huggingface.co/api/models/{repo_id}/settings"))
+            # What the error reads of a response, whichever HTTP client huggingface_hub uses.
+            response = SimpleNamespace(status_code=403, headers={}, request=None)
             raise HfHubHTTPError("403 Forbidden", response=response)
         self.repos[repo_id] = kwargs["private"]
 
