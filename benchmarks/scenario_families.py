@@ -329,7 +329,7 @@ def feasible_on_test(result: Mapping[str, Any]) -> bool:
     return bool(result["feasible"] and result.get("held_test", True))
 
 
-def fixed_at_mass(scenario: FamilyScenario, results: Mapping[str, Mapping[str, Any]], mass: float) -> Mapping[str, Any]:
+def fixed_at_mass(scenario: FamilyScenario, results: Mapping[str, dict[str, Any]], mass: float) -> Mapping[str, Any]:
     """The fixed run of target mass ``mass``; without non-targets every mass trains the
     targets alone, the one run of the sweep."""
     return results[fixed_label(mass) if scenario.non_targets else TARGETS_ALONE]
@@ -340,7 +340,7 @@ def complete(scenario: FamilyScenario, results: Mapping[str, Any]) -> bool:
     return all(label in results for label in [DEFAULT, *fixed_plan(scenario)])
 
 
-def rule_of_thumb_mass(development: Sequence[tuple[FamilyScenario, Mapping[str, Mapping[str, Any]]]]) -> float | None:
+def rule_of_thumb_mass(development: Sequence[tuple[FamilyScenario, Mapping[str, dict[str, Any]]]]) -> float | None:
     """The fixed target mass with the best median test reduction over the development
     scenarios (the smallest on ties); None without a complete development scenario."""
     done = [(s, r) for s, r in development if s.split == "development" and complete(s, r)]
@@ -351,7 +351,7 @@ def rule_of_thumb_mass(development: Sequence[tuple[FamilyScenario, Mapping[str, 
 
 
 def scenario_row(
-    scenario: FamilyScenario, results: Mapping[str, Mapping[str, Any]], rule_mass: float | None
+    scenario: FamilyScenario, results: Mapping[str, dict[str, Any]], rule_mass: float | None
 ) -> dict[str, Any]:
     """The numbers a complete scenario's goal reads, from its runs' results
     (:func:`run_results`); reductions and violations on the test split."""
@@ -411,7 +411,9 @@ def goal_conditions(rows: Sequence[Mapping[str, Any]]) -> list[Condition]:
     of the 8-run oracle in median. Where the targets alone keep every constraint (nothing
     binds): within 0.3 points of them in median. Where no fixed mixture is feasible: a
     median violation at most 1.2 times the least-violating fixed mixture's. Everywhere: a
-    median cost of at most 2.0 fixed runs by the cost model."""
+    median cost of at most 2.0 fixed runs by the cost model. The rule of thumb is fitted on
+    the development split, so only the evaluation split's comparison with it is out of
+    sample."""
     feasible = [r for r in rows if r["some_fixed_feasible"]]
     nothing = [r for r in rows if r["nothing_feasible"]]
     if nothing:
@@ -466,17 +468,32 @@ def run_results(folder: Path) -> dict[str, dict[str, Any]]:
 
 
 def read_scenarios(out: Path) -> list[tuple[FamilyScenario, dict[str, Any], dict[str, dict[str, Any]]]]:
-    """(scenario, its ``scenario.json``, its runs' results) of every scenario under ``out``."""
+    """(scenario, its ``scenario.json``, its runs' results) of every scenario under ``out``;
+    the scenario as recorded, which is the one its runs trained on."""
     found = []
     for path in sorted(out.glob(f"s[0-9][0-9][0-9]/{SCENARIO_FILE}")):
         record = json.loads(path.read_text())
-        scenario = draw_scenario(int(record["seed"]))
+        scenario = recorded_scenario(record)
         found.append((scenario, record, run_results(path.parent)))
     return found
 
 
+def recorded_scenario(record: Mapping[str, Any]) -> FamilyScenario:
+    """The scenario of a ``scenario.json``."""
+    return FamilyScenario(
+        seed=int(record["seed"]),
+        targets=tuple(record["targets"]),
+        budgets=tuple(record["budgets"]),
+        non_targets=tuple(record["non_targets"]),
+        loss_constraints=tuple(record["loss_constraints"]),
+        accuracy_constraints=tuple(record["accuracy_constraints"]),
+        lr=float(record["lr"]),
+        steps=int(record["steps"]),
+    )
+
+
 def family_report(
-    scenarios: Sequence[tuple[FamilyScenario, Mapping[str, Any], Mapping[str, Mapping[str, Any]]]],
+    scenarios: Sequence[tuple[FamilyScenario, Mapping[str, Any], Mapping[str, dict[str, Any]]]],
 ) -> dict[str, Any]:
     """Every scenario with its runs and, where complete, its row; the rule of thumb's mass
     (from the development scenarios); the goal per split over its complete scenarios."""

@@ -456,3 +456,37 @@ def test_the_report_lists_every_scenario_that_ran_and_the_goal_per_split():
     assert "| s120 | evaluation | strings, dates | prose | code-heldout; none | 0.0001 | 128 | 12 of 12 | 32.0% | yes | 20.0% |" in table
     assert table.count("| s0") == 1 and table.count("| s12") == 2
     assert "The goal on the evaluation split:" in table
+
+
+@pytest.mark.slow
+def test_results_are_read_from_run_folders(tmp_path, quick_base, single_thread):
+    """Two 8-step runs of a hand-made scenario on the seconds-long base model: what the
+    report reads from their folders is what their records say."""
+    from dynamics.experiments.demo import train_run
+    from dynamics.runs import rundir
+
+    scenario = FamilyScenario(
+        seed=3, targets=("strings",), budgets=(8,), non_targets=("prose",),
+        loss_constraints=("code-heldout",), accuracy_constraints=(), lr=1e-4, steps=8,
+    )  # fmt: skip
+    out = tmp_path / "families"
+    families.prepare_data(quick_base, out / "data")
+    families.record_scenario(out / scenario.name, scenario, None)
+    for label in ("robust", "fixed-w1"):
+        config = families.scenario_config(
+            scenario, quick_base, out / "data", out / scenario.name / label, families.plan(scenario)[label]
+        )
+        config["evaluation"] = {"interval": 4, "batches": 2, "reduced_batches": 1}
+        train_run(config)
+    [(read, record, results)] = families.read_scenarios(out)
+    assert read == scenario and record["split"] == "development"
+    assert sorted(results) == ["fixed-w1", "robust"]
+    for label, got in results.items():
+        records = rundir.read_run(out / scenario.name / label)
+        assert got["predicted_cost"] == records.summary["predicted_cost"]
+        assert got["reduction_test"] == families.records_result(records)["reduction_test"]
+    assert results["fixed-w1"]["predicted_cost"] == pytest.approx(1.0)
+    assert results["robust"]["predicted_cost"] > 1.0
+    report = families.family_report([(read, record, results)])
+    assert "row" not in report["scenarios"]["s003"]  # the sweep's other masses did not run
+    assert "| s003 | development | strings | prose | code-heldout; none | 0.0001 | 8 | 2 of 12 |" in families.markdown(report)
