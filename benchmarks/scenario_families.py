@@ -13,7 +13,8 @@ skills, accuracy on the two quizzes; an accuracy constraint in every scenario of
 target budgets, a learning rate of 0.5-3 times the demo's (log-uniform) and 128-512 steps.
 Seeds 0-99 are the development split, 100-199 the evaluation split; the evaluation split
 runs only with ``--frozen-commit``, the commit of the default frozen before any evaluation
-scenario ran, which every evaluation scenario records (``scenario.json``).
+scenario runs, whose ``src/dynamics`` the checkout must hold, and which every evaluation
+scenario records (``scenario.json``).
 
 Per scenario, one training seed: the default, the paper's method and a fine fixed sweep
 (uniform over the targets, the rest uniform over the non-targets). Runs that finished under
@@ -31,7 +32,6 @@ import argparse
 import json
 import math
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -242,46 +242,57 @@ def plan(scenario: FamilyScenario) -> dict[str, dict[str, Any]]:
     return {**METHODS, **fixed_plan(scenario)}
 
 
-FROZEN_COMMIT = re.compile(r"[0-9a-f]{7,40}")
 SCENARIO_FILE = "scenario.json"
+FROZEN_SOURCE = "src/dynamics"
+"""What the frozen commit pins: the library the runs train with."""
 
 
-def check_frozen_commit(scenarios: Sequence[FamilyScenario], frozen_commit: str | None) -> None:
-    """Refuse evaluation scenarios without the frozen commit of the default."""
+def git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+
+
+def frozen_commit(scenarios: Sequence[FamilyScenario], given: str | None, repo: Path = ROOT) -> str | None:
+    """The full hash of ``given``, the default's frozen commit, once checked: a commit of
+    ``repo`` whose ``src/dynamics`` is the one this checkout trains with. Evaluation
+    scenarios are refused without it; None when neither is there."""
     evaluation = [s.seed for s in scenarios if s.split == "evaluation"]
-    if evaluation and frozen_commit is None:
+    if evaluation and given is None:
         raise ValueError(
             f"seeds 100-199 are the evaluation split: freeze the default first and give its commit with "
             f"--frozen-commit <hash> (evaluation seeds asked: {', '.join(map(str, evaluation))})"
         )
-    if frozen_commit is not None and FROZEN_COMMIT.fullmatch(frozen_commit) is None:
-        raise ValueError(f"--frozen-commit {frozen_commit!r} is not a commit hash: give 7-40 lowercase hex digits")
+    if given is None:
+        return None
+    resolved = git(repo, "rev-parse", "--verify", "--quiet", f"{given}^{{commit}}")
+    if resolved.returncode != 0:
+        raise ValueError(f"--frozen-commit {given!r} is not a commit of {repo}: give the default's commit (git log)")
+    commit = resolved.stdout.strip()
+    if git(repo, "diff", "--quiet", commit, "--", FROZEN_SOURCE).returncode != 0:
+        raise ValueError(
+            f"{FROZEN_SOURCE} differs from that of --frozen-commit {given}: the evaluation split trains the frozen "
+            f"default; run it from a checkout of {given}"
+        )
+    return commit
 
 
-def record_scenario(folder: Path, scenario: FamilyScenario, frozen_commit: str | None) -> None:
+def record_scenario(folder: Path, scenario: FamilyScenario, commit: str | None, repo: Path = ROOT) -> None:
     """``scenario.json``: the scenario and, for the evaluation split, the frozen commit its
-    runs were made at; a scenario already run at another frozen commit is refused, since
-    its runs would mix two defaults."""
+    runs were made at (and the checkout's, which may add benchmark changes to it); a
+    scenario already run at another frozen commit is refused, since its runs would mix two
+    defaults."""
     record: dict[str, Any] = {**asdict(scenario), "split": scenario.split}
     if scenario.split == "evaluation":
-        record["frozen_commit"] = frozen_commit
-        record["checkout_commit"] = checkout_commit()
+        head = git(repo, "rev-parse", "HEAD")
+        record.update(frozen_commit=commit, checkout_commit=head.stdout.strip() if head.returncode == 0 else None)
     path = folder / SCENARIO_FILE
     if path.is_file():
         earlier = json.loads(path.read_text()).get("frozen_commit")
-        if scenario.split == "evaluation" and earlier != frozen_commit:
+        if scenario.split == "evaluation" and earlier != commit:
             raise ValueError(
-                f"{folder} ran at --frozen-commit {earlier}, not {frozen_commit}: use another --out for another default"
+                f"{folder} ran at --frozen-commit {earlier}, not {commit}: use another --out for another default"
             )
         return
     rundir.atomic_write_text(path, json.dumps(record, indent=1) + "\n")
-
-
-def checkout_commit() -> str | None:
-    """The commit of this checkout (None outside a git checkout), recorded beside the frozen
-    one."""
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def measure_family(
@@ -289,23 +300,25 @@ def measure_family(
     seeds: Sequence[int],
     *,
     base_folder: Path,
-    frozen_commit: str | None = None,
+    frozen: str | None = None,
+    repo: Path = ROOT,
     jobs: int = 1,
     progress: bool = False,
     log: Callable[[str], None] = print,
 ) -> None:
     """Run every run of every scenario of ``seeds`` not finished under ``out``
     (``out/s<seed>/<label>``), ``jobs`` at a time on one thread each; a folder without
-    ``summary.json`` is a crashed run, redone from the start."""
+    ``summary.json`` is a crashed run, redone from the start. ``frozen``: the default's
+    frozen commit in ``repo`` (:func:`frozen_commit`), which evaluation seeds need."""
     scenarios = [draw_scenario(seed) for seed in seeds]
-    check_frozen_commit(scenarios, frozen_commit)
+    commit = frozen_commit(scenarios, frozen, repo)
     data = out / "data"
     prepare_data(base_folder, data)
     configs: dict[str, dict[str, Any]] = {}
     for scenario in scenarios:
         folder = out / scenario.name
         folder.mkdir(parents=True, exist_ok=True)
-        record_scenario(folder, scenario, frozen_commit)
+        record_scenario(folder, scenario, commit, repo)
         for label, method in plan(scenario).items():
             if needs_training(folder / label):
                 log(f"{scenario.name} {label}")
@@ -596,12 +609,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.report_only:
         try:
-            check_frozen_commit(scenarios, args.frozen_commit)
+            frozen_commit(scenarios, args.frozen_commit)
         except ValueError as error:
             parser.error(str(error))
         base = ensure_base_model(spec=DEMO_BASE_SPEC)
         args.out.mkdir(parents=True, exist_ok=True)
-        measure_family(args.out, seeds, base_folder=base, frozen_commit=args.frozen_commit, jobs=args.jobs,
+        measure_family(args.out, seeds, base_folder=base, frozen=args.frozen_commit, jobs=args.jobs,
                        progress=True, log=lambda m: print(m, flush=True))
     report = family_report(read_scenarios(args.out) if args.out.is_dir() else [])
     rundir.atomic_write_text(args.json or args.out / "report.json", json.dumps(report, indent=1) + "\n")

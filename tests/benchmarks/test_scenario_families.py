@@ -10,6 +10,7 @@ import datetime
 import io
 import json
 import re
+import subprocess
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -275,40 +276,71 @@ def test_the_pool_loads_as_the_runs_read_it(tmp_path, quick_base):
 # --- measuring: the frozen evaluation split, resuming ----------------------------------------
 
 
-def test_the_evaluation_split_refuses_to_run_without_a_frozen_commit(tmp_path, capsys):
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    """A git repository of one commit holding a src/dynamics."""
+    folder = tmp_path / "repo"
+    (folder / "src" / "dynamics").mkdir(parents=True)
+    (folder / "src" / "dynamics" / "robust.py").write_text("VARIANT = 'robust'\n")
+    git(folder, "init", "-q")
+    git(folder, "add", "-A")
+    git(folder, "commit", "-q", "-m", "the default")
+    return folder
+
+
+def test_the_evaluation_split_refuses_to_run_without_a_frozen_commit(tmp_path, repo, capsys):
     out = tmp_path / "families"
     with pytest.raises(ValueError, match="the evaluation split: freeze the default first and give its commit with --frozen-commit"):
-        families.measure_family(out, [99, 100], base_folder=tmp_path / "no-base")
+        families.measure_family(out, [99, 100], base_folder=tmp_path / "no-base", repo=repo)
     assert not out.exists()
     with pytest.raises(SystemExit):
         families.main(["--seeds", "150", "--out", str(out)])
     assert "--frozen-commit" in capsys.readouterr().err and not out.exists()
-    with pytest.raises(ValueError, match="is not a commit hash"):
-        families.check_frozen_commit([families.draw_scenario(100)], "HEAD")
+    evaluation = [families.draw_scenario(100)]
+    with pytest.raises(ValueError, match="'abc1234' is not a commit of"):
+        families.frozen_commit(evaluation, "abc1234", repo)
+    head = git(repo, "rev-parse", "HEAD")
+    assert families.frozen_commit(evaluation, head[:8], repo) == head
+    assert families.frozen_commit([families.draw_scenario(0)], None, repo) is None  # development needs none
+    # A library changed since the commit frozen is not the frozen default.
+    (repo / "src" / "dynamics" / "robust.py").write_text("VARIANT = 'tuned on the evaluation split'\n")
+    with pytest.raises(ValueError, match="src/dynamics differs from that of --frozen-commit"):
+        families.frozen_commit(evaluation, head, repo)
 
 
-def test_measuring_records_the_frozen_commit_and_resumes(tmp_path, quick_base, monkeypatch):
+def test_measuring_records_the_frozen_commit_and_resumes(tmp_path, quick_base, repo, monkeypatch):
     trained: list[list[str]] = []
     monkeypatch.setattr(families, "train_all", lambda configs, jobs, progress: trained.append(list(configs)))
-    out, commit = tmp_path / "families", "0123456789abcdef0123456789abcdef01234567"
-    families.measure_family(out, [100], base_folder=quick_base, frozen_commit=commit, log=lambda m: None)
+    out, commit = tmp_path / "families", git(repo, "rev-parse", "HEAD")
+    measure = dict(base_folder=quick_base, repo=repo, log=lambda m: None)
+    families.measure_family(out, [100], frozen=commit[:10], **measure)
     scenario = families.draw_scenario(100)
     assert trained == [[f"s100 {label}" for label in families.plan(scenario)]]
     record = json.loads((out / "s100" / "scenario.json").read_text())
-    assert record["frozen_commit"] == commit and record["split"] == "evaluation"
-    assert record["targets"] == list(scenario.targets)
+    assert record["frozen_commit"] == record["checkout_commit"] == commit and record["split"] == "evaluation"
+    assert families.recorded_scenario(record) == scenario
 
     # A finished run is skipped; a crashed one (no summary.json) is removed and redone.
     (out / "s100" / "robust").mkdir()
     (out / "s100" / "robust" / "summary.json").write_text("{}")
     (out / "s100" / "paper").mkdir()
     (out / "s100" / "paper" / "half-written.jsonl").write_text("")
-    families.measure_family(out, [100], base_folder=quick_base, frozen_commit=commit, log=lambda m: None)
+    families.measure_family(out, [100], frozen=commit, **measure)
     assert trained[1] == [f"s100 {label}" for label in families.plan(scenario) if label != "robust"]
     assert not (out / "s100" / "paper").exists()
 
-    with pytest.raises(ValueError, match="ran at --frozen-commit 0123456789abcdef"):
-        families.measure_family(out, [100], base_folder=quick_base, frozen_commit="fedcba9", log=lambda m: None)
+    # Another default frozen later: its runs go elsewhere.
+    git(repo, "commit", "-q", "--allow-empty", "-m", "another default")
+    with pytest.raises(ValueError, match=f"ran at --frozen-commit {commit}, not "):
+        families.measure_family(out, [100], frozen="HEAD", **measure)
 
 
 # --- baselines, rule of thumb and goal, on hand-written results ------------------------------
