@@ -582,6 +582,8 @@ def parse_seeds(text: str) -> list[int]:
     for part in filter(None, text.split(",")):
         first, _, last = part.partition("-")
         seeds += range(int(first), int(last or first) + 1)
+    if not seeds:
+        raise ValueError(f"{text!r} names no seed: use e.g. 0-99, or 100,105")
     return list(dict.fromkeys(seeds))
 
 

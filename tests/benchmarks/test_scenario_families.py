@@ -92,6 +92,8 @@ def test_seeds_are_split_into_development_and_evaluation():
         with pytest.raises(ValueError, match=r"use 0-99 \(development\) or 100-199 \(evaluation\)"):
             families.draw_scenario(seed)
     assert families.parse_seeds("0-3,2,100") == [0, 1, 2, 3, 100]
+    with pytest.raises(ValueError, match="'5-3' names no seed"):
+        families.parse_seeds("5-3")
 
 
 # --- the new domains' answers, recomputed ------------------------------------------------
