@@ -1,6 +1,6 @@
 """The offline domains that ``benchmarks/scenario_families.py`` draws scenarios from, beside
-the demo's six (:mod:`dynamics.data.offline`): five generated skills and texts, and a second
-quiz on the facts the demo's base model saw in pretraining.
+the demo's six (:mod:`dynamics.data.offline`): four generated skills, generated structured
+text, and a second quiz on the facts the demo's base model saw in pretraining.
 
 Public API:
 
