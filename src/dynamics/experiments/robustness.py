@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from dynamics.core import metrics
-from dynamics.core.policies import fixed_mixture_sweep
+from dynamics.core.fixed_mixtures import fixed_mixture_sweep
 from dynamics.experiments.demo import (
     RUN_THREADS,
     DemoSettings,
