@@ -5,6 +5,12 @@
   :mod:`dynamics.core.fixed_mixtures` generates the paper's sweep of them).
 - :class:`GradientAlignmentPolicy`: slopes from gradient dot products (appendix K),
   supplied by an :class:`~dynamics.core.learner.AlignmentLearner`, solved the same way.
+
+Each policy holds the run's :class:`~dynamics.core.shares.MixtureUnit`: the solvers find
+batch shares (the unit of the slopes, and of ``min_weight`` and the floors), and a record's
+``weights`` are those batch shares in the run's unit, the weights the sampler is given.
+Under token shares the record also keeps the batch shares its predictions assume, as
+``extra["batch_shares"]``; a fixed policy's weights are the user's, in the run's unit.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from dynamics.core.robust import (
     solve_direct,
 )
 from dynamics.core.schedules import UpdateSchedule, build_schedule
+from dynamics.core.shares import BatchShares, MixtureUnit
 from dynamics.core.solver import Solution, grid_candidates, solution_of, solve
 
 
@@ -96,6 +103,24 @@ def _update_record(
     )
 
 
+def _in_unit(record: UpdateRecord, unit: MixtureUnit) -> UpdateRecord:
+    """``record``, whose weights are the batch shares it solved, with its weights in ``unit``."""
+    batch_shares = np.asarray(record.weights, dtype=float)
+    record.weights = unit.weights_of(batch_shares)
+    record.extra.update(_named_batch_shares(unit, batch_shares))
+    return record
+
+
+def _named_batch_shares(unit: MixtureUnit, batch_shares: np.ndarray) -> dict[str, np.ndarray]:
+    """The batch shares a record keeps beside its weights: none where the weights are them."""
+    return {} if unit.name == BatchShares.name else {"batch_shares": np.asarray(batch_shares, dtype=float)}
+
+
+def _trained_in_force(context: UpdateContext, unit: MixtureUnit) -> np.ndarray | None:
+    """The batch shares of the mixture in force (None at the first update)."""
+    return None if context.weights_in_force is None else unit.batch_shares(context.weights_in_force)
+
+
 def _widen(record: UpdateRecord, columns: list[int], num_datasets: int) -> None:
     """Put a record solved over ``columns`` of the datasets back on all of them: weight 0
     and NaN slopes (and slope errors) for the datasets left out."""
@@ -125,9 +150,10 @@ class DynamicsPolicy:
     evaluations at several points of each probe and a fitted curve per entry).
     options:   robustness options beyond the paper (:mod:`dynamics.core.options`); all off
     is the paper's method. Every update records the slopes' standard errors either way.
-    min_weight: the least weight of every dataset the update solves over (``method.min_weight``).
+    min_weight: the least batch share of every dataset the update solves over (``method.min_weight``).
     A dataset whose probe diverged is left out of that update with weight 0, floor or not:
     training on it gave non-finite losses.
+    unit:      what the recorded weights are shares of (:mod:`dynamics.core.shares`).
     """
 
     schedule: UpdateSchedule
@@ -136,6 +162,7 @@ class DynamicsPolicy:
     name: str = "dynamics"
     options: RobustOptions = field(default_factory=RobustOptions)
     min_weight: float = 0.0
+    unit: MixtureUnit = field(default_factory=BatchShares)
     _calibration: PredictionCalibration | None = field(default=None, init=False, repr=False)
     _dataset_calibration: DatasetCalibration | None = field(default=None, init=False, repr=False)
     _last_prediction: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False)
@@ -189,7 +216,7 @@ class DynamicsPolicy:
                 slope_errors,
                 probe_seconds,
                 extra,
-                previous=_in_force(context.weights_in_force, reliable),
+                previous=_in_force(_trained_in_force(context, self.unit), reliable),
                 columns=reliable,
                 num_datasets=num_datasets,
                 target_datasets=[
@@ -203,7 +230,7 @@ class DynamicsPolicy:
             record.extra["unreliable_datasets"] = [
                 learner.dataset_names[j] for j in range(num_datasets) if j not in reliable
             ]
-        return record
+        return _in_unit(record, self.unit)
 
     def state_dict(self) -> dict[str, Any]:
         """The calibrations' sums and the last prediction (what the next update learns from)."""
@@ -237,7 +264,7 @@ class DynamicsPolicy:
         num_datasets: int,
     ) -> UpdateRecord:
         """The update with the options of :mod:`dynamics.core.options` on. ``previous`` is the
-        mixture in force over the probed datasets (uniform at the first update);
+        mixture in force over the probed datasets in batch shares (uniform at the first update);
         ``target_datasets`` the columns of the datasets that are also target domains, and
         ``columns`` the probed datasets' places among all ``num_datasets``."""
         nominal = _problem_at(context, slope_matrix, self.grid, self.min_weight)
@@ -326,10 +353,11 @@ class DynamicsPolicy:
     ) -> MixtureProblem:
         """``problem`` with every constraint slope raised by what past horizons showed the
         slope under-stated (:class:`DatasetCalibration`), learned from the last update's
-        prediction against the anchor measured now, and the mixture trained on in between."""
+        prediction against the anchor measured now, and the mixture trained on in between
+        (in batch shares)."""
         if self._dataset_calibration is None:
             self._dataset_calibration = DatasetCalibration(len(problem.current_losses), num_datasets)
-        last, in_force = self._last_prediction, context.weights_in_force
+        last, in_force = self._last_prediction, _trained_in_force(context, self.unit)
         # After a backtrack the last prediction's horizon was never completed.
         if last is not None and in_force is not None and not context.after_backtrack:
             self._dataset_calibration.observe(last[0], context.anchor.means(), last[1], in_force)
@@ -356,11 +384,13 @@ def _target_names(learner: Learner, context: UpdateContext) -> set[str]:
 
 @dataclass
 class FixedWeightsPolicy:
-    """One mixture for the whole run: a single update at step 0, no probing."""
+    """One mixture for the whole run: a single update at step 0, no probing. ``weights``
+    are in the run's ``unit`` (token shares under ``training.sampling: tokens``)."""
 
     weights: np.ndarray
     total_steps: int
     label: str = "fixed"
+    unit: MixtureUnit = field(default_factory=BatchShares)
 
     def __post_init__(self) -> None:
         w = np.asarray(self.weights, dtype=float)
@@ -390,6 +420,7 @@ class FixedWeightsPolicy:
             weights=self.weights.copy(),
             current_losses=context.anchor.means(),
             recycled_anchor=context.recycled_anchor,
+            extra=_named_batch_shares(self.unit, self.unit.batch_shares(self.weights)),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -402,20 +433,21 @@ class FixedWeightsPolicy:
 @dataclass
 class GradientAlignmentPolicy:
     """Slopes S_ij = -lr <g_i, d_j> from the learner (appendix K), then eq. 3.4 with every
-    weight at or above ``min_weight``."""
+    batch share at or above ``min_weight``, recorded in ``unit``."""
 
     schedule: UpdateSchedule
     num_batches: int = 200
     grid: SolverGrid = field(default_factory=SolverGrid)
     name: str = "gradient-alignment"
     min_weight: float = 0.0
+    unit: MixtureUnit = field(default_factory=BatchShares)
 
     def decide(self, learner: Learner, context: UpdateContext) -> UpdateRecord:
         if not isinstance(learner, AlignmentLearner):
             raise TypeError("gradient alignment needs a learner with alignment_slopes()")
         started = time.perf_counter()
         slope_matrix = np.asarray(learner.alignment_slopes(self.num_batches), dtype=float)
-        return _solve_update(
+        record = _solve_update(
             self.name,
             context,
             slope_matrix,
@@ -423,6 +455,7 @@ class GradientAlignmentPolicy:
             probe_seconds=time.perf_counter() - started,
             min_weight=self.min_weight,
         )
+        return _in_unit(record, self.unit)
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # every update starts from the learner's gradients alone
