@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dynamics.core.policies import FixedWeightsPolicy, fixed_mixture_sweep
+from dynamics.core.fixed_mixtures import fixed_mixture_sweep
+from dynamics.core.policies import FixedWeightsPolicy
 from dynamics.data.scenarios import list_scenarios
 
 

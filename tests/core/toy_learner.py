@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from dynamics.core.learner import DomainKind, Evaluation
+from dynamics.core.shares import TokenShares
 
 
 class ToyLearner:
@@ -89,3 +90,28 @@ class ToyLearner:
     def restore(self, snapshot: tuple[np.ndarray, int]) -> None:
         self.steps_per_dataset = snapshot[0].copy()
         self.trained_steps = snapshot[1]
+
+
+class TokenToyLearner(ToyLearner):
+    """A :class:`ToyLearner` whose datasets' batches hold different numbers of tokens
+    (``tokens_per_batch[j]`` each) and whose training draws every step's dataset, as the
+    sampler does under ``training.sampling: tokens``: with the batch shares
+    ``unit.batch_shares(weights)`` of the token shares it is given. Each drawn batch moves
+    the values by its dataset's column of ``slopes``, so a stretch realizes the draws it made."""
+
+    def __init__(self, slopes: np.ndarray, initial: np.ndarray, tokens_per_batch: Sequence[float], seed: int = 0) -> None:
+        super().__init__(slopes, initial, seed=seed)
+        self.unit = TokenShares(np.asarray(tokens_per_batch, dtype=float))
+        self.draw_rng = np.random.default_rng(seed + 2)
+
+    @property
+    def trained_tokens(self) -> np.ndarray:
+        """The tokens trained on each dataset by the main run (probes are rolled back)."""
+        return self.steps_per_dataset * self.unit.tokens_per_batch
+
+    def train(self, steps: int, weights: np.ndarray) -> None:
+        assert steps > 0
+        num_datasets = self.slopes.shape[1]
+        drawn = self.draw_rng.choice(num_datasets, size=steps, p=self.unit.batch_shares(weights))
+        self.steps_per_dataset = self.steps_per_dataset + np.bincount(drawn, minlength=num_datasets)
+        self.trained_steps += steps

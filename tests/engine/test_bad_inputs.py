@@ -155,6 +155,12 @@ MATH = {
     "columns": {"prompt": "query"},
 }
 
+def fixed_token_shares_below_the_floor(data: dict[str, Any], tmp: Path) -> None:
+    """1% of the tokens on math, whose batch share (known once its rows are read) is under the floor."""
+    data["method"] = {"name": "fixed", "weights": {"math": 1, "wiki": 99}, "min_weight": 0.2}
+    data["training"]["sampling"] = "tokens"
+
+
 CASES = [
     # --- the config (RunConfig validation) -----------------------------------------------
     Case("no-targets", all_roles_non_target, ("datasets", "role 'target'")),
@@ -236,6 +242,7 @@ CASES = [
     Case("budget-over-the-rows", dataset_setting("math", budget=100), ("dataset 'math'", "budget=100", "lower budget")),
     Case("prompt-longer-than-sequence", setting("training.sequence_length", 8), ("dataset 'math'", "sequence_length=8", "training.sequence_length")),
     Case("no-evaluation-examples", blank_constraint_rows, ("dataset 'orca'", "eval", "no examples")),
+    Case("fixed-token-shares-below-the-floor", fixed_token_shares_below_the_floor, ("method.weights draw {'math': 0.0111}", "training.sampling: tokens", "method.min_weight (0.2)")),
 ]
 
 

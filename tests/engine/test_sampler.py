@@ -252,6 +252,43 @@ def test_by_tokens_a_zero_weight_is_never_drawn_and_the_state_round_trips() -> N
     assert [(j, ids(b)) for j, b in (fresh.next_batch(w) for w in mixtures[13:])] == future
 
 
+def fixed_length_pool(n: int, tag: int, length: int) -> list[LMExample]:
+    """``n`` examples of ``tag``, each ``length`` tokens long."""
+    return [
+        LMExample(input_ids=np.full(length, tag * 1000 + i, dtype=np.int32), labels=np.full(length, 1, dtype=np.int32))
+        for i in range(n)
+    ]
+
+
+def test_by_tokens_the_draws_train_the_solved_batch_shares_and_the_recorded_token_shares() -> None:
+    # Rows of 3, 12 and 6 tokens: a batch of dataset 1 holds 4x the tokens of one of dataset 0.
+    streams = [
+        DatasetStream(fixed_length_pool(9, j, length), batch_size=2, pad_id=PAD, seed=30 + j)
+        for j, length in enumerate((3, 12, 6))
+    ]
+    s = MixtureSampler(streams, seed=11, sampling="tokens")
+    t = np.array([6.0, 24.0, 12.0])
+    assert s.unit.tokens_per_batch == pytest.approx(t, abs=0)
+    solved = np.array([0.3, 0.5, 0.2])  # the batch shares a solver's predictions assume
+    recorded = s.unit.weights_of(solved)  # the token shares a record holds and the sampler is given
+    assert recorded == pytest.approx(solved * t / (solved @ t))
+    draws = 12_000
+    batches, tokens = np.zeros(3), np.zeros(3)
+    for _ in range(draws):
+        j, batch = s.next_batch(recorded)
+        batches[j] += 1
+        tokens[j] += int(batch["attention_mask"].sum())
+    # The counts are multinomial(draws, solved): each batch share within 5 binomial standard
+    # errors, and each token share within 5 of its own, the counts' covariance carried to
+    # tau_j = n_j t_j / sum_k n_k t_k to first order.
+    batch_errors = np.sqrt(solved * (1 - solved) / draws)
+    assert np.all(np.abs(batches / draws - solved) <= 5 * batch_errors)
+    gradient = (np.diag(t) - np.outer(recorded, t)) / (solved @ t)
+    covariance = (np.diag(solved) - np.outer(solved, solved)) / draws
+    token_errors = np.sqrt(np.einsum("jk,kl,jl->j", gradient, covariance, gradient))
+    assert np.all(np.abs(tokens / tokens.sum() - recorded) <= 5 * token_errors)
+
+
 def test_batches_is_the_default_and_unknown_sampling_is_refused() -> None:
     streams = [stream(12, 0, seed=10), stream(7, 1, seed=11), stream(30, 2, seed=12)]
     default = MixtureSampler(streams, seed=3)

@@ -56,3 +56,19 @@ def test_abandoned_updates_and_interrupted_horizons_are_left_out():
     assert errors["held-out"]["horizons"] == 1
     assert errors["held-out"]["prediction_error"] == pytest.approx(abs(-0.03 - (-0.032)))
     assert math.isnan(errors["held-out"]["correlation"])  # one horizon: no correlation to speak of
+
+
+def test_under_token_sampling_the_prediction_uses_the_batch_shares_trained():
+    # Token shares 0.2 / 0.8 of batch shares 0.5 / 0.5: held-out is predicted 0, quiz +0.032.
+    def pair(**shares) -> list[dict]:
+        return [
+            update(8, 32, [2.9, 1.0, -0.5], SLOPES, [0.2, 0.8], **shares),
+            update(40, 64, [2.5, 1.02, -0.52], SLOPES, [1.0, 0.0]),
+        ]
+
+    errors = prediction_errors([(pair(batch_shares=[0.5, 0.5]), NAMES, [1, 2])])
+    assert errors["held-out"]["prediction_error"] == pytest.approx(0.02)
+    assert errors["quiz"]["prediction_error"] == pytest.approx(abs(-0.02 - 0.032))
+    # Read as batch shares, the token shares would predict held-out -0.0192 instead.
+    by_weights = prediction_errors([(pair(), NAMES, [1, 2])])
+    assert by_weights["held-out"]["prediction_error"] == pytest.approx(abs(0.02 + 0.0192))

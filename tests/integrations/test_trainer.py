@@ -323,6 +323,8 @@ def test_the_callback_samples_by_tokens_when_the_config_says_so(tokenizer_dir, t
     data["training"]["sampling"] = "tokens"
     callback = DynamicsCallback(RunConfig.from_dict(data), load_tokenizer(RunConfig.from_dict(data).model))
     assert callback.sampler.sampler.sampling == "tokens"
+    # The policy records its solved batch shares as the token shares this sampler draws them by.
+    assert callback.policy.unit is callback.sampler.sampler.unit
 
 
 HANG_SECONDS = 240

@@ -60,6 +60,14 @@ def test_each_update_counts_until_the_next_one_and_the_run_ends():
     assert not any(line.startswith("hint") for line in lines)
 
 
+def test_under_token_sampling_the_steps_are_counted_by_batch_shares():
+    updates = _base_updates()
+    # The first update's token shares are 0.2 math and 0.8 chat; it drew half its steps from each.
+    updates[0]["weights"] = [0.2, 0.0, 0.0, 0.8]
+    updates[0]["extra"]["batch_shares"] = [0.5, 0.0, 0.0, 0.5]
+    assert target_data_lines(_records(updates)) == target_data_lines(_records(_base_updates()))
+
+
 def test_updates_a_backtrack_abandoned_are_left_out():
     updates = _base_updates()
     updates.insert(3, _update(24, 8, [1.0, 0.0, 0.0, 0.0], feasible=False, abandoned=True))

@@ -114,7 +114,8 @@ class Learner(Protocol):
         ...
 
     def train(self, steps: int, weights: np.ndarray) -> None:
-        """Take ``steps`` optimizer steps, each batch drawn from dataset j with prob. w_j."""
+        """Take ``steps`` optimizer steps, each batch drawn from dataset j with the batch share
+        of ``weights`` in the run's unit (:mod:`dynamics.core.shares`): w_j itself by batches."""
         ...
 
     def probe(self, steps: int, dataset: int) -> None:

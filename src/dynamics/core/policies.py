@@ -1,17 +1,21 @@
 """Mixture policies behind one interface (``controller.MixturePolicy``).
 
 - :class:`DynamicsPolicy`: the paper's method, Algorithm 1 (probing) + eq. 3.3/3.4.
-- :class:`FixedWeightsPolicy`: one mixture for the whole run (section 4.4 baselines),
-  with :func:`fixed_mixture_sweep` generating the paper's uniform and proportional
-  schemes over target masses.
+- :class:`FixedWeightsPolicy`: one mixture for the whole run (section 4.4 baselines;
+  :mod:`dynamics.core.fixed_mixtures` generates the paper's sweep of them).
 - :class:`GradientAlignmentPolicy`: slopes from gradient dot products (appendix K),
   supplied by an :class:`~dynamics.core.learner.AlignmentLearner`, solved the same way.
+
+Each policy holds the run's :class:`~dynamics.core.shares.MixtureUnit`: the solvers find
+batch shares (the unit of the slopes, and of ``min_weight`` and the floors), and a record's
+``weights`` are those batch shares in the run's unit, the weights the sampler is given.
+Under token shares the record also keeps the batch shares its predictions assume, as
+``extra["batch_shares"]``; a fixed policy's weights are the user's, in the run's unit.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -44,9 +48,8 @@ from dynamics.core.robust import (
     solve_direct,
 )
 from dynamics.core.schedules import UpdateSchedule, build_schedule
+from dynamics.core.shares import BatchShares, MixtureUnit
 from dynamics.core.solver import Solution, grid_candidates, solution_of, solve
-
-PAPER_TARGET_MASSES = (0.0, 0.2, 0.5, 0.8, 1.0)
 
 
 def _solve_update(
@@ -100,6 +103,24 @@ def _update_record(
     )
 
 
+def _in_unit(record: UpdateRecord, unit: MixtureUnit) -> UpdateRecord:
+    """``record``, whose weights are the batch shares it solved, with its weights in ``unit``."""
+    batch_shares = np.asarray(record.weights, dtype=float)
+    record.weights = unit.weights_of(batch_shares)
+    record.extra.update(_named_batch_shares(unit, batch_shares))
+    return record
+
+
+def _named_batch_shares(unit: MixtureUnit, batch_shares: np.ndarray) -> dict[str, np.ndarray]:
+    """The batch shares a record keeps beside its weights: none where the weights are them."""
+    return {} if unit.name == BatchShares.name else {"batch_shares": np.asarray(batch_shares, dtype=float)}
+
+
+def _trained_in_force(context: UpdateContext, unit: MixtureUnit) -> np.ndarray | None:
+    """The batch shares of the mixture in force (None at the first update)."""
+    return None if context.weights_in_force is None else unit.batch_shares(context.weights_in_force)
+
+
 def _widen(record: UpdateRecord, columns: list[int], num_datasets: int) -> None:
     """Put a record solved over ``columns`` of the datasets back on all of them: weight 0
     and NaN slopes (and slope errors) for the datasets left out."""
@@ -129,9 +150,10 @@ class DynamicsPolicy:
     evaluations at several points of each probe and a fitted curve per entry).
     options:   robustness options beyond the paper (:mod:`dynamics.core.options`); all off
     is the paper's method. Every update records the slopes' standard errors either way.
-    min_weight: the least weight of every dataset the update solves over (``method.min_weight``).
+    min_weight: the least batch share of every dataset the update solves over (``method.min_weight``).
     A dataset whose probe diverged is left out of that update with weight 0, floor or not:
     training on it gave non-finite losses.
+    unit:      what the recorded weights are shares of (:mod:`dynamics.core.shares`).
     """
 
     schedule: UpdateSchedule
@@ -140,6 +162,7 @@ class DynamicsPolicy:
     name: str = "dynamics"
     options: RobustOptions = field(default_factory=RobustOptions)
     min_weight: float = 0.0
+    unit: MixtureUnit = field(default_factory=BatchShares)
     _calibration: PredictionCalibration | None = field(default=None, init=False, repr=False)
     _dataset_calibration: DatasetCalibration | None = field(default=None, init=False, repr=False)
     _last_prediction: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False)
@@ -193,7 +216,7 @@ class DynamicsPolicy:
                 slope_errors,
                 probe_seconds,
                 extra,
-                previous=_in_force(context.weights_in_force, reliable),
+                previous=_in_force(_trained_in_force(context, self.unit), reliable),
                 columns=reliable,
                 num_datasets=num_datasets,
                 target_datasets=[
@@ -207,7 +230,7 @@ class DynamicsPolicy:
             record.extra["unreliable_datasets"] = [
                 learner.dataset_names[j] for j in range(num_datasets) if j not in reliable
             ]
-        return record
+        return _in_unit(record, self.unit)
 
     def state_dict(self) -> dict[str, Any]:
         """The calibrations' sums and the last prediction (what the next update learns from)."""
@@ -241,7 +264,7 @@ class DynamicsPolicy:
         num_datasets: int,
     ) -> UpdateRecord:
         """The update with the options of :mod:`dynamics.core.options` on. ``previous`` is the
-        mixture in force over the probed datasets (uniform at the first update);
+        mixture in force over the probed datasets in batch shares (uniform at the first update);
         ``target_datasets`` the columns of the datasets that are also target domains, and
         ``columns`` the probed datasets' places among all ``num_datasets``."""
         nominal = _problem_at(context, slope_matrix, self.grid, self.min_weight)
@@ -330,10 +353,11 @@ class DynamicsPolicy:
     ) -> MixtureProblem:
         """``problem`` with every constraint slope raised by what past horizons showed the
         slope under-stated (:class:`DatasetCalibration`), learned from the last update's
-        prediction against the anchor measured now, and the mixture trained on in between."""
+        prediction against the anchor measured now, and the mixture trained on in between
+        (in batch shares)."""
         if self._dataset_calibration is None:
             self._dataset_calibration = DatasetCalibration(len(problem.current_losses), num_datasets)
-        last, in_force = self._last_prediction, context.weights_in_force
+        last, in_force = self._last_prediction, _trained_in_force(context, self.unit)
         # After a backtrack the last prediction's horizon was never completed.
         if last is not None and in_force is not None and not context.after_backtrack:
             self._dataset_calibration.observe(last[0], context.anchor.means(), last[1], in_force)
@@ -360,11 +384,13 @@ def _target_names(learner: Learner, context: UpdateContext) -> set[str]:
 
 @dataclass
 class FixedWeightsPolicy:
-    """One mixture for the whole run: a single update at step 0, no probing."""
+    """One mixture for the whole run: a single update at step 0, no probing. ``weights``
+    are in the run's ``unit`` (token shares under ``training.sampling: tokens``)."""
 
     weights: np.ndarray
     total_steps: int
     label: str = "fixed"
+    unit: MixtureUnit = field(default_factory=BatchShares)
 
     def __post_init__(self) -> None:
         w = np.asarray(self.weights, dtype=float)
@@ -394,6 +420,7 @@ class FixedWeightsPolicy:
             weights=self.weights.copy(),
             current_losses=context.anchor.means(),
             recycled_anchor=context.recycled_anchor,
+            extra=_named_batch_shares(self.unit, self.unit.batch_shares(self.weights)),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -406,20 +433,21 @@ class FixedWeightsPolicy:
 @dataclass
 class GradientAlignmentPolicy:
     """Slopes S_ij = -lr <g_i, d_j> from the learner (appendix K), then eq. 3.4 with every
-    weight at or above ``min_weight``."""
+    batch share at or above ``min_weight``, recorded in ``unit``."""
 
     schedule: UpdateSchedule
     num_batches: int = 200
     grid: SolverGrid = field(default_factory=SolverGrid)
     name: str = "gradient-alignment"
     min_weight: float = 0.0
+    unit: MixtureUnit = field(default_factory=BatchShares)
 
     def decide(self, learner: Learner, context: UpdateContext) -> UpdateRecord:
         if not isinstance(learner, AlignmentLearner):
             raise TypeError("gradient alignment needs a learner with alignment_slopes()")
         started = time.perf_counter()
         slope_matrix = np.asarray(learner.alignment_slopes(self.num_batches), dtype=float)
-        return _solve_update(
+        record = _solve_update(
             self.name,
             context,
             slope_matrix,
@@ -427,74 +455,10 @@ class GradientAlignmentPolicy:
             probe_seconds=time.perf_counter() - started,
             min_weight=self.min_weight,
         )
+        return _in_unit(record, self.unit)
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # every update starts from the learner's gradients alone
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class FixedMixture:
-    """One configuration of the fixed-weight sweep."""
-
-    label: str  # e.g. "uniform-w0.2"
-    scheme: str  # "uniform" | "proportional"
-    target_mass: float
-    weights: tuple[float, ...]
-
-
-def fixed_mixture_sweep(
-    roles: Sequence[str],
-    budgets: Sequence[int | None],
-    target_masses: Sequence[float] = PAPER_TARGET_MASSES,
-    schemes: Sequence[str] = ("uniform", "proportional"),
-) -> list[FixedMixture]:
-    """The paper's fixed-weight baselines (section 4.4).
-
-    roles[j] is "target" or "non-target" for fine-tuning dataset j; budgets[j] its sample
-    count (None = unlimited). Uniform: mass w split equally over targets, 1 - w equally
-    over non-targets. Proportional: w split over targets by sample count, 1 - w still
-    uniform; left out when a target has no finite positive budget. Only the ``schemes``
-    asked for are generated, and among them a configuration identical to one already
-    listed is skipped (e.g. w = 0, a single target, equal budgets), so asking for
-    proportional alone still gives its runs. With no non-target dataset, only w = 1 is
-    meaningful.
-    """
-    if len(roles) != len(budgets):
-        raise ValueError("roles and budgets must have one entry per fine-tuning dataset")
-    unknown = sorted({r for r in roles if r not in ("target", "non-target")})
-    if unknown:
-        raise ValueError(f"unknown dataset roles {unknown}: use 'target' or 'non-target'")
-    targets = [j for j, r in enumerate(roles) if r == "target"]
-    others = [j for j, r in enumerate(roles) if r == "non-target"]
-    if not targets:
-        raise ValueError("the fixed-weight sweep needs at least one target dataset")
-    for w in target_masses:
-        if not 0.0 <= w <= 1.0:
-            raise ValueError(f"target mass {w} is outside [0, 1]")
-    unknown = sorted({s for s in schemes if s not in ("uniform", "proportional")})
-    if unknown:
-        raise ValueError(f"unknown fixed-weight schemes {unknown}: use 'uniform' or 'proportional'")
-    target_budgets = [budgets[j] for j in targets]
-
-    out: list[FixedMixture] = []
-    for scheme in [s for s in ("uniform", "proportional") if s in schemes]:
-        if scheme == "proportional" and any(b is None or b <= 0 for b in target_budgets):
-            continue  # proportional split is undefined without finite positive budgets
-        for w in target_masses:
-            if not others and w < 1.0:
-                continue
-            weights = np.zeros(len(roles))
-            if scheme == "uniform":
-                weights[targets] = w / len(targets)
-            else:
-                counts = np.asarray(target_budgets, dtype=float)
-                weights[targets] = w * counts / counts.sum()
-            if others:
-                weights[others] = (1.0 - w) / len(others)
-            if any(np.allclose(weights, m.weights, atol=1e-12) for m in out):
-                continue
-            out.append(FixedMixture(f"{scheme}-w{w:g}", scheme, float(w), tuple(float(x) for x in weights)))
-    return out

@@ -23,7 +23,8 @@ class UpdateContext:
                        (the solver's references use the probe's batches), lowered by
                        the margins backtracking learned.
     domain_kinds:      each domain's metric and evaluation batch size.
-    weights_in_force:  the mixture trained on up to this step (None at the first update).
+    weights_in_force:  the weights trained on up to this step, in the run's unit
+                       (:mod:`dynamics.core.shares`; None at the first update).
     feasible_checkpoint: some main evaluation after step 0 (not left behind by a backtrack)
                        was feasible on the eval split: every constraint at or below its
                        reference and the targets' summed loss below step 0's.

@@ -41,7 +41,7 @@ class EvaluationRecord:
     step: int
     eval: np.ndarray  # (M,)
     test: np.ndarray  # (M,)
-    weights: np.ndarray  # (N,) weights used for the steps that follow
+    weights: np.ndarray  # (N,) weights used for the steps that follow, in the run's unit (core.shares)
     wall_seconds: float = 0.0
     backtracked: bool = False  # the run returned from this state to an earlier one
     eval_batches: np.ndarray | None = None  # (M, B); None in records written without them
@@ -79,7 +79,7 @@ class UpdateRecord:
     step: int
     horizon: int
     probe_budget: int
-    weights: np.ndarray  # (N,)
+    weights: np.ndarray  # (N,) in the run's unit; token shares keep extra["batch_shares"] (core.shares)
     current_losses: np.ndarray  # (M,) reduced-evaluation anchor L_i(theta_t)
     recycled_anchor: bool  # anchor taken from the main evaluation at this step
     slope_matrix: np.ndarray | None = None  # (M, N)

@@ -27,6 +27,7 @@ from dynamics.core.probes import PerturbedEvaluations
 from dynamics.core.problem import SolverGrid
 from dynamics.core.records import UpdateRecord
 from dynamics.core.schedules import UpdateSchedule, build_schedule
+from dynamics.core.shares import MixtureUnit
 from dynamics.data.formatting import LMExample, pad_token_id
 from dynamics.data.loading import DataError
 from dynamics.data.splits import prepare_examples
@@ -172,7 +173,9 @@ def controlled_learner(parts: RunComponents) -> Learner:
     return parts.learner
 
 
-def build_policy(config: RunConfig, dataset_names: list[str]) -> MixturePolicy:
+def build_policy(config: RunConfig, dataset_names: list[str], unit: MixtureUnit) -> MixturePolicy:
+    """The policy of ``config.method`` over ``dataset_names``, recording its weights in
+    ``unit``, the sampler's (:attr:`MixtureSampler.unit`)."""
     method = config.method
     total_steps = config.training.total_steps
     grid = SolverGrid(
@@ -182,15 +185,34 @@ def build_policy(config: RunConfig, dataset_names: list[str]) -> MixturePolicy:
     if method.name == "fixed":
         assert method.weights is not None  # validated
         weights = np.array([method.weights[name] for name in dataset_names], dtype=float)
-        return FixedWeightsPolicy(weights, total_steps=total_steps, label="fixed")
+        _check_fixed_floor(weights, dataset_names, method.min_weight, unit)
+        return FixedWeightsPolicy(weights, total_steps=total_steps, label="fixed", unit=unit)
     schedule = build_schedule(method.schedule, total_steps, method.probe_cap, method.probe_min)
     if method.name == "gradient-alignment":
         return GradientAlignmentPolicy(
-            schedule, num_batches=method.alignment_batches, grid=grid, min_weight=method.min_weight
+            schedule, num_batches=method.alignment_batches, grid=grid, min_weight=method.min_weight, unit=unit
         )
     return DynamicsPolicy(
-        schedule, predictor=method.predictor, grid=grid, options=method.robust_options(), min_weight=method.min_weight
+        schedule,
+        predictor=method.predictor,
+        grid=grid,
+        options=method.robust_options(),
+        min_weight=method.min_weight,
+        unit=unit,
     )
+
+
+def _check_fixed_floor(weights: np.ndarray, dataset_names: list[str], floor: float, unit: MixtureUnit) -> None:
+    """``method.min_weight`` is a share of batches: fixed token shares must draw at least that
+    share of the batches from every dataset. (The config refuses what it can see alone, fixed
+    batch shares below the floor.)"""
+    batch_shares = unit.batch_shares(weights / weights.sum())
+    below = {name: round(float(b), 4) for name, b in zip(dataset_names, batch_shares, strict=True) if b < floor - 1e-12}
+    if below:
+        raise RunSetupError(
+            f"method.weights draw {below} of the batches under training.sampling: {unit.name}, less than "
+            f"method.min_weight ({floor:g}), a share of batches: raise their weights or lower method.min_weight"
+        )
 
 
 @dataclass
@@ -316,11 +338,8 @@ def build_run(
         run_data, error = attempt(load)
     agree_on_refusal(error)
     assert run_data is not None  # else agree_on_refusal raised
-    sampler = RankSlicedSampler(
-        MixtureSampler(run_data.streams, seed=training.seed, sampling=training.sampling),
-        accelerator.process_index,
-        accelerator.num_processes,
-    )
+    mixture_sampler = MixtureSampler(run_data.streams, seed=training.seed, sampling=training.sampling)
+    sampler = RankSlicedSampler(mixture_sampler, accelerator.process_index, accelerator.num_processes)
     learner = HFLearner(
         trained,
         sampler,
@@ -333,7 +352,9 @@ def build_run(
         max_skipped_steps=training.max_skipped_steps,
     )
     learner.split_probes = training.split_probes
-    policy: MixturePolicy = BroadcastPolicy(build_policy(config, run_data.dataset_names), accelerator)
+    policy: MixturePolicy = BroadcastPolicy(
+        build_policy(config, run_data.dataset_names, mixture_sampler.unit), accelerator
+    )
     return RunComponents(
         config=config,
         accelerator=accelerator,

@@ -166,7 +166,9 @@ class TrainingConfig(ConfigSection):
         "batches",
         description="What the mixture weights are shares of: batches (each batch is drawn from dataset j with "
         "probability w_j) or tokens (dataset j is drawn with probability proportional to w_j over its mean "
-        "non-padding tokens per batch, so that over the run it gets a share w_j of the trained tokens).",
+        "non-padding tokens per batch, so that over the run it gets a share w_j of the trained tokens). The "
+        "solver predicts and chooses batch shares either way; under tokens, method.weights and the records' "
+        "weights are token shares, and each update also records the batch shares it trains (extra.batch_shares).",
     )
 
 
@@ -312,7 +314,9 @@ class RunConfig(ConfigSection):
                     f"method.weights must be >= 0 with a positive sum (they are normalised), got {self.method.weights}"
                 )
             total = sum(self.method.weights.values())
-            below = sorted(name for name, w in self.method.weights.items() if w / total < floor - 1e-12)
+            # Token shares become batch shares with the data's lengths: build_policy checks those.
+            by_batches = self.training.sampling == "batches"
+            below = sorted(n for n, w in self.method.weights.items() if by_batches and w / total < floor - 1e-12)
             if below:
                 raise ValueError(
                     f"method.weights give {below} less than method.min_weight ({floor:g}) once normalised: "

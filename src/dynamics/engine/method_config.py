@@ -176,8 +176,9 @@ class MethodConfig(ConfigSection):
         0.0,
         ge=0,
         description="The least weight of every training dataset at every update (N * min_weight <= 1); the "
-        "solver finds the best mixture among those. With the fixed method, each normalised weight must be at "
-        "least this.",
+        "solver finds the best mixture among those. A share of batches, also under training.sampling: tokens "
+        "(as are target_floor, general_floor and target_share). With the fixed method, each normalised "
+        "weight's batch share must be at least this.",
     )
     backtrack: int = Field(
         0,

@@ -15,7 +15,9 @@ Public API:
   instead: ``j`` is drawn with probability proportional to ``weights[j] / t_j``, where
   ``t_j`` is the stream's mean non-padding tokens per batch (``mean_tokens_per_batch``), so
   a dataset of shorter rows is drawn more often and over the run each dataset's share of
-  the tokens trained on approaches its weight. ``probe_batch(j)`` returns the next batch of dataset ``j``'s *probe
+  the tokens trained on approaches its weight. ``unit`` is that map between the weights and
+  the batch shares drawn (:mod:`dynamics.core.shares`), the one a policy must record its
+  solved batch shares through. ``probe_batch(j)`` returns the next batch of dataset ``j``'s *probe
   stream*, a second stream over the same examples with its own order and position, so
   probing (slope estimation, gradient alignment) never changes the main run's data order.
 - ``state_dict()`` / ``load_state_dict()`` on both: the run state of the data order
@@ -43,6 +45,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from dynamics.core.shares import BatchShares, MixtureUnit, TokenShares
 from dynamics.data.formatting import LMExample
 from dynamics.engine.batches import Batch, collate_lm
 
@@ -155,11 +158,11 @@ class MixtureSampler:
         self._choice_rng = np.random.Generator(np.random.PCG64(seed))
         self.sampling = sampling
         # Tokens: each weight is divided by its dataset's mean tokens per batch, measured once.
-        self._tokens_per_batch: np.ndarray | None = None
-        if sampling == "tokens":
-            self._tokens_per_batch = np.array([stream.mean_tokens_per_batch for stream in self.streams])
-            if not np.all(self._tokens_per_batch > 0):
-                raise ValueError(f"every dataset needs tokens to sample by tokens, got {self._tokens_per_batch}")
+        self.unit: MixtureUnit = (
+            TokenShares(np.array([stream.mean_tokens_per_batch for stream in self.streams]))
+            if sampling == "tokens"
+            else BatchShares()
+        )
 
     @property
     def num_datasets(self) -> int:
@@ -172,9 +175,7 @@ class MixtureSampler:
         # Solvers return -1e-17 for an exact zero; anything clearly negative is a bug.
         if (w < -1e-9).any() or abs(w.sum() - 1.0) > 1e-6:
             raise ValueError(f"weights {w} must be non-negative and sum to 1")
-        shares = np.clip(w, 0.0, None)
-        if self._tokens_per_batch is not None:
-            shares = shares / self._tokens_per_batch
+        shares = self.unit.batch_shares(np.clip(w, 0.0, None))
         cumulative = np.cumsum(shares)
         # Dividing by the total makes the last non-zero entry exactly 1.0, so a uniform
         # draw in [0, 1) can never land on a zero-weight dataset.

@@ -73,8 +73,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dynamics.core.fixed_mixtures import PAPER_TARGET_MASSES, fixed_mixture_sweep
 from dynamics.core.options import DEFAULT_VARIANT
-from dynamics.core.policies import PAPER_TARGET_MASSES, fixed_mixture_sweep
 from dynamics.experiments.base_model import (
     DEFAULT_SPEC,
     REPORT_FILE,

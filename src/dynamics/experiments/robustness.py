@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from dynamics.core import metrics
-from dynamics.core.policies import fixed_mixture_sweep
+from dynamics.core.fixed_mixtures import fixed_mixture_sweep
 from dynamics.experiments.demo import (
     RUN_THREADS,
     DemoSettings,
@@ -607,7 +607,7 @@ def prediction_errors(
     ``runs``: per DynaMiCS run, its update records (``controller.jsonl`` rows), domain names
     and constraint indices. For every update of at least ``min_horizon`` steps whose horizon
     was trained to the end (the next record starts where it ends), the linear prediction at
-    the chosen mixture, ``H_t S w`` from the recorded slopes, is set against the change the
+    the chosen mixture's batch shares, ``H_t S b`` from the recorded slopes, is set against the change the
     next update's anchor measured on the same reduced evaluation batches. Per constraint:
     the number of horizons, the mean absolute error of the prediction, that of predicting
     no change at all (the mean absolute change), and the correlation of the two."""
@@ -620,8 +620,8 @@ def prediction_errors(
             if int(following["step"]) != int(update["step"]) + horizon:
                 continue
             slopes = np.asarray(update["slope_matrix"], dtype=float)
-            weights = np.asarray(update["weights"], dtype=float)
-            predicted = horizon * np.nan_to_num(slopes) @ weights
+            trained = np.asarray(rundir.batch_shares(update), dtype=float)
+            predicted = horizon * np.nan_to_num(slopes) @ trained
             realized = np.asarray(following["current_losses"], dtype=float) - np.asarray(update["current_losses"], dtype=float)
             for i in constraints:
                 pairs.setdefault(names[i], []).append((float(predicted[i]), float(realized[i])))

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dynamics.core.policies import PAPER_TARGET_MASSES, fixed_mixture_sweep
+from dynamics.core.fixed_mixtures import PAPER_TARGET_MASSES, fixed_mixture_sweep
 from dynamics.data.scenarios import ScenarioError, load_scenario
 from dynamics.report.sweep import method_label
 from dynamics.runs import rundir

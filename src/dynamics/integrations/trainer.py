@@ -188,9 +188,8 @@ class DynamicsCallback(TrainerCallback):
         rank = process_rank()
         check_sources(config, data or {})
         self.data = build_data(config, tokenizer, world, data)
-        self.sampler = RankSlicedSampler(
-            MixtureSampler(self.data.streams, seed=config.training.seed, sampling=config.training.sampling), rank, world
-        )
+        mixture_sampler = MixtureSampler(self.data.streams, seed=config.training.seed, sampling=config.training.sampling)
+        self.sampler = RankSlicedSampler(mixture_sampler, rank, world)
         self.source = MixtureTrainSource(
             self.sampler,
             config.training.batch_size,
@@ -199,7 +198,7 @@ class DynamicsCallback(TrainerCallback):
         )
         self.train_dataset = self.source.dataset
         self.data_collator = self.source.collate
-        self.policy = build_policy(config, self.data.dataset_names)
+        self.policy = build_policy(config, self.data.dataset_names, mixture_sampler.unit)
         self.history: RunHistory | None = None
         self.summary: dict[str, Any] | None = None
         self._controller: MixtureController | None = None  # None once training ended

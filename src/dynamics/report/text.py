@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dynamics.core import metrics
 from dynamics.report.lm_eval import lm_eval_table, read_lm_eval
-from dynamics.runs.rundir import RunRecords, abandoned
+from dynamics.runs.rundir import RunRecords, abandoned, batch_shares
 
 CLEAR_BY = 2.0
 """Standard errors of its change a constraint's eval slack should clear before the report
@@ -48,8 +48,8 @@ def target_data_lines(records: RunRecords) -> list[str]:
     starts = [int(u["step"]) for u in updates]
     ends = [*starts[1:], total]
     steps = [min(int(u["horizon"]), end - start) for u, start, end in zip(updates, starts, ends, strict=True)]
-    shares = [sum(u["weights"][j] for j in columns) for u in updates]
-    trained = {j: sum(u["weights"][j] * n for u, n in zip(updates, steps, strict=True)) for j in columns}
+    shares = [sum(batch_shares(u)[j] for j in columns) for u in updates]
+    trained = {j: sum(batch_shares(u)[j] * n for u, n in zip(updates, steps, strict=True)) for j in columns}
     per_dataset = ", ".join(f"{records.dataset_names[j]} {100 * trained[j] / total:.1f}%" for j in columns)
     line = f"target data: {100 * sum(trained.values()) / total:.1f}% of the {total} steps ({per_dataset})"
     # The first update from which no update trained target data (the run's end if none).

@@ -296,5 +296,12 @@ def abandoned(update: dict[str, Any]) -> bool:
     return bool(update.get("extra", {}).get("abandoned", False))
 
 
+def batch_shares(update: dict[str, Any]) -> list[float]:
+    """The shares of this ``controller.jsonl`` update's steps drawn from each dataset, the
+    mixture its predictions assume: its weights, or under ``training.sampling: tokens``
+    (token-share weights) the batch shares it recorded (``extra.batch_shares``)."""
+    return update.get("extra", {}).get("batch_shares") or update["weights"]
+
+
 def named(values: Iterable[float], names: Iterable[str]) -> dict[str, float]:
     return {n: float(v) for n, v in zip(names, values, strict=True)}
