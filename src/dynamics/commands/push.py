@@ -37,10 +37,10 @@ def upload_files(checkpoint: Path) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     from dynamics.commands.errors import UsageError
     from dynamics.runs.model_card import CARD_FILE, card_is_missing, write_model_card
-    from dynamics.runs.rundir import CHECKPOINT_DIR, RunDirError, read_run
+    from dynamics.runs.rundir import RunDirError, best_checkpoint_dir, read_run
 
     folder = Path(args.run_dir)
-    checkpoint = folder / CHECKPOINT_DIR
+    checkpoint = best_checkpoint_dir(folder)
     try:
         from huggingface_hub.errors import HFValidationError
         from huggingface_hub.utils import validate_repo_id

@@ -62,7 +62,7 @@ def model_args(run_dir: Path, base: str | None = None) -> dict[str, dict[str, An
         config = RunConfig.from_yaml(run_dir / rundir.CONFIG_FILE)
     except ConfigError as err:
         raise HarnessError(f"{run_dir} is not a run folder ({err})") from None
-    checkpoint = run_dir / rundir.CHECKPOINT_DIR
+    checkpoint = rundir.best_checkpoint_dir(run_dir)
     if not checkpoint.is_dir():
         raise HarnessError(
             f"{run_dir} has no {rundir.CHECKPOINT_DIR}/: the run has not reached a feasible evaluation, so there is "
