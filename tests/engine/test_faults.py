@@ -84,7 +84,7 @@ def test_a_full_disk_while_a_resume_point_is_written_stops_the_run_and_keeps_the
     monkeypatch.setattr(safetensors.torch, "save_file", fill_up_on(calls, 3, full, safetensors.torch.save_file))
     assert cli_main(["run", str(config), "--out", str(out), "--no-progress"]) == 1
     err = one_line(capsys)
-    assert len(calls) == 3 and all("/.last_checkpoint." in c for c in calls)  # the save of step 6
+    assert len(calls) == 3 and all("/.dynamics-tmp-last_checkpoint." in c for c in calls)  # the save of step 6
     assert "no space left on the device while writing the resume point of step 6" in err
     assert str(out / "last_checkpoint") in err
     assert f"free space there, then continue the run with dynamics run --resume {out}" in err
@@ -119,7 +119,7 @@ def test_a_full_disk_while_the_best_checkpoint_is_written_keeps_the_one_before(
     monkeypatch.setattr(peft.peft_model, "safe_save_file", fill_up_on(calls, 2, full, peft.peft_model.safe_save_file))
     assert cli_main(["run", str(config), "--out", str(out), "--no-progress"]) == 1
     err = one_line(capsys)
-    assert len(calls) == 2 and all("/.best_checkpoint." in c for c in calls)
+    assert len(calls) == 2 and all("/.dynamics-tmp-best_checkpoint." in c for c in calls)
     step = int(err.split("while writing the best checkpoint of step ")[1].split(" ")[0])
     assert f"({out / 'best_checkpoint'}): free space there" in err
     assert f"dynamics run --resume {out}" in err
@@ -175,6 +175,24 @@ def test_a_damaged_resume_point_is_passed_over_for_the_one_before(reference, tmp
     assert f"last_checkpoint/: {why}" in warnings[0]
     assert "resuming from previous_checkpoint/ (step 4) instead" in warnings[0]
     assert json.loads((out / "summary.json").read_text())["resumed_at"] == [4]
+    assert comparable(out) == expected
+
+
+def test_a_resume_keeps_a_users_hidden_folders_and_removes_only_the_runs_leftovers(reference, tmp_path):
+    _, reference_folder, expected = reference
+    out = stopped_copy(reference_folder, tmp_path / "run")
+    # The run folder is a git repository of the user's, with an editor's folder beside it.
+    users = {".git/HEAD": b"ref: refs/heads/main\n", ".git/objects/ab/cdef": b"\x78\x01blob", ".idea/workspace.xml": b"<x/>"}
+    for name, data in users.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    # What the killed run left half-written: a best checkpoint's folder and a log's file.
+    (out / ".dynamics-tmp-best_checkpoint.k3j2").mkdir()
+    (out / ".dynamics-tmp-best_checkpoint.k3j2" / "adapter_model.safetensors").write_bytes(b"half")
+    (out / ".dynamics-tmp-metrics.jsonl.p9q8.tmp").write_text('{"step": 8')
+    assert cli_main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert {name: (out / name).read_bytes() for name in users} == users
+    assert hidden(out) == [".git", ".idea"]
     assert comparable(out) == expected
 
 

@@ -1,5 +1,6 @@
 """Crash-safe resume with real processes: a `dynamics run` is SIGKILLed at chosen moments
-(a probe, a main evaluation, a training stretch, a save, the swap of a save) in a process of
+(a probe, a main evaluation, a training stretch, a save, the swap of a save, the swap of a
+best checkpoint) in a process of
 its own on one thread (tests.fixtures.preloaded), resumed with
 `dynamics run --resume DIR` (in the test's own process, on one thread), and its files
 compared with an uninterrupted run's."""
@@ -100,11 +101,14 @@ def reference(tmp_path_factory) -> tuple[Path, dict, float]:
 
 
 KILL_POINTS = [("probe", 5), ("probe", 11), ("evaluate", 3), ("train", 6), ("save", 2), ("swap", 3)]
+# As the first best checkpoint that replaces another is swapped in (step 8's over step 4's):
+# just before the exchange, and just after it (the one before not yet deleted).
+BEST_SWAP_KILLS = [("best-new", 1), ("best-swap", 1)]
 
 
 @pytest.fixture(scope="module")
 def killed_runs(reference) -> dict[tuple[str, int], tuple[Path, tuple[int | None, str]]]:
-    """The reference config killed at each point of KILL_POINTS: two runs at a time (one
+    """The reference config killed at each point of KILL_POINTS and BEST_SWAP_KILLS: two runs at a time (one
     thread each, in their own folders), after the reference, which times itself alone."""
     base = reference[0]
 
@@ -112,8 +116,9 @@ def killed_runs(reference) -> dict[tuple[str, int], tuple[Path, tuple[int | None
         out = base / f"killed-{kill[0]}-{kill[1]}"
         return out, killed_run("run", str(base / "config.yaml"), "--out", str(out), "--no-progress", kill=kill)
 
+    kills = KILL_POINTS + BEST_SWAP_KILLS
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(KILL_POINTS, pool.map(killed, KILL_POINTS), strict=True))
+        return dict(zip(kills, pool.map(killed, kills), strict=True))
 
 
 @pytest.mark.parametrize("kill", KILL_POINTS, ids=lambda k: f"{k[0]}-{k[1]}")
@@ -127,6 +132,29 @@ def test_a_killed_run_resumes_to_the_same_files(reference, killed_runs, kill):
     assert comparable(out) == expected
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["resumed_at"]) == 1
+
+
+@pytest.mark.parametrize("kill", BEST_SWAP_KILLS, ids=lambda k: k[0])
+def test_a_run_killed_while_its_best_checkpoint_is_swapped_keeps_one_that_loads(reference, killed_runs, kill):
+    base, expected, _ = reference
+    out, (code, stderr) = killed_runs[kill]
+    assert code == -9, stderr
+    # The kill came in the main evaluation that found the new best (its row is written).
+    evaluated = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert evaluated[-1] == 8
+    best = out / "best_checkpoint"
+    saved = int((best / "step.txt").read_text())
+    assert saved == (4 if kill[0] == "best-new" else 8)
+    # Whole, and what dynamics eval and push read: the adapter (its tensors load), its
+    # config, the tokenizer, every file of the uninterrupted run's.
+    assert {p.name for p in best.iterdir()} == {p.name for p in (base / "reference" / "best_checkpoint").iterdir()}
+    adapter = safetensors.torch.load_file(str(best / "adapter_model.safetensors"))
+    assert adapter.keys() == expected["adapter"].keys()
+    assert json.loads((best / "adapter_config.json").read_text())["r"] == 4
+    assert run_state.find_resume_point(out) is not None
+    resume_here(out)
+    assert comparable(out) == expected
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
 
 
 def test_a_run_killed_at_a_random_moment_resumes_to_the_same_files(reference):

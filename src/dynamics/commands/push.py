@@ -92,9 +92,9 @@ def _checkpoint_with_card(folder: Path, repo_id: str) -> Path:
     """``best_checkpoint/``, its card written unless one was written by hand."""
     from dynamics.commands.errors import UsageError
     from dynamics.runs.model_card import CARD_FILE, card_is_missing, write_model_card
-    from dynamics.runs.rundir import CHECKPOINT_DIR, RunDirError
+    from dynamics.runs.rundir import RunDirError, best_checkpoint_dir
 
-    checkpoint = folder / CHECKPOINT_DIR
+    checkpoint = best_checkpoint_dir(folder)
     card = checkpoint / CARD_FILE
     try:
         if card_is_missing(card):

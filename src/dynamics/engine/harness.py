@@ -82,7 +82,7 @@ def _run_config(run_dir: Path) -> RunConfig:
 def model_args(run_dir: Path, base: str | None = None) -> dict[str, dict[str, Any]]:
     """lm-eval's ``hf`` model arguments of the base model and of the best checkpoint."""
     config = _run_config(run_dir)
-    checkpoint = run_dir / rundir.CHECKPOINT_DIR
+    checkpoint = rundir.best_checkpoint_dir(run_dir)
     if not checkpoint.is_dir():
         raise HarnessError(
             f"{run_dir} has no {rundir.CHECKPOINT_DIR}/: the run has not reached a feasible evaluation, so there is "

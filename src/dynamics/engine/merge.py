@@ -27,7 +27,7 @@ def merge_adapter(run_dir: str | Path, out: str | Path, base: str | None = None)
     model, with the tokenizer, into the folder ``out``; return ``out``. ``base``: the base
     model's hub id or folder when the run config names none (as ``dynamics eval --base``)."""
     folder = Path(run_dir)
-    checkpoint = folder / rundir.CHECKPOINT_DIR
+    checkpoint = rundir.best_checkpoint_dir(folder)
     if checkpoint.is_dir() and not (checkpoint / ADAPTER_CONFIG).is_file():
         raise MergeError(
             f"--merge: {checkpoint} holds whole weights (a full fine-tuning run), so there is no adapter to "

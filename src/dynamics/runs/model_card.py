@@ -33,6 +33,7 @@ from dynamics.runs.rundir import (
     RunRecords,
     abandoned,
     atomic_write_text,
+    best_checkpoint_dir,
     read_run,
 )
 
@@ -59,7 +60,7 @@ def write_model_card(run_folder: Path, repo_id: str | None = None, weights_folde
     as whole weights otherwise."""
     folder = Path(run_folder)
     records = read_run(folder)
-    checkpoint = folder / CHECKPOINT_DIR
+    checkpoint = best_checkpoint_dir(folder)
     if records.summary.get("best_checkpoint") is None or not checkpoint.is_dir():
         raise RunDirError(
             f"{folder} has no {CHECKPOINT_DIR}/: no evaluation of the run was feasible, so there is no "

@@ -4,7 +4,9 @@ A run writes ``config.yaml`` (resolved), ``metrics.jsonl`` (one line per main ev
 ``controller.jsonl`` (one line per mixture update), ``summary.json`` and, when a feasible
 checkpoint exists, ``best_checkpoint/`` (PEFT adapter or full weights, safetensors).
 Every file is written atomically (write to a temporary file, then rename), so a crash
-or a full disk never leaves a half-written file and a reader never sees one.
+or a full disk never leaves a half-written file and a reader never sees one. Every
+temporary name the run gives a file or folder starts with :data:`OWNED_PREFIX`, so that a
+resume removes what an interrupted write left and nothing else (a user's ``.git/``, say).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 import yaml
 
 from dynamics.core.metrics import EvalPoint
+from dynamics.runs.exchange import exchange
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -31,6 +34,8 @@ CONTROLLER_FILE = "controller.jsonl"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_DIR = "best_checkpoint"
 LM_EVAL_FILE = "lm_eval.json"  # written by dynamics eval (dynamics.engine.harness), read by the model card
+# The start of every name the run gives a temporary file or folder in its run folder.
+OWNED_PREFIX = ".dynamics-"
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +63,58 @@ def out_of_space(error: BaseException) -> bool:
     return any(os.strerror(code) in text or f"os error {code})" in text for code in _FULL)
 
 
+def owned(name: str) -> bool:
+    """Whether ``name`` is one the run gives its temporary files and folders."""
+    return name.startswith(OWNED_PREFIX)
+
+
+def temporary_prefix(path: Path) -> str:
+    """The start of the name of a temporary file or folder that becomes ``path``."""
+    return f"{OWNED_PREFIX}tmp-{path.name}."
+
+
+def replaced_name(path: Path) -> Path:
+    """Where a folder that is replaced without an exchange waits until its successor is in
+    place (see :func:`swap_in`)."""
+    return path.with_name(f"{OWNED_PREFIX}old-{path.name}")
+
+
+def fsync_file(path: Path) -> None:
+    with path.open("rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of the folder ``path`` (the names of what it holds) durable."""
+    if os.name == "nt":
+        return  # a folder cannot be opened there; its entries are written with it
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file system that cannot sync a folder
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Make ``folder`` durable: every file's bytes, then every folder's entries, the deepest
+    first and ``folder`` itself last (its own entry in its parent is the caller's, after
+    the rename that puts it in place)."""
+    entries = sorted(folder.rglob("*"))
+    for path in entries:
+        if path.is_file() and not path.is_symlink():
+            fsync_file(path)
+    for path in sorted((p for p in entries if p.is_dir() and not p.is_symlink()), key=lambda p: -len(p.parts)):
+        fsync_dir(path)
+    fsync_dir(folder)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same folder and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path), suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
@@ -74,24 +127,64 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_dir(path: Path, write: Callable[[Path], None], keep_previous: Path | None = None) -> None:
-    """Fill a fresh temporary folder with ``write`` then swap it in place of ``path``. The
-    folder it replaces is deleted, or with ``keep_previous`` renamed to that path (which
-    must not exist). If ``write`` fails (a full disk, say) the temporary folder is removed
-    and ``path`` stays as it was."""
+    """Fill a fresh temporary folder with ``write``, make it durable (:func:`fsync_tree`),
+    then put it in place of ``path`` and sync the parent's entries after the rename. If
+    ``write`` fails (a full disk, say) the temporary folder is removed and ``path`` stays as
+    it was.
+
+    The folder it replaces is deleted (:func:`swap_in`: ``path`` names one whole folder at
+    every moment where the file system can exchange two folders), or with ``keep_previous``
+    renamed to that path (which must not exist): a resume point's swap, where a kill
+    between the two renames leaves the previous one whole under ``keep_previous``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=temporary_prefix(path)))
     try:
         write(tmp)
-        old = keep_previous or path.with_name(f".{path.name}.old")
-        if path.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-        os.replace(tmp, path)
+        fsync_tree(tmp)
         if keep_previous is None:
-            shutil.rmtree(old, ignore_errors=True)
+            swap_in(tmp, path)
+        else:
+            if path.exists():
+                shutil.rmtree(keep_previous, ignore_errors=True)
+                os.replace(path, keep_previous)
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def swap_in(new: Path, path: Path) -> None:
+    """Put the complete folder ``new`` in place of the folder ``path`` and delete the one it
+    replaces; the parent's entries are synced once the new folder is in place, before the
+    old one is deleted. With an exchange (:mod:`dynamics.runs.exchange`) ``path`` names a
+    whole folder at every moment: the old one until the exchange, the new one after, and the
+    old one, then under ``new``'s temporary name, is deleted last. Where the file system has
+    no exchange, the old folder is renamed to :func:`replaced_name` first, and a kill before
+    the second rename leaves it whole there (readers look for it:
+    :func:`best_checkpoint_dir`)."""
+    if not path.exists():
+        os.replace(new, path)
+        fsync_dir(path.parent)
+    elif exchange(new, path):
+        fsync_dir(path.parent)
+        shutil.rmtree(new)
+    else:
+        old = replaced_name(path)
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(new, path)
+        fsync_dir(path.parent)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def best_checkpoint_dir(run_folder: Path) -> Path:
+    """The folder to read a run's best checkpoint from: ``best_checkpoint/``, or, where a
+    swap without an exchange was cut between its two renames, the whole previous one it
+    left (:func:`swap_in`); ``best_checkpoint/`` (absent) when the run has none."""
+    best = run_folder / CHECKPOINT_DIR
+    left = replaced_name(best)
+    return left if not best.is_dir() and left.is_dir() else best
 
 
 def check_run_dir(path: str | Path, allow: Iterable[str | Path] = ()) -> Path:

@@ -13,8 +13,8 @@ which ``learner.*`` and ``feasible.*`` hold for rank 0 alone.
 ``manifest.json``, written last, lists every file with its size and SHA-256. A run folder
 keeps two resume points: ``last_checkpoint/`` and the one before it,
 ``previous_checkpoint/``. A save first deletes ``previous_checkpoint/``, fills a fresh
-hidden folder (:func:`dynamics.runs.rundir.atomic_write_dir`), then renames
-``last_checkpoint/`` to ``previous_checkpoint/`` and the new folder to
+temporary folder and syncs it to disk (:func:`dynamics.runs.rundir.atomic_write_dir`),
+then renames ``last_checkpoint/`` to ``previous_checkpoint/`` and the new folder to
 ``last_checkpoint/``; so at every moment one complete resume point exists, and a save
 that fails (a kill, a full disk) leaves the last one as it was.
 :func:`choose_resume_point` uses the newest folder whose files match its manifest, and
@@ -37,8 +37,11 @@ from dynamics.runs.rundir import (
     CHECKPOINT_DIR,
     CONTROLLER_FILE,
     METRICS_FILE,
+    OWNED_PREFIX,
     RunDirError,
     atomic_write_dir,
+    owned,
+    replaced_name,
 )
 
 RESUME_DIR = "last_checkpoint"
@@ -62,13 +65,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync_tree(folder: Path) -> None:
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            with path.open("rb") as handle:
-                os.fsync(handle.fileno())
-
-
 def _previous(name: str) -> str | None:
     # A run folder keeps the resume point before the last; a Trainer checkpoint's mixture
     # state (another ``name``) is one folder: the Trainer keeps its own older checkpoints.
@@ -76,13 +72,22 @@ def _previous(name: str) -> str | None:
 
 
 def _remove(folder: Path) -> None:
-    """Delete ``folder``, first renamed to a hidden name, so that a kill in the middle never
-    leaves a half-deleted folder under its own name."""
+    """Delete ``folder``, first renamed to a temporary name of the run's, so that a kill in
+    the middle never leaves a half-deleted folder under its own name (and a resume removes
+    what is left)."""
     if folder.exists():
-        trash = folder.with_name(f".{folder.name}.removing")
+        trash = folder.with_name(f"{OWNED_PREFIX}removing-{folder.name}")
         shutil.rmtree(trash, ignore_errors=True)
         os.replace(folder, trash)
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _remove_left(path: Path) -> None:
+    """Delete a temporary file or folder an interrupted write left."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def write_resume_point(run_folder: Path, step: int, write: Callable[[Path], None], name: str = RESUME_DIR) -> None:
@@ -99,7 +104,6 @@ def write_resume_point(run_folder: Path, step: int, write: Callable[[Path], None
             "files": {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files},
         }
         (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
-        _fsync_tree(folder)
 
     previous = _previous(name)
     if previous is not None and (run_folder / name).is_dir():
@@ -150,7 +154,7 @@ def choose_resume_point(run_folder: Path, name: str = RESUME_DIR) -> ResumeChoic
     """The newest complete resume point ``name`` of ``run_folder`` (or the one before it),
     and the damaged ones passed over."""
     previous = _previous(name)
-    candidates = [run_folder / name, *([run_folder / previous] if previous else []), run_folder / f".{name}.old"]
+    candidates = [run_folder / name, *([run_folder / previous] if previous else []), replaced_name(run_folder / name)]
     good: list[tuple[int, Path]] = []
     damaged: list[tuple[Path, str]] = []
     for folder in candidates:
@@ -173,16 +177,17 @@ def find_resume_point(run_folder: Path, name: str = RESUME_DIR) -> Path | None:
 
 
 def clear_unfinished(run_folder: Path, keep: Path | None, damaged: Iterable[Path] = ()) -> None:
-    """Before a resume: remove what an interrupted session left half-made (temporary folders
-    of a save or a best checkpoint), the ``damaged`` resume points, and every resume point
-    newer than ``keep``. With no resume point to keep, the logs and best checkpoint go too:
-    the run starts over."""
+    """Before a resume: remove what an interrupted session left half-made (the temporary
+    files and folders of a save or a best checkpoint: only names the run gives them,
+    :func:`dynamics.runs.rundir.owned`, so a user's own hidden files and folders stay), the
+    ``damaged`` resume points, and every resume point newer than ``keep``. With no resume
+    point to keep, the logs and best checkpoint go too: the run starts over."""
     remove = {Path(p).resolve() for p in damaged}
     for path in run_folder.iterdir():
         if keep is not None and path.resolve() == keep.resolve():
             continue
-        if path.name.startswith(".") and path.is_dir():
-            shutil.rmtree(path)
+        if owned(path.name):
+            _remove_left(path)
         elif path.resolve() in remove or (path.name == RESUME_DIR and (keep is None or keep.name != RESUME_DIR)):
             shutil.rmtree(path)
         elif path.name == PREVIOUS_DIR and keep is None:
@@ -220,7 +225,7 @@ def restore_best_copy(run_folder: Path, resume_point: Path) -> None:
 
         atomic_write_dir(best, write)
     elif best.exists():
-        shutil.rmtree(best)
+        _remove(best)
 
 
 def read_loop_file(resume_point: Path) -> dict[str, Any]:
