@@ -34,11 +34,11 @@ import transformers
 from packaging.version import Version
 from torch import Tensor, nn
 
+from dynamics.data.formatting import IGNORE_INDEX, ChoiceExample
+
 TENSOR_LOGITS_TO_KEEP = Version(transformers.__version__) >= Version("5.21.0")
 """Whether transformers' causal LMs take ``logits_to_keep`` as a (B, P) tensor or a (B, T)
 mask (``modeling_utils.slice_logits_to_keep``); older 5.x releases slice one dimension only."""
-
-from dynamics.data.formatting import IGNORE_INDEX, ChoiceExample
 
 
 def collate_continuations(examples: Sequence[ChoiceExample], pad_id: int) -> dict[str, Tensor]:
