@@ -96,8 +96,9 @@ def trl_examples(
         output_dir=str(tmp_path), max_length=None, report_to=[], use_cpu=True, bf16=False, **sft_config
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer)
-    prepared = trainer.train_dataset
-    return list(zip(prepared["input_ids"], prepared["labels"], strict=True))
+    # The labels TRL trains on: its collator's, one row at a time (so no padding).
+    batches = [trainer.data_collator([row]) for row in trainer.train_dataset]
+    return [(batch["input_ids"][0].tolist(), batch["labels"][0].tolist()) for batch in batches]
 
 
 def pairs(examples: list[LMExample]) -> list[tuple[list[int], list[int]]]:
