@@ -61,11 +61,3 @@ def test_the_policy_gets_the_floor(name: str):
     policy = build_policy(config, ["math", "wiki"])
     assert isinstance(policy, DynamicsPolicy | GradientAlignmentPolicy)
     assert policy.min_weight == 0.2
-
-
-def test_a_general_floor_that_with_the_target_floor_holds_everything_is_refused():
-    config = RunConfig.from_dict(minimal(), ["method.target_floor=0.2", "method.general_floor=0.1"]).method
-    assert (config.target_floor, config.general_floor) == (0.2, 0.1)
-    with pytest.raises(ConfigError) as err:
-        RunConfig.from_dict(minimal(), ["method.target_floor=0.5", "method.general_floor=0.6"])
-    assert "method.general_floor (0.6) for each of the 1 others" in str(err.value)
