@@ -2,7 +2,7 @@
 machines or two builds (``docs/beyond-the-paper.md``, "Sensitivity").
 
     .venv/bin/python benchmarks/sensitivity.py [--out runs/beyond] [--scenario demo] [--seed 0]
-        [--methods paper,floors_steps_share] [--perturbations evaluations-a,weights-a,kernels-default]
+        [--methods paper,robust] [--perturbations evaluations-a,weights-a,kernels-default]
         [--report-only] [--fixed-from benchmarks/results/protocol.json ...]
 
 Each method runs once per perturbation (evaluations x (1 + 1e-6 N(0, 1)), the base model's
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "beyond")
     parser.add_argument("--scenario", default="demo", choices=sorted(SCENARIOS))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--methods", default="paper,floors_steps_share")
+    parser.add_argument("--methods", default="paper,robust")
     parser.add_argument("--perturbations", default=",".join(PERTURBATIONS))
     parser.add_argument("--report-only", action="store_true", help="only aggregate finished runs")
     parser.add_argument("--json", type=Path, help="where the report goes (default: <out>/sensitivity.json)")

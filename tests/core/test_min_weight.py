@@ -12,10 +12,6 @@ import numpy as np
 import pytest
 
 from dynamics.core.controller import run_mixture_training
-from dynamics.core.decisions import (
-    confident_step,
-    keep_target_share,
-)
 from dynamics.core.options import RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, to_floored_simplex
@@ -172,9 +168,8 @@ def robust_case(seed: int) -> tuple[MixtureProblem, np.ndarray]:
 
 ROBUST_KINDS = {
     "linear": {},
-    "conic": {"constraint_z": 1.0, "target_z": 1.0},
+    "pessimistic": {"target_z": 1.0},
     "tempered": {"gain_exponent": 0.5, "probe_budget": 8},
-    "floors": {"floors": np.array([1.94, 0.0, 0.0])},
 }
 
 
@@ -183,7 +178,7 @@ ROBUST_KINDS = {
 def test_direct_candidate_with_a_floor_matches_brute_force_above_it(kind: str, seed: int):
     problem, errors = robust_case(seed)
     rp = RobustProblem(problem, errors, **ROBUST_KINDS[kind])
-    assert rp.nonlinear_prediction == (kind in ("tempered", "floors"))
+    assert rp.nonlinear_prediction == (kind == "tempered")
     direct = solve_direct(rp)
     assert_floored_mixture(direct.weights, 0.15)
     points = floored_grid(3, 150, 0.15).T
@@ -194,23 +189,6 @@ def test_direct_candidate_with_a_floor_matches_brute_force_above_it(kind: str, s
     else:
         assert worst.min() > -1e-6
         assert rp.violations(direct.weights).max() <= worst.min() + 1e-6
-
-
-def test_confident_step_and_target_share_keep_the_floor():
-    slopes = np.array([[-1e-3, -0.9e-3, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    problem = MixtureProblem(slopes, np.array([2.0, 1.0]), np.array([np.nan, 1.0]), (0,), (1,), 64, min_weight=0.1)
-    errors = np.full((2, 4), 1e-4)
-    rp = RobustProblem(problem, errors)
-    previous = np.array([0.1, 0.1, 0.1, 0.7])
-    proposed = np.array([0.7, 0.1, 0.1, 0.1])
-    for z in (0.5, 100.0):
-        stepped, _ = confident_step(rp, previous, proposed, z)
-        assert_floored_mixture(stepped, 0.1)
-    # Targets 0 and 1 want 95%: the two others keep their 0.1 each, so targets get 80%.
-    kept, share = keep_target_share(rp, np.array([0.1, 0.1, 0.1, 0.7]), [0, 1], 0.95)
-    assert_floored_mixture(kept, 0.1)
-    np.testing.assert_allclose(kept, [0.4, 0.4, 0.1, 0.1], atol=1e-12)
-    assert share.share == pytest.approx(0.8)
 
 
 def test_to_floored_simplex_is_to_simplex_without_a_floor_and_clips_to_the_floor():

@@ -13,7 +13,6 @@ from pydantic import ValidationError
 
 from dynamics.core.controller import run_mixture_training
 from dynamics.core.decisions import target_floor
-from dynamics.core.metrics import checkpoint_feasible
 from dynamics.core.options import RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, to_floored_simplex
@@ -72,6 +71,14 @@ def test_bad_floors_are_refused_with_the_field_to_change():
     assert MethodConfig(target_floor=0.02).robust_options().target_floor == 0.02
 
 
+def test_a_floor_of_zero_leaves_the_problem_as_it_is():
+    slopes = np.array([[-1e-2, 0.0, 0.0]])
+    rp = RobustProblem(MixtureProblem(slopes, np.array([3.0]), np.array([np.nan]), (0,), (), horizon=100), np.zeros((1, 3)))
+    unchanged, record = target_floor(rp, [0], 0.0)
+    assert unchanged is rp and unchanged.least_weights is None
+    assert record == {"floor": 0.0, "target_datasets": [0], "lifted_by": []}
+
+
 # ------------------------------------------------------------- inside the solver
 
 
@@ -119,9 +126,9 @@ def test_where_a_mixture_is_feasible_the_floor_only_bounds_the_optimum():
 
 # ------------------------------------------------------------- the policy on a noisy toy
 
-# As in test_noisy_decisions: a constraint that sits at its reference and moves only by
-# noise (like a quiz that a short probe cannot move). d0 is the target's own data and does
-# not touch it; d1 nudges it down by less than the noise.
+# A constraint that sits at its reference and moves only by noise (like a quiz that a
+# short probe cannot move). d0 is the target's own data and does not touch it; d1 nudges
+# it down by less than the noise.
 FLAT_SLOPES = np.array([[-2e-3, 0.0, 0.0], [0.0, -1e-4, 0.0]])
 FLAT_INITIAL = np.array([3.0, 2.0])
 SCHEDULE = [0, 8, 16, 32, 48, 64, 80, 96, 112]
@@ -162,140 +169,3 @@ def test_the_floor_gives_way_where_the_target_data_breaks_a_constraint():
     history, _ = toy_run(harmful, RobustOptions(lp_candidate=True, target_floor=0.3), seed=0, noise=0.002)
     assert all(u.extra["robust"]["floors"]["lifted_by"] == [1] for u in history.updates)
     assert all(0.1 < u.weights[0] < 0.3 - 1e-6 for u in history.updates)
-
-
-# ------------------------------------------------------------- the general floor
-
-
-def three_datasets(current: float, general_harm: float) -> RobustProblem:
-    """Dataset 0 is the target's own data and leaves the constraint alone; dataset 1 (general
-    data) moves it by ``general_harm`` per step, dataset 2 repairs it by 2e-4 per step; the
-    constraint stands at ``current`` against a reference of 0.99."""
-    slopes = np.array([[-1e-2, 0.0, 0.0], [0.0, general_harm, -2e-4]])
-    problem = MixtureProblem(slopes, np.array([3.0, current]), np.array([np.nan, 0.99]), (0,), (1,), horizon=100)
-    return RobustProblem(problem, np.zeros((2, 3)))
-
-
-def test_the_general_floor_holds_every_other_dataset_while_a_constraint_is_kept():
-    rp = three_datasets(current=0.98, general_harm=1e-4)
-    floored, record = target_floor(rp, [0], 0.2, general=0.1)
-    np.testing.assert_array_equal(floored.least_weights, [0.2, 0.1, 0.1])
-    assert record == {"floor": 0.2, "target_datasets": [0], "lifted_by": [], "general_floor": 0.1}
-    # Without the general floor the solver gives the data that does nothing for the target nothing.
-    assert solve_direct(rp).weights[1:] == pytest.approx([0.0, 0.0], abs=1e-6)
-    np.testing.assert_allclose(solve_direct(floored).weights, [0.8, 0.1, 0.1], atol=1e-6)
-
-
-def test_without_a_constraint_only_the_target_floor_holds():
-    slopes = np.array([[-1e-2, 0.0, 0.0]])
-    rp = RobustProblem(MixtureProblem(slopes, np.array([3.0]), np.array([np.nan]), (0,), (), horizon=100), np.zeros((1, 3)))
-    floored, record = target_floor(rp, [0], 0.2, general=0.1)
-    np.testing.assert_array_equal(floored.least_weights, [0.2, 0.0, 0.0])
-    assert "general_floor" not in record
-    unchanged, _ = target_floor(rp, [0], 0.0, general=0.1)
-    assert unchanged is rp and unchanged.least_weights is None
-
-
-def test_the_floors_give_way_together_where_the_general_one_alone_breaks_a_constraint():
-    # The constraint is 0.01 above its reference. 100 steps of dataset 2 repair 0.02 at most;
-    # 10% of dataset 1 costs 0.01 of that, so with 10% on each general dataset the repair
-    # needs all of the other 90% and gets at most 0.018 - 0.01: no floored mixture recovers.
-    rp = three_datasets(current=1.0, general_harm=1e-3)
-    lifted, record = target_floor(rp, [0], 0.05, general=0.1)
-    assert lifted.least_weights is None
-    assert record["lifted_by"] == [1] and record["general_floor"] == 0.1
-    solved = solve_direct(lifted)
-    assert solved.feasible and solved.weights[1] == pytest.approx(0.0, abs=1e-6)
-
-
-def test_floors_that_hold_the_whole_mixture_are_refused_with_the_fields_to_change():
-    with pytest.raises(ValueError, match=r"general_floor 0\.4 for each of the 2 others hold 1"):
-        target_floor(three_datasets(0.98, 0.0), [0], 0.2, general=0.4)
-    with pytest.raises(ValueError, match="general_floor"):
-        RobustOptions(general_floor=1.0)
-    assert MethodConfig(general_floor=0.02).robust_options().general_floor == 0.02
-
-
-@pytest.mark.parametrize("seed", [1, 2])
-def test_the_general_floor_keeps_every_dataset_in_the_noisy_runs_mixture(seed: int):
-    plain, _ = toy_run(FLAT_SLOPES, RobustOptions(lp_candidate=True, target_floor=0.2), seed, noise=0.02)
-    assert any(u.weights[2] < 0.05 - 1e-9 for u in plain.updates)  # d2 moves nothing: without the floor it gets none
-    options = RobustOptions(lp_candidate=True, target_floor=0.2, general_floor=0.05)
-    floored, floored_end = toy_run(FLAT_SLOPES, options, seed, noise=0.02)
-    assert all(u.extra["robust"]["floors"]["general_floor"] == 0.05 for u in floored.updates)
-    held = [u for u in floored.updates if not u.extra["robust"]["floors"]["lifted_by"]]
-    assert len(held) >= len(floored.updates) - 1  # noise may lift the floors once, not more
-    for update in held:
-        assert update.weights[0] >= 0.2 - 1e-9 and update.weights[1:].min() >= 0.05 - 1e-9
-    assert floored_end[1] <= FLAT_INITIAL[1]
-
-
-# ------------------------------------------------------------- the floors' deadline
-
-
-def test_dropped_floors_leave_the_problem_as_it_is_and_say_so():
-    rp = three_datasets(current=0.98, general_harm=1e-4)
-    unfloored, record = target_floor(rp, [0], 0.2, general=0.1, dropped=True)
-    assert unfloored is rp and unfloored.least_weights is None
-    assert record == {"floor": 0.2, "target_datasets": [0], "lifted_by": [], "general_floor": 0.1, "dropped": True}
-
-
-class ContextSpy:
-    """The policy, with the context of each update kept."""
-
-    def __init__(self, policy: DynamicsPolicy) -> None:
-        self.policy, self.contexts = policy, []
-
-    def __getattr__(self, name: str):
-        return getattr(self.policy, name)
-
-    def decide(self, learner, context):
-        self.contexts.append(context)
-        return self.policy.decide(learner, context)
-
-
-# Every dataset harms the constraint (d1 least), so no mixture keeps it and no main
-# evaluation is feasible: the floors hold through the fallbacks until the deadline.
-HARMED = np.array([[-2e-3, 0.0, 0.0], [2e-3, 5e-4, 1e-3]])
-FLOORS = {"lp_candidate": True, "target_floor": 0.2, "general_floor": 0.05}
-
-
-def deadline_run(slopes: np.ndarray, deadline: float, seed: int = 0):
-    learner = ToyLearner(slopes, FLAT_INITIAL, seed=seed, noise=0.002, dataset_names=["e0", "d1", "d2"])
-    policy = ContextSpy(DynamicsPolicy(build_schedule(SCHEDULE, 128, probe_cap=8), options=RobustOptions(**FLOORS, floor_deadline=deadline)))
-    history = run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4)
-    return history, policy.contexts, learner.values()
-
-
-def test_past_the_deadline_a_run_without_a_feasible_checkpoint_drops_the_floors():
-    kept, _, kept_end = deadline_run(HARMED, deadline=1.0)
-    history, contexts, end = deadline_run(HARMED, deadline=0.5)
-    assert not any(c.feasible_checkpoint for c in contexts)
-    for update in history.updates:
-        record = update.extra["robust"]["floors"]
-        if update.step < 64:
-            assert "dropped" not in record and update.weights[0] >= 0.2 - 1e-9
-        else:
-            assert record["dropped"] and update.weights[0] < 0.2 - 1e-6  # the rest goes to the constraint
-    assert all("dropped" not in u.extra["robust"]["floors"] for u in kept.updates)
-    assert end[1] < kept_end[1]  # the constraint's true value ends less broken
-
-
-def test_a_run_with_a_feasible_checkpoint_keeps_its_floors_past_the_deadline():
-    history, contexts, _ = deadline_run(FLAT_SLOPES, deadline=0.5)
-    reference = history.evaluations[0]
-    for context in contexts:
-        seen = [e for e in history.evaluations[1:] if e.step <= context.step]
-        assert context.feasible_checkpoint == any(
-            checkpoint_feasible(e, reference, [0], [1]) for e in seen
-        )
-    assert any(c.feasible_checkpoint for c in contexts if c.step >= 64)
-    late = [u for u, c in zip(history.updates, contexts, strict=True) if c.feasible_checkpoint]
-    assert late and all("dropped" not in u.extra["robust"]["floors"] for u in late)
-
-
-def test_a_deadline_without_a_floor_is_refused():
-    with pytest.raises(ValueError, match="floor_deadline drops the floors"):
-        RobustOptions(floor_deadline=0.5)
-    with pytest.raises(ValidationError, match="floor_deadline"):
-        MethodConfig(floor_deadline=0.0)

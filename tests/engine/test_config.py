@@ -172,9 +172,9 @@ def test_dataset_file_options_are_checked(change, message):
 
 def test_single_robustness_options_override_the_variant():
     config = minimal()
-    config["method"] = {"name": "dynamics", "variant": "robust", "full_step_z": 3.0, "target_share": 0.1, "metric_floors": True}
+    config["method"] = {"name": "dynamics", "variant": "robust", "target_noise": 2.0, "calibration": False, "target_floor": 0.05}
     options = RunConfig.from_dict(config).method.robust_options()
-    assert (options.full_step_z, options.target_share, options.metric_floors) == (3.0, 0.1, True)
+    assert (options.target_noise, options.calibration, options.target_floor) == (2.0, False, 0.05)
     assert options.gain_exponent == VARIANTS["robust"].gain_exponent  # the rest from the variant
     config["method"] = {"name": "dynamics", "variant": "paper"}
     assert RunConfig.from_dict(config).method.robust_options().is_paper
@@ -197,35 +197,15 @@ def test_every_setting_the_protocol_measures_is_a_valid_method_config():
 
 
 def test_an_option_set_turns_off_the_variants_options_that_need_what_it_turns_off():
-    # The default's answer tolerance reads expected accuracies, and its target floor keeps
-    # target data that the fallback on non-target data leaves out: setting the option that
-    # contradicts one turns that one off, unless it is set too.
+    # The default's answer tolerance reads expected accuracies: turning them off turns the
+    # tolerance off, unless it is set too.
     config = minimal()
     assert VARIANTS["robust"].answer_tolerance == 0.5 and VARIANTS["robust"].target_floor == 0.02
     config["method"] = {"name": "dynamics", "expected_accuracy": False}
     options = RunConfig.from_dict(config).method.robust_options()
     assert (options.expected_accuracy, options.answer_tolerance, options.target_floor) == (False, 0.0, 0.02)
-    config["method"] = {"name": "dynamics", "general_fallback": 1.0}
-    options = RunConfig.from_dict(config).method.robust_options()
-    assert (options.general_fallback, options.target_floor, options.answer_tolerance) == (1.0, 0.0, 0.5)
     config["method"] = {"name": "dynamics", "expected_accuracy": False, "answer_tolerance": 0.5}
     with pytest.raises(ConfigError, match=r"answer_tolerance .* expected_accuracy is off"):
-        RunConfig.from_dict(config)
-
-
-@pytest.mark.parametrize(
-    ("method", "message"),
-    [
-        ({"share_in_fallback": True}, r"method: share_in_fallback .* set target_share > 0"),
-        ({"calibration": True, "dataset_calibration": True}, r"method: calibration and dataset_calibration"),
-        ({"general_fallback": 1.0, "target_floor": 0.02}, r"method: general_fallback .* target_floor"),
-        ({"general_fallback": 1.0, "min_weight": 0.02}, r"method: general_fallback .* min_weight"),
-    ],
-)
-def test_options_that_contradict_each_other_are_refused_with_the_config(method, message):
-    config = minimal()
-    config["method"] = {"name": "dynamics", **method}
-    with pytest.raises(ConfigError, match=message):
         RunConfig.from_dict(config)
 
 

@@ -89,14 +89,6 @@ def test_the_policy_gets_the_floor_and_the_unit(name: str):
     assert policy.unit is unit
 
 
-def test_a_general_floor_that_with_the_target_floor_holds_everything_is_refused():
-    config = RunConfig.from_dict(minimal(), ["method.target_floor=0.2", "method.general_floor=0.1"]).method
-    assert (config.target_floor, config.general_floor) == (0.2, 0.1)
-    with pytest.raises(ConfigError) as err:
-        RunConfig.from_dict(minimal(), ["method.target_floor=0.5", "method.general_floor=0.6"])
-    assert "method.general_floor (0.6) for each of the 1 others" in str(err.value)
-
-
 def test_a_run_by_tokens_records_token_shares_and_the_batch_shares_it_trains(tokenizer_dir, tmp_path):
     data = tiny_config(tokenizer_dir, tmp_path / "run")
     data["training"]["sampling"] = "tokens"

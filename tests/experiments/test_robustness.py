@@ -46,7 +46,7 @@ def test_measure_resumes_and_aggregates_what_the_run_folders_hold(tmp_path):
     assert logged == ["conflict seed 0 paper", "conflict seed 0 robust"]
 
     updates = read_jsonl(out / "conflict" / "seed0" / "robust" / "controller.jsonl")
-    assert all(u["extra"]["robust"]["calibration"] and u["extra"]["robust"]["noise_margin"] == 0.0 for u in updates)
+    assert all(u["extra"]["robust"]["calibration"] and u["extra"]["robust"]["target_noise"] == 1.0 for u in updates)
     assert all(len(u["extra"]["slope_errors"]) == 4 for u in updates)  # M = 2 targets + 2 constraints
     paper = read_jsonl(out / "conflict" / "seed0" / "paper" / "controller.jsonl")
     assert all("robust" not in u["extra"] for u in paper)

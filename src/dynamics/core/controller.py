@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from dynamics.core.learner import Evaluation, Learner
-from dynamics.core.metrics import TIE_TOLERANCE, constraint_slack, run_feasible
+from dynamics.core.metrics import TIE_TOLERANCE, constraint_slack
 from dynamics.core.policy_interface import MixturePolicy, UpdateContext
 from dynamics.core.records import EvaluationRecord, RunHistory, UpdateRecord
 from dynamics.core.schedules import UpdateSchedule
@@ -330,9 +330,7 @@ class MixtureController:
             constraints=history.constraints,
             reduced_batches=self.reduced_batches,
             domain_kinds=tuple(learner.domain_kinds),
-            weights_in_force=None if last is None else np.asarray(last.weights, dtype=float),
             after_backtrack=self._backtrack is not None,
-            feasible_checkpoint=run_feasible(history.kept_evaluations, history.targets, history.constraints),
         )
         update = self.policy.decide(learner, context)
         if self._backtrack is not None:

@@ -77,11 +77,6 @@ class DomainKind:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
-    @property
-    def floor(self) -> float:
-        """The lowest value the metric can take: 0 nats, or -1 (every answer right)."""
-        return -1.0 if self.metric == "accuracy" else 0.0
-
 
 class Diverged(ArithmeticError):
     """A probe or a training step produced a non-finite loss or gradient. Raised by

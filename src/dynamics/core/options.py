@@ -10,12 +10,6 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   margin can be unreachable when ``H_t |S|`` is far below eps; the direct optimum cannot.
   With no feasible mixture the direct candidate is the one with the smallest largest
   violation.
-* ``noise_margin`` (z >= 0): each constraint must hold with a margin of ``z`` standard errors
-  of its predicted change, ``z H_t ||sigma_i * w||``, where ``sigma_ij`` is the standard error
-  of slope ``S_ij`` from the per-batch spread of the probe's paired differences
-  (:func:`dynamics.core.decisions.slope_standard_errors`). The same margin decides which candidate counts as
-  feasible. It is the robust counterpart of the linear constraint for independent
-  per-dataset errors (a second-order cone), and it is never negative.
 * ``target_noise`` (z >= 0): the target objective is scored pessimistically,
   ``g.w + z ||tau * w||`` with ``tau_j`` the standard error of the summed target slope of
   dataset j. Two datasets whose target slopes differ by less than their noise then share
@@ -24,10 +18,6 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   so it turns ``lp_candidate`` on.
 * ``calibration``: a per-step bias per constraint learned from past updates' misses, which
   only tightens (:class:`dynamics.core.decisions.PredictionCalibration`).
-* ``dataset_calibration``: the same misses attributed to the datasets trained on over each
-  horizon, a per-step correction of every constraint slope that only tightens
-  (:class:`dynamics.core.decisions.DatasetCalibration`); it replaces ``calibration``, whose
-  bias is the case of one correction shared by every dataset.
 * ``gain_exponent`` (p in (0, 1]): diminishing returns beyond the probe. Dataset j trains
   ``w_j H_t`` steps until the next update, ``u_j = w_j H_t / c_t`` probe lengths. An
   improvement its probe measured (a negative slope) is extrapolated as ``c_t S_ij phi(u_j)``
@@ -38,21 +28,6 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   optimum shares weight between datasets instead of giving all of it to one (eq. 3.4 is
   linear in w and always picks a vertex). It acts through the direct candidate, so it
   turns ``lp_candidate`` on. p = 1 is eq. 3.3.
-* ``metric_floors``: no dataset's predicted improvement takes a domain below the lowest
-  value its metric can have (0 nats; an accuracy of 1), so an extrapolated gain that cannot
-  happen does not offset a harm (:func:`dynamics.core.robust.predicted_changes`).
-* ``full_step_z`` and ``target_share``: how far the weights move toward the solver's answer,
-  and a share kept on target data (:mod:`dynamics.core.decisions`); ``share_in_fallback``
-  keeps that share also when no mixture is predicted to keep every constraint, as far as
-  no constraint's predicted violation grows by more than its prediction's standard error.
-
-* ``general_fallback`` (z >= 0, 0: off): where no mixture is predicted to keep every
-  constraint, the non-target datasets' least-violating mixture is trained instead of the
-  fallback's answer, unless that answer gives target data weight and is predicted to
-  violate less even with its advantage cut by z standard errors
-  (:func:`dynamics.core.decisions.general_fallback`): a short, noisy probe does not bet the
-  mixture on target data while the constraints are broken.
-
 * ``target_floor`` (f in [0, 1)): every target dataset (one named like a target domain)
   keeps at least f of the mixture at every update, inside the solver (so the other weights
   are chosen knowing it, in the fallback too), unless the floor alone stands between the
@@ -60,16 +35,6 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   without the floor is): then it gives way for that update, and the record says which
   constraints the floor would have broken (:func:`dynamics.core.decisions.target_floor`).
   A floor on every dataset, target or not, is ``method.min_weight``.
-* ``general_floor`` (g in [0, 1)): the same for every dataset that is not a target, while the
-  problem has a constraint (non-target data is trained for the constraints' sake; with none
-  it has nothing to protect and gets no floor). With ``target_floor`` the two floors hold or
-  give way together, as one.
-* ``floor_deadline`` (d in (0, 1]): from step d·T of a T-step run on, the floors are dropped
-  at every update until some main evaluation after step 0 is feasible (every constraint at
-  or below its reference, the targets' summed loss below step 0's): a run that has not
-  reached a feasible checkpoint by then spends what is left of it on the constraints, as
-  the options without floors do. 1: the floors are never dropped this way.
-
 * ``expected_accuracy``: an accuracy constraint's slopes are the change of its expected
   accuracy (the mean probability the model gives the correct choice) per probe step, not
   the change of the share of answers right, and their standard errors are the spread of
@@ -86,18 +51,6 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   whole answers, so only the prediction is judged differently: a drift of the correct
   choices' probability too small to flip an answer (a = 0.5: one that rounds to no answer)
   does not make every mixture look like a broken constraint.
-
-* ``warmup_room``: at the updates whose probes are shorter than the schedule's longest (the
-  dense warmup's first updates), each target dataset is held at its floor (``target_floor``;
-  0 without it) and the rest of the mixture is the non-target datasets' mixture predicted
-  to leave the constraints the most room (:func:`dynamics.core.decisions.warmup_room`),
-  instead of the solver's answer. Probes of one to a few steps rarely tell which dataset
-  harms a constraint, so the answer is a bet, on target data as often as not, and target
-  data trained on a bet stays trained. Without a constraint, or without non-target data,
-  it does nothing.
-* ``warmup_fallback``: the same, only at those of the warmup's updates where no mixture is
-  predicted to keep every constraint: the warmup's bets on target data that the probes
-  predict safe are kept, its fallbacks go to the non-target data.
 
 Where the direct candidate's SLSQP run reports no success, the record keeps its message;
 its answer is checked and used like any other (:func:`dynamics.core.robust.solve_direct`).
@@ -121,70 +74,26 @@ class RobustOptions:
     """Which robustness options an update uses (all off: the paper's method)."""
 
     lp_candidate: bool = False
-    noise_margin: float = 0.0
     target_noise: float = 0.0
     calibration: bool = False
     gain_exponent: float = 1.0
-    metric_floors: bool = False
-    full_step_z: float = 0.0
-    target_share: float = 0.0
-    dataset_calibration: bool = False
-    share_in_fallback: bool = False
     target_floor: float = 0.0
-    general_floor: float = 0.0
-    floor_deadline: float = 1.0
-    general_fallback: float = 0.0
     expected_accuracy: bool = False
     answer_tolerance: float = 0.0
-    warmup_room: bool = False
-    warmup_fallback: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("noise_margin", "target_noise", "full_step_z", "general_fallback"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0 (standard errors), got {value}")
+        if not math.isfinite(self.target_noise) or self.target_noise < 0:
+            raise ValueError(f"target_noise must be a number >= 0 (standard errors), got {self.target_noise}")
         if not (math.isfinite(self.gain_exponent) and 0 < self.gain_exponent <= 1):
             raise ValueError(f"gain_exponent must be in (0, 1] (1: linear, as eq. 3.3), got {self.gain_exponent}")
-        if not (math.isfinite(self.target_share) and 0 <= self.target_share < 1):
-            raise ValueError(f"target_share must be in [0, 1) (0: off), got {self.target_share}")
-        for name in ("target_floor", "general_floor"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and 0 <= value < 1):
-                raise ValueError(f"{name} must be in [0, 1) (0: off), got {value}")
-        if not (math.isfinite(self.floor_deadline) and 0 < self.floor_deadline <= 1):
-            raise ValueError(f"floor_deadline must be in (0, 1] (1: never), got {self.floor_deadline}")
-        if self.floor_deadline < 1 and self.target_floor == 0 and self.general_floor == 0:
-            raise ValueError(
-                "floor_deadline drops the floors, and none is set: set target_floor or general_floor "
-                "(e.g. 0.02), or floor_deadline: 1"
-            )
-        if self.share_in_fallback and self.target_share == 0:
-            raise ValueError(
-                "share_in_fallback keeps target_share's share when no mixture is predicted feasible: "
-                "set target_share > 0 (e.g. 0.1) or share_in_fallback: false"
-            )
-        if self.general_fallback > 0 and self.target_floor > 0:
-            raise ValueError(
-                "general_fallback trains no target data where no mixture is predicted feasible, which "
-                "target_floor forbids: set one of them to 0"
-            )
+        if not (math.isfinite(self.target_floor) and 0 <= self.target_floor < 1):
+            raise ValueError(f"target_floor must be in [0, 1) (0: off), got {self.target_floor}")
         if not (math.isfinite(self.answer_tolerance) and 0 <= self.answer_tolerance < 1):
             raise ValueError(f"answer_tolerance must be in [0, 1) (a fraction of one answer), got {self.answer_tolerance}")
         if self.answer_tolerance > 0 and not self.expected_accuracy:
             raise ValueError(
                 "answer_tolerance judges predictions read from expected accuracies, and expected_accuracy is off: "
                 "set expected_accuracy: true (variant: robust has it), or answer_tolerance: 0"
-            )
-        if self.warmup_room and self.warmup_fallback:
-            raise ValueError(
-                "warmup_room holds target data at its floor at every warmup update, warmup_fallback at its "
-                "fallbacks only: set one of them to false"
-            )
-        if self.calibration and self.dataset_calibration:
-            raise ValueError(
-                "calibration and dataset_calibration both correct predictions by the same past misses: "
-                "set calibration: false to use dataset_calibration (with variant: robust too)"
             )
         if (self.target_noise > 0 or self.gain_exponent < 1) and not self.lp_candidate:
             # The grid's candidates minimise the nominal objective; only the direct
@@ -214,8 +123,7 @@ VARIANTS: dict[str, RobustOptions] = {
 """Named combinations; ``method.variant`` picks one and single options override it. The
 robust variant is the combination chosen on the eval splits of the measured scenarios, the
 expected accuracy, half an answer of tolerance and the floor on target data added to it by
-rules written before their runs (docs/beyond-the-paper.md); the noise margin is left out of
-it."""
+rules written before their runs (docs/beyond-the-paper.md)."""
 
 DEFAULT_VARIANT = "robust"
 """What ``method.name: dynamics`` runs when ``method.variant`` is not set: the variant that

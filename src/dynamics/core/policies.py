@@ -22,31 +22,20 @@ from typing import Any
 import numpy as np
 
 from dynamics.core.decisions import (
-    DatasetCalibration,
     PredictionCalibration,
     calibrated,
-    confident_step,
-    dataset_calibrated,
-    general_fallback,
-    keep_target_share,
-    past_floor_deadline,
     slope_standard_errors,
     target_floor,
-    warmup_room,
 )
 from dynamics.core.learner import AlignmentLearner, Diverged, Learner
 from dynamics.core.options import RobustOptions
 from dynamics.core.policy_interface import UpdateContext
 from dynamics.core.predictors import PREDICTORS, probe_progress
 from dynamics.core.probes import measured_changes, probe_datasets
-from dynamics.core.problem import MixtureProblem, SolverGrid, to_floored_simplex
+from dynamics.core.problem import MixtureProblem, SolverGrid
 from dynamics.core.records import UpdateRecord
 from dynamics.core.resolution import at_resolution, with_answer_tolerance
-from dynamics.core.robust import (
-    RobustProblem,
-    select_robust,
-    solve_direct,
-)
+from dynamics.core.robust import RobustProblem, select_robust, solve_direct
 from dynamics.core.schedules import UpdateSchedule, build_schedule
 from dynamics.core.shares import BatchShares, MixtureUnit
 from dynamics.core.solver import Solution, grid_candidates, solution_of, solve
@@ -116,11 +105,6 @@ def _named_batch_shares(unit: MixtureUnit, batch_shares: np.ndarray) -> dict[str
     return {} if unit.name == BatchShares.name else {"batch_shares": np.asarray(batch_shares, dtype=float)}
 
 
-def _trained_in_force(context: UpdateContext, unit: MixtureUnit) -> np.ndarray | None:
-    """The batch shares of the mixture in force (None at the first update)."""
-    return None if context.weights_in_force is None else unit.batch_shares(context.weights_in_force)
-
-
 def _widen(record: UpdateRecord, columns: list[int], num_datasets: int) -> None:
     """Put a record solved over ``columns`` of the datasets back on all of them: weight 0
     and NaN slopes (and slope errors) for the datasets left out."""
@@ -164,7 +148,6 @@ class DynamicsPolicy:
     min_weight: float = 0.0
     unit: MixtureUnit = field(default_factory=BatchShares)
     _calibration: PredictionCalibration | None = field(default=None, init=False, repr=False)
-    _dataset_calibration: DatasetCalibration | None = field(default=None, init=False, repr=False)
     _last_prediction: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -216,9 +199,6 @@ class DynamicsPolicy:
                 slope_errors,
                 probe_seconds,
                 extra,
-                previous=_in_force(_trained_in_force(context, self.unit), reliable),
-                columns=reliable,
-                num_datasets=num_datasets,
                 target_datasets=[
                     k for k, j in enumerate(reliable) if learner.dataset_names[j] in _target_names(learner, context)
                 ],
@@ -233,10 +213,8 @@ class DynamicsPolicy:
         return _in_unit(record, self.unit)
 
     def state_dict(self) -> dict[str, Any]:
-        """The calibrations' sums and the last prediction (what the next update learns from)."""
-        by_dataset = self._dataset_calibration
+        """The calibration's sums and the last prediction (what the next update learns from)."""
         return {
-            "dataset_calibration": None if by_dataset is None else by_dataset.state_dict(),
             "calibration": None if self._calibration is None else self._calibration.state_dict(),
             "last_prediction": None
             if self._last_prediction is None
@@ -246,8 +224,6 @@ class DynamicsPolicy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state["calibration"]
         self._calibration = None if saved is None else PredictionCalibration.from_state_dict(saved)
-        by_dataset = state.get("dataset_calibration")
-        self._dataset_calibration = None if by_dataset is None else DatasetCalibration.from_state_dict(by_dataset)
         last = state["last_prediction"]
         self._last_prediction = None if last is None else (np.asarray(last["losses"], dtype=float), int(last["horizon"]))
 
@@ -258,22 +234,12 @@ class DynamicsPolicy:
         slope_errors: np.ndarray,
         probe_seconds: float,
         extra: dict,
-        previous: np.ndarray,
         target_datasets: list[int],
-        columns: list[int],
-        num_datasets: int,
     ) -> UpdateRecord:
-        """The update with the options of :mod:`dynamics.core.options` on. ``previous`` is the
-        mixture in force over the probed datasets in batch shares (uniform at the first update);
-        ``target_datasets`` the columns of the datasets that are also target domains, and
-        ``columns`` the probed datasets' places among all ``num_datasets``."""
+        """The update with the options of :mod:`dynamics.core.options` on. ``target_datasets``
+        are the columns of the probed datasets that are also target domains."""
         nominal = _problem_at(context, slope_matrix, self.grid, self.min_weight)
-        if self.min_weight > 0:
-            # A dataset left out of an earlier update (its probe diverged) had weight 0 there.
-            previous = to_floored_simplex(previous, self.min_weight)
         problem = self._calibrated(context, nominal, extra) if self.options.calibration else nominal
-        if self.options.dataset_calibration:
-            problem = self._dataset_calibrated(context, problem, columns, num_datasets, extra)
         questions = [context.reduced_batches * k.batch_size if k.metric == "accuracy" else 0 for k in context.domain_kinds]
         problem = at_resolution(problem, context.probe_budget, questions)
         if self.options.answer_tolerance > 0 and extra.get("accuracy_slopes") == "expected":
@@ -281,18 +247,13 @@ class DynamicsPolicy:
         robust = RobustProblem(
             problem,
             slope_errors,
-            self.options.noise_margin,
-            self.options.target_noise,
+            target_z=self.options.target_noise,
             gain_exponent=self.options.gain_exponent,
             probe_budget=context.probe_budget,
-            floors=np.array([kind.floor for kind in context.domain_kinds]) if self.options.metric_floors else None,
         )
         decision: dict[str, Any] = {}
-        if self.options.target_floor > 0 or self.options.general_floor > 0:
-            dropped = past_floor_deadline(context, self.options.floor_deadline, self.schedule.total_steps)
-            robust, decision["floors"] = target_floor(
-                robust, target_datasets, self.options.target_floor, self.options.general_floor, dropped=dropped
-            )
+        if self.options.target_floor > 0:
+            robust, decision["floors"] = target_floor(robust, target_datasets, self.options.target_floor)
         candidates = grid_candidates(problem)
         direct = solve_direct(robust) if self.options.lp_candidate else None
         choice = select_robust(robust, [c.weights for c in candidates], direct)
@@ -303,19 +264,6 @@ class DynamicsPolicy:
             # than the point it started from: solve_direct), and the verdict can flip under
             # rounding while the answer stays where it is, so it does not decide the mixture.
             decision["solver_failure"] = direct.message
-        if self._warmup_room(context, choice.feasible):
-            weights, decision["warmup_answer"] = warmup_room(robust, weights, target_datasets)
-        if self.options.general_fallback > 0:
-            z = self.options.general_fallback
-            weights, decision["general_fallback"] = general_fallback(robust, weights, target_datasets, z)
-        if self.options.full_step_z > 0:
-            weights, fraction = confident_step(robust, previous, weights, self.options.full_step_z)
-            decision["step_fraction"] = fraction
-        if self.options.target_share > 0:
-            weights, share = keep_target_share(
-                robust, weights, target_datasets, self.options.target_share, self.options.share_in_fallback
-            )
-            decision["target_share"] = share.to_dict()
         solution = solution_of(
             problem,
             weights,
@@ -332,11 +280,6 @@ class DynamicsPolicy:
         extra["robust"] = {**self.options.to_dict(), **choice.to_dict(), **decision}
         return _update_record(self.name, context, nominal, solution, probe_seconds, extra)
 
-    def _warmup_room(self, context: UpdateContext, feasible: bool) -> bool:
-        """Whether a warmup update (probes shorter than the longest) trains the warmup's room."""
-        room = self.options.warmup_room or (self.options.warmup_fallback and not feasible)
-        return room and context.probe_budget < max(self.schedule.probe_budgets)
-
     def _calibrated(self, context: UpdateContext, nominal: MixtureProblem, extra: dict) -> MixtureProblem:
         """``nominal`` shifted by the per-step bias past updates' misses show (``calibration``)."""
         if self._calibration is None:
@@ -347,34 +290,6 @@ class DynamicsPolicy:
             self._calibration.observe(predicted, nominal.current_losses, horizon)
         extra["calibration_bias"] = bias = self._calibration.bias(context.horizon)
         return calibrated(nominal, bias)
-
-    def _dataset_calibrated(
-        self, context: UpdateContext, problem: MixtureProblem, columns: list[int], num_datasets: int, extra: dict
-    ) -> MixtureProblem:
-        """``problem`` with every constraint slope raised by what past horizons showed the
-        slope under-stated (:class:`DatasetCalibration`), learned from the last update's
-        prediction against the anchor measured now, and the mixture trained on in between
-        (in batch shares)."""
-        if self._dataset_calibration is None:
-            self._dataset_calibration = DatasetCalibration(len(problem.current_losses), num_datasets)
-        last, in_force = self._last_prediction, _trained_in_force(context, self.unit)
-        # After a backtrack the last prediction's horizon was never completed.
-        if last is not None and in_force is not None and not context.after_backtrack:
-            self._dataset_calibration.observe(last[0], context.anchor.means(), last[1], in_force)
-        correction = np.zeros((len(problem.current_losses), num_datasets))
-        rows = list(context.constraints)
-        correction[rows] = self._dataset_calibration.correction(context.horizon)[rows]
-        extra["dataset_calibration"] = correction  # zero outside the constraints' rows
-        return dataset_calibrated(problem, correction[:, columns])
-
-
-def _in_force(weights: np.ndarray | None, columns: list[int]) -> np.ndarray:
-    """The mixture in force over ``columns``, renormalised; uniform before the first update
-    or when it gave those datasets no weight."""
-    if weights is None or float(np.sum(weights[columns])) <= 0:
-        return np.full(len(columns), 1.0 / len(columns))
-    kept = np.asarray(weights, dtype=float)[columns]
-    return kept / kept.sum()
 
 
 def _target_names(learner: Learner, context: UpdateContext) -> set[str]:

@@ -23,11 +23,6 @@ class UpdateContext:
                        (the solver's references use the probe's batches), lowered by
                        the margins backtracking learned.
     domain_kinds:      each domain's metric and evaluation batch size.
-    weights_in_force:  the weights trained on up to this step, in the run's unit
-                       (:mod:`dynamics.core.shares`; None at the first update).
-    feasible_checkpoint: some main evaluation after step 0 (not left behind by a backtrack)
-                       was feasible on the eval split: every constraint at or below its
-                       reference and the targets' summed loss below step 0's.
     """
 
     step: int
@@ -40,9 +35,7 @@ class UpdateContext:
     constraints: tuple[int, ...]
     reduced_batches: int
     domain_kinds: tuple[DomainKind, ...]
-    weights_in_force: np.ndarray | None
     after_backtrack: bool = False  # the learner was just returned to this step's state
-    feasible_checkpoint: bool = False
 
 
 class MixturePolicy(Protocol):

@@ -1,20 +1,19 @@
 """How an update with the options of :mod:`dynamics.core.options` predicts and solves.
 
 - :func:`predicted_changes`: eq. 3.3's prediction with diminishing returns beyond the probe
-  (``gain_exponent``) and the metrics' floors (``metric_floors``).
-- :class:`RobustProblem`: the mixture problem with the slopes' standard errors, its
-  margins (``noise_margin``) and pessimistic objective (``target_noise``).
+  (``gain_exponent``).
+- :class:`RobustProblem`: the mixture problem with the slopes' standard errors and its
+  pessimistic objective (``target_noise``).
 - :func:`solve_direct`: the directly solved constrained optimum (``lp_candidate``); an LP
-  without noise terms, a second-order-cone program solved by SLSQP with them.
+  without noise terms or diminishing returns, a convex program solved by SLSQP with them.
 - :func:`select_robust`: which of the grid's candidates and the direct one an update keeps.
-- :func:`held_at_floor`: the problem over some datasets, the others fixed at their floors.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,43 +34,20 @@ def tempered_progress(u: np.ndarray, exponent: float) -> np.ndarray:
     return np.where(u <= 1.0, u, beyond)
 
 
-def predicted_changes(
-    problem: MixtureProblem,
-    weights: np.ndarray,
-    exponent: float,
-    probe_budget: int,
-    floors: np.ndarray | None = None,
-) -> np.ndarray:
+def predicted_changes(problem: MixtureProblem, weights: np.ndarray, exponent: float, probe_budget: int) -> np.ndarray:
     """Predicted change of every domain over the horizon, shape (M,), with diminishing
     returns beyond the probe (``gain_exponent``): ``c_t sum_j S_ij phi(w_j H_t / c_t)`` over
     the improving entries (S_ij < 0), ``H_t sum_j S_ij w_j`` over the others. With
-    ``exponent`` 1 this is eq. 3.3's ``H_t S w``.
-
-    ``floors`` (M,), the lowest value each metric can take (0 nats, -1 for an accuracy):
-    no single dataset's improvement is predicted to take a domain below it, so an
-    impossible gain extrapolated from one dataset cannot offset a real harm from another.
-    Harms stay unclipped, which keeps every prediction convex in w."""
+    ``exponent`` 1 this is eq. 3.3's ``H_t S w``. Harms stay linear, which keeps every
+    prediction convex in w."""
     w = np.asarray(weights, dtype=float)
-    if exponent >= 1.0 and floors is None:
+    if exponent >= 1.0:
         return problem.horizon * (problem.slopes @ w)
     slopes = problem.slopes
-    if exponent >= 1.0:
-        gains = problem.horizon * slopes * w[None, :]
-    else:
-        u = w * problem.horizon / probe_budget
-        gains = probe_budget * slopes * tempered_progress(u, exponent)[None, :]
+    u = w * problem.horizon / probe_budget
+    gains = probe_budget * slopes * tempered_progress(u, exponent)[None, :]
     per_entry = np.where(slopes < 0, gains, problem.horizon * slopes * w[None, :])
-    if floors is not None:
-        room = (np.asarray(floors, dtype=float) - problem.current_losses)[:, None]  # <= 0
-        per_entry = np.where(slopes < 0, np.maximum(per_entry, np.minimum(room, 0.0)), per_entry)
     return per_entry.sum(axis=1)
-
-
-def gains_can_pass_floors(problem: MixtureProblem, floors: np.ndarray) -> bool:
-    """Whether some dataset alone, trained the whole horizon, would be predicted to take a
-    domain below its floor (only then do the floors change any prediction)."""
-    room = np.asarray(floors, dtype=float) - problem.current_losses
-    return bool(np.any(problem.horizon * problem.slopes < np.minimum(room, 0.0)[:, None]))
 
 
 @dataclass(frozen=True)
@@ -81,23 +57,18 @@ class RobustProblem:
     problem:          the nominal problem (its current losses may already include a
                       calibration shift).
     slope_errors:     sigma, shape (M, N), standard errors of the slopes (metric per step).
-    constraint_z:     margin in standard errors of each constraint's predicted change.
     target_z:         pessimism in standard errors of the summed target slope.
     gain_exponent:    p of :func:`predicted_changes` (1: the linear prediction of eq. 3.3).
     probe_budget:     c_t, the probe's length in steps (sets where diminishing returns start).
-    floors:           the lowest value of each domain's metric (:attr:`DomainKind.floor`), or
-                      None to predict without them; kept only where they can bind.
     least_weights:    each dataset's least weight (N,), at or above the problem's min_weight
                       (``target_floor`` raises the target datasets'), or None: min_weight.
     """
 
     problem: MixtureProblem
     slope_errors: np.ndarray
-    constraint_z: float = 0.0
     target_z: float = 0.0
     gain_exponent: float = 1.0
     probe_budget: int = 1
-    floors: np.ndarray | None = None
     least_weights: np.ndarray | None = None
 
     def __post_init__(self) -> None:
@@ -109,11 +80,6 @@ class RobustProblem:
                     f"at most 1, got {self.least_weights}"
                 )
             object.__setattr__(self, "least_weights", least)
-        if self.floors is not None:
-            floors = np.asarray(self.floors, dtype=float)
-            if floors.shape != self.problem.current_losses.shape:
-                raise ValueError(f"floors must have shape {self.problem.current_losses.shape}, got {floors.shape}")
-            object.__setattr__(self, "floors", floors if gains_can_pass_floors(self.problem, floors) else None)
         errors = np.asarray(self.slope_errors, dtype=float)
         if errors.shape != self.problem.slopes.shape or not np.all(np.isfinite(errors)) or np.any(errors < 0):
             raise ValueError(f"slope_errors must be finite, >= 0 and of shape {self.problem.slopes.shape}")
@@ -140,16 +106,14 @@ class RobustProblem:
 
     @property
     def nonlinear_prediction(self) -> bool:
-        """Whether predictions are not linear in w: diminishing returns, or a floor that a
-        single dataset's gain can reach."""
-        return self.gain_exponent < 1.0 or self.floors is not None
+        """Whether predictions are not linear in w: diminishing returns."""
+        return self.gain_exponent < 1.0
 
     def predicted_losses(self, weights: np.ndarray) -> np.ndarray:
-        """L_hat(w), shape (M,): eq. 3.3, or with diminishing returns and floors
-        (:func:`predicted_changes`)."""
+        """L_hat(w), shape (M,): eq. 3.3, or with diminishing returns (:func:`predicted_changes`)."""
         if not self.nonlinear_prediction:
             return self.problem.predicted_losses(weights)
-        changes = predicted_changes(self.problem, weights, self.gain_exponent, self.probe_budget, self.floors)
+        changes = predicted_changes(self.problem, weights, self.gain_exponent, self.probe_budget)
         return self.problem.current_losses + changes
 
     @property
@@ -163,21 +127,10 @@ class RobustProblem:
         t = list(self.problem.targets)
         return np.sqrt((self.slope_errors[t] ** 2).sum(axis=0))
 
-    def prediction_errors(self, weights: np.ndarray) -> np.ndarray:
-        """H_t ||sigma_i * w|| for each constraint, shape (|C|,): the standard error of its
-        predicted change over the horizon."""
-        w = np.asarray(weights, dtype=float)
-        sigma = self.slope_errors[self._constraint_rows]
-        return self.problem.horizon * np.sqrt(((sigma * w) ** 2).sum(axis=1))
-
-    def margins(self, weights: np.ndarray) -> np.ndarray:
-        """z H_t ||sigma_i * w|| for each constraint, shape (|C|,); never negative."""
-        return self.constraint_z * self.prediction_errors(weights)
-
     def violations(self, weights: np.ndarray) -> np.ndarray:
-        """Predicted loss plus margin minus reference, per constraint (positive = violated)."""
+        """Predicted loss minus reference, per constraint (positive = violated)."""
         c = self._constraint_rows
-        return self.predicted_losses(weights)[c] - self.problem.reference_losses[c] + self.margins(weights)
+        return self.predicted_losses(weights)[c] - self.problem.reference_losses[c]
 
     def max_violation(self, weights: np.ndarray) -> float:
         v = self.violations(weights)
@@ -195,7 +148,7 @@ class RobustProblem:
         if not self.nonlinear_prediction:
             return self.problem.target_objective(weights)
         t = list(self.problem.targets)
-        changes = predicted_changes(self.problem, weights, self.gain_exponent, self.probe_budget, self.floors)
+        changes = predicted_changes(self.problem, weights, self.gain_exponent, self.probe_budget)
         return float(changes[t].sum()) / self.problem.horizon
 
 
@@ -213,14 +166,14 @@ class DirectCandidate:
 
 
 def solve_direct(rp: RobustProblem) -> DirectCandidate:
-    """min_w  g.w + z_T ||tau * w||   s.t.   L_hat_i(w) + z_C H ||sigma_i * w|| <= L^ref_i,
+    """min_w  g.w + z_T ||tau * w||   s.t.   L_hat_i(w) <= L^ref_i,
     w on the simplex. When no w satisfies the constraints, the fallback is lexicographic:
     the smallest largest violation, then among those the smallest total violation, then the
     best objective (:func:`_least_violating`).
 
-    Without noise terms or diminishing returns both programs are linear and solved exactly
-    by HiGHS; with them they are convex (second-order cones, convex predictions) and solved
-    by SLSQP from the linear solution, then made exactly feasible by moving toward the most
+    Without the noise term or diminishing returns both programs are linear and solved exactly
+    by HiGHS; with them they are convex (a second-order cone, convex predictions) and solved
+    by SLSQP from the linear solution (or the most feasible point), then made exactly feasible by moving toward the most
     feasible point (convexity makes the segment between a feasible point and the strictly
     feasible centre feasible from some point on). SLSQP's answer is kept where its objective
     is finite and no worse than its starting point's; whether SLSQP reports success is
@@ -229,14 +182,13 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     """
     problem = rp.problem
     n = problem.num_datasets
-    nonlinear = _nonlinear(rp)
-    centre = _most_feasible(rp, nonlinear)
+    centre = most_feasible(rp)
     if rp.max_violation(centre) > FEASIBILITY_TOL:
         fallback = _least_violating(rp, centre)
         return DirectCandidate(fallback, False, rp.max_violation(fallback))
     if n == 1:
         return DirectCandidate(centre, True, 0.0)
-    linear = _linear_optimum(rp) if not nonlinear else None
+    linear = _linear_optimum(rp) if not rp.nonlinear_prediction else None
     pessimistic = rp.nonlinear_prediction or (rp.target_z > 0 and bool(np.any(rp.target_errors > 0)))
     if linear is not None and not pessimistic:
         linear = _pull_into_feasible(rp, linear, centre)
@@ -261,20 +213,9 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     return DirectCandidate(weights, True, rp.max_violation(weights), bool(result.success), str(result.message))
 
 
-def _nonlinear(rp: RobustProblem) -> bool:
-    """Whether the robust violations are not linear in w (noise margins, diminishing returns)."""
-    conic = rp.constraint_z > 0 and bool(np.any(rp.slope_errors[list(rp.problem.constraints)] > 0))
-    return conic or rp.nonlinear_prediction
-
-
 def most_feasible(rp: RobustProblem) -> np.ndarray:
-    """The mixture with the smallest largest robust violation: feasible if any mixture is."""
-    return _most_feasible(rp, _nonlinear(rp))
-
-
-def _most_feasible(rp: RobustProblem, nonlinear: bool) -> np.ndarray:
-    """The mixture with the smallest largest robust violation (phase one): the linear
-    program, refined by SLSQP when the violations are not linear in w."""
+    """The mixture with the smallest largest robust violation (phase one), feasible if any
+    mixture is: the linear program, refined by SLSQP when the predictions are not linear in w."""
     problem = rp.problem
     n = problem.num_datasets
     c = list(problem.constraints)
@@ -294,7 +235,7 @@ def _most_feasible(rp: RobustProblem, nonlinear: bool) -> np.ndarray:
         options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
     )
     best = rp.mixture(result.x[:n]) if result.status == 0 else np.full(n, 1.0 / n)
-    if not nonlinear:
+    if not rp.nonlinear_prediction:
         return best
     starts = [best, np.full(n, 1.0 / n)]
     for start in starts:
@@ -374,7 +315,7 @@ def _worst(rp: RobustProblem, w: np.ndarray) -> float:
 
 
 def _linear_optimum(rp: RobustProblem) -> np.ndarray | None:
-    """The exact optimum of the linear program (no noise margin), or None if infeasible."""
+    """The exact optimum of the linear program (linear predictions), or None if infeasible."""
     problem = rp.problem
     n = problem.num_datasets
     c = list(problem.constraints)
@@ -416,7 +357,7 @@ class RobustChoice:
     weights: np.ndarray
     index: int  # position among the candidates: the grid's in order, then the direct one
     source: str  # "grid" or "direct"
-    feasible: bool  # robust feasibility (margins included)
+    feasible: bool  # robust feasibility
     max_violation: float  # robust, >= 0
     objective: float  # pessimistic target objective
 
@@ -454,29 +395,3 @@ def select_robust(rp: RobustProblem, grid_weights: Sequence[np.ndarray], direct:
         rows = [r for r in rows if _total_violation(rp, r[2]) <= least_total + FEASIBILITY_TOL]
         index, source, w, violation, objective = min(rows, key=lambda r: (r[4], r[0]))
     return RobustChoice(w, index, source, violation <= FEASIBILITY_TOL, violation, objective)
-
-
-
-def held_at_floor(rp: RobustProblem, held: Sequence[int]) -> tuple[RobustProblem, np.ndarray]:
-    """``rp`` over the datasets not in ``held``, each of ``held`` fixed at its least weight
-    (its floor; 0 without one), and those fixed weights. The fixed weights' predicted change
-    is added to the current losses (linearly), the horizon is the share of it the other
-    datasets train, and their least weights become shares of that: a mixture ``w`` of the
-    returned problem is the mixture ``(1 - sum(fixed)) w`` of ``rp``'s free datasets."""
-    problem = rp.problem
-    held = [int(j) for j in held]
-    free = [j for j in range(problem.num_datasets) if j not in held]
-    fixed = rp.floor_weights[held]
-    rest = 1.0 - float(fixed.sum())
-    restricted = replace(
-        rp,
-        problem=replace(
-            problem,
-            slopes=problem.slopes[:, free],
-            current_losses=problem.current_losses + problem.horizon * (problem.slopes[:, held] @ fixed),
-            horizon=problem.horizon * rest,
-        ),
-        slope_errors=rp.slope_errors[:, free],
-        least_weights=None if rp.least_weights is None else rp.least_weights[free] / rest,
-    )
-    return restricted, fixed

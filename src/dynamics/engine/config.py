@@ -284,21 +284,13 @@ class RunConfig(ConfigSection):
                 f"{floor * num_trained:g}, more than the whole mixture: lower it to at most {1 / num_trained:g}"
             )
         target_floor, num_targets = self.method.target_floor or 0.0, roles.count("target")
-        general_floor = self.method.general_floor or 0.0
         num_others = num_trained - num_targets
-        held = max(target_floor, floor) * num_targets + max(general_floor, floor) * num_others
-        if (target_floor > 0 or general_floor > 0) and held >= 1.0:
-            if general_floor == 0 or num_others == 0:
-                raise ValueError(
-                    f"method.target_floor ({target_floor:g}) for each of the {num_targets} target datasets, "
-                    f"with method.min_weight for the others, holds {held:g} of the mixture: lower it below "
-                    f"{(1 - floor * num_others) / num_targets:g}"
-                )
+        held = max(target_floor, floor) * num_targets + floor * num_others
+        if target_floor > 0 and held >= 1.0:
             raise ValueError(
-                f"method.target_floor ({target_floor:g}) for each of the {num_targets} target datasets and "
-                f"method.general_floor ({general_floor:g}) for each of the {num_others} others hold {held:g} of "
-                f"the mixture: lower them so that together they hold less than all of it (general_floor below "
-                f"{(1 - max(target_floor, floor) * num_targets) / num_others:g} with this target_floor)"
+                f"method.target_floor ({target_floor:g}) for each of the {num_targets} target datasets, "
+                f"with method.min_weight for the others, holds {held:g} of the mixture: lower it below "
+                f"{(1 - floor * num_others) / num_targets:g}"
             )
         if self.method.name == "fixed":
             if not self.method.weights:

@@ -68,19 +68,11 @@ class MethodConfig(ConfigSection):
     lp_candidate: bool | None = Field(
         None, description="Add the directly solved constrained optimum to the (lambda, eps) grid's candidates."
     )
-    noise_margin: float | None = Field(
-        None, ge=0, description="Constraint margin in standard errors of each predicted change (0: none)."
-    )
     target_noise: float | None = Field(
         None, ge=0, description="Score the target objective this many standard errors pessimistically (0: none)."
     )
     calibration: bool | None = Field(
         None, description="Correct predictions by the per-step error realized at past updates."
-    )
-    dataset_calibration: bool | None = Field(
-        None,
-        description="Attribute the error realized at past updates to the datasets trained on, and raise each "
-        "constraint slope by its share (only tightens; replaces calibration, so set calibration: false).",
     )
     gain_exponent: float | None = Field(
         None,
@@ -89,59 +81,13 @@ class MethodConfig(ConfigSection):
         description="Diminishing returns: an improvement extrapolated past the probe's length grows as a "
         "power with this exponent instead of linearly (1: linear, as the paper).",
     )
-    metric_floors: bool | None = Field(
-        None,
-        description="No dataset's predicted improvement takes a domain below the lowest value its metric can "
-        "have (a loss of 0, an accuracy of 100%).",
-    )
-    full_step_z: float | None = Field(
-        None,
-        ge=0,
-        description="Move from the mixture in force toward the solver's answer in proportion to its predicted "
-        "target gain in standard errors, all the way at this many (0: always all the way, as the paper).",
-    )
-    target_share: float | None = Field(
-        None,
-        ge=0,
-        lt=1,
-        description="Keep at least this share of the mixture on target datasets while every predicted "
-        "constraint still holds (0: none, as the paper).",
-    )
-    share_in_fallback: bool | None = Field(
-        None,
-        description="Keep target_share's share also when no mixture is predicted to keep every constraint, "
-        "as far as no constraint's predicted violation grows by more than one standard error of its "
-        "predicted change (needs target_share > 0).",
-    )
     target_floor: float | None = Field(
         None,
         ge=0,
         lt=1,
         description="The least weight of every target dataset (one named like a target domain) at every "
         "update, given way where no mixture with it but one without it is predicted to keep every "
-        "constraint (0: none, as the paper; 0.02 with variant: robust, 0 there when general_fallback is set).",
-    )
-    general_floor: float | None = Field(
-        None,
-        ge=0,
-        lt=1,
-        description="The least weight of every non-target dataset at every update while some constraint is "
-        "kept (none without one), held or given way together with target_floor (0: none, as the paper).",
-    )
-    floor_deadline: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="From this fraction of training on, an update drops target_floor and general_floor while "
-        "no main evaluation has yet been feasible, so that the rest of the run goes to the constraints (1: never).",
-    )
-    general_fallback: float | None = Field(
-        None,
-        ge=0,
-        description="Where no mixture is predicted to keep every constraint, train the non-target datasets' "
-        "least-violating mixture unless a mixture with target data is predicted to violate less by more than "
-        "this many standard errors (0: off, as the paper; needs min_weight at 0, and turns variant: robust's "
-        "target_floor off).",
+        "constraint (0: none, as the paper; 0.02 with variant: robust).",
     )
     expected_accuracy: bool | None = Field(
         None,
@@ -159,18 +105,6 @@ class MethodConfig(ConfigSection):
         "of an accuracy constraint (on the probes' evaluation) counts as keeping it, so that a drift of the "
         "correct choices' probability too small to flip an answer does not break every mixture (0: off, as "
         "the paper; 0.5, variant: robust's: a predicted loss that rounds to no answer).",
-    )
-    warmup_room: bool | None = Field(
-        None,
-        description="At the updates whose probes are shorter than the schedule's longest (the dense warmup's "
-        "first), hold each target dataset at its target_floor and train the non-target datasets' mixture "
-        "predicted to leave the constraints the most room, instead of the solver's answer (false: as the "
-        "paper and variant: robust).",
-    )
-    warmup_fallback: bool | None = Field(
-        None,
-        description="warmup_room at only those of the warmup's updates where no mixture is predicted to keep "
-        "every constraint (false: as the paper and variant: robust; not with warmup_room).",
     )
     min_weight: float = Field(
         0.0,
@@ -215,11 +149,6 @@ class MethodConfig(ConfigSection):
                 "method.variant and the robustness options need probes, so only method.name: dynamics "
                 "uses them; remove them or set method.name: dynamics"
             )
-        if self.robust_options().general_fallback > 0 and self.min_weight > 0:
-            raise ValueError(
-                "general_fallback trains no target data where no mixture is predicted feasible, which "
-                "min_weight forbids: set one of them to 0"
-            )
         if self.backtrack_patience > 1 and self.backtrack == 0:
             raise ValueError(
                 "method.backtrack_patience says when a run backtracks, and method.backtrack is 0 (never): "
@@ -229,9 +158,9 @@ class MethodConfig(ConfigSection):
 
     def robust_options(self) -> RobustOptions:
         """The variant's options with the fields set here overriding it (the paper's method
-        under a method without a variant). A field set here also turns off the variant's
-        options that need what it turns off: ``expected_accuracy: false`` its answer tolerance,
-        ``general_fallback`` its target floor (set both to have the contradiction refused)."""
+        under a method without a variant). ``expected_accuracy: false`` set here also turns
+        off the variant's answer tolerance, which needs it (set both to have the contradiction
+        refused)."""
         preset = VARIANTS[self.variant or "paper"]
         chosen = {
             name: getattr(self, name) if getattr(self, name) is not None else getattr(preset, name)
@@ -239,6 +168,4 @@ class MethodConfig(ConfigSection):
         }
         if self.expected_accuracy is False and self.answer_tolerance is None:
             chosen["answer_tolerance"] = 0.0
-        if self.general_fallback and self.target_floor is None:
-            chosen["target_floor"] = 0.0
         return RobustOptions(**chosen)

@@ -159,16 +159,11 @@ METHODS: dict[str, dict[str, Any]] = {
     "paper": {"variant": "paper"},
     # Each option alone.
     "lp_candidate": {"variant": "paper", "lp_candidate": True},
-    "noise_margin": {"variant": "paper", "noise_margin": 1.0},
     "target_noise": {"variant": "paper", "target_noise": 1.0},
     "calibration": {"variant": "paper", "calibration": True},
     "diminishing_returns": {"variant": "paper", "gain_exponent": 0.5},
     # Combinations.
-    "direct_margin": {"variant": "paper", "lp_candidate": True, "noise_margin": 1.0},
     "direct_pessimistic_calibrated": {"variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True},
-    "direct_margin_pessimistic_calibrated": {
-        "variant": "paper", "lp_candidate": True, "noise_margin": 1.0, "target_noise": 1.0, "calibration": True,
-    },
     # The default (VARIANTS["robust"]): direct_pessimistic_calibrated with diminishing
     # returns, accuracy slopes from the expected accuracy, half an answer of tolerance and
     # the floor on target data; without the last two and with measured accuracy slopes, the
@@ -180,20 +175,6 @@ METHODS: dict[str, dict[str, Any]] = {
     "direct_pessimistic_calibrated_backtrack": {
         "variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True, "backtrack": 2,
     },
-    # Decisions that noise cannot flip, on the paper's grid and on the robust variant: gains
-    # stop at each metric's floor, steps sized by the target gain's standard errors (a full
-    # step at 3), and a tenth of the mixture kept on target data while the constraints allow.
-    "floors_steps_share": {"variant": "paper", "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1},
-    "robust_floors_steps_share": {**MEASURED_ROBUST, "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1},
-    # Past horizons' misses charged to the datasets trained on (instead of one bias per
-    # constraint), alone and with the three decisions above.
-    "dataset_calibration": {"variant": "paper", "dataset_calibration": True},
-    "floors_steps_share_dataset_calibration": {
-        "variant": "paper", "metric_floors": True, "full_step_z": 3.0, "target_share": 0.1, "dataset_calibration": True,
-    },
-    # The robust variant keeping a tenth of the mixture on target data also where no mixture
-    # is predicted to keep every constraint, unless that is worse by more than noise.
-    "robust_share_fallback": {**MEASURED_ROBUST, "target_share": 0.1, "share_in_fallback": True},
     # The robust variant on the paper's no-warmup schedule: fewer updates, so fewer probes.
     "robust_no_warmup": {**MEASURED_ROBUST, "schedule": "no-warmup"},
     # The robust variant with probes of at most 8 steps (the demo's scaled c_max is 16).
@@ -204,51 +185,18 @@ METHODS: dict[str, dict[str, Any]] = {
     # The robust variant with 2% of the mixture on each target dataset at every update,
     # given way where the floor alone stands between the mixture and the constraints.
     "robust_target_floor": {**MEASURED_ROBUST, "target_floor": 0.02},
-    # The same floor on every dataset while some constraint is kept (2% each), all given way
-    # together where the floors alone stand between the mixture and the constraints.
-    "robust_floors": {**MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02},
-    # Both floors dropped from the run's midpoint on while no main evaluation has been feasible.
-    "robust_floors_deadline": {
-        **MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "floor_deadline": 0.5,
-    },
-    # The robust variant moving toward each feasible answer only as far as its predicted
-    # target gain stands above noise (all the way at 3 standard errors).
-    "robust_steps": {**MEASURED_ROBUST, "full_step_z": 3.0},
-    # The robust variant training the non-target data's least-violating mixture where no
-    # mixture is predicted feasible, unless target data is predicted to violate less by more
-    # than one standard error.
-    "robust_general_fallback": {**MEASURED_ROBUST, "general_fallback": 1.0},
     # The robust variant with accuracy slopes read from the probability of the correct choice:
     # the default, under the label its protocol runs were measured with.
     "robust_expected_accuracy": EXPECTED_ROBUST,
-    # Both floors, and up to two returns to the last main evaluation that kept every
-    # constraint when one shows a constraint broken.
-    "robust_floors_backtrack": {**MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2},
-    # Both floors and backtracking on the default, accuracy slopes read from expected accuracies.
-    "robust_floors_backtrack_expected_accuracy": {
-        **EXPECTED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2,
-    },
     # The floor on target data that gives way, on the default.
     "robust_target_floor_expected_accuracy": {**EXPECTED_ROBUST, "target_floor": 0.02},
     # The default, with a predicted loss of less than half an answer read as none.
     "robust_answer_tolerance": {**EXPECTED_ROBUST, "answer_tolerance": 0.5},
     # Both: half an answer of tolerance, and the floor on target data that gives way.
     "robust_tolerance_floor": TOLERANCE_FLOOR,
-    # The default, training the mixture predicted to leave the constraints the most room at the
-    # dense warmup's updates (probes shorter than the longest).
-    "robust_warmup_room": {**TOLERANCE_FLOOR, "warmup_room": True},
-    # The same at only the warmup's updates where no mixture is predicted feasible.
-    "robust_warmup_fallback": {**TOLERANCE_FLOOR, "warmup_fallback": True},
     # The default with every probe at least 8 steps long: the dense warmup's first updates
     # still decide 1 to 4 steps each, from slopes measured over 8.
     "robust_probe_min_8": {**TOLERANCE_FLOOR, "probe_min": 8},
-    # Half an answer of tolerance, and the non-target data where no mixture is predicted feasible.
-    "robust_tolerance_fallback": {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "general_fallback": 1.0},
-    # Both floors and backtracking, returning only after two main evaluations in a row show
-    # a constraint broken.
-    "robust_floors_patience": {
-        **MEASURED_ROBUST, "target_floor": 0.02, "general_floor": 0.02, "backtrack": 2, "backtrack_patience": 2,
-    },
 }
 """DynaMiCS settings the measurement knows, by the label of their run folders: the paper's
 method, each option alone, combinations, the robust variant, and backtracking."""
