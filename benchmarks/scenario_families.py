@@ -43,7 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 from dynamics.core import metrics  # noqa: E402
-from dynamics.core.policies import fixed_mixture_sweep  # noqa: E402
+from dynamics.core.fixed_mixtures import fixed_mixture_sweep  # noqa: E402
 from dynamics.experiments.base_model import domain_paths, ensure_base_model  # noqa: E402
 from dynamics.experiments.demo import (  # noqa: E402
     DEMO_BASE_SPEC,
