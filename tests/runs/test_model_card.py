@@ -241,7 +241,7 @@ def test_push_dry_run_writes_the_card_and_lists_the_files(run_folder, capsys):
     assert 'PeftModel.from_pretrained(base, "my-org/my-model")' in card.read_text()
     listed = [line.strip() for line in out.splitlines() if line.startswith("  ")]
     assert listed == CHECKPOINT_FILES
-    assert "would upload 7 files" in out and "my-org/my-model (public)" in out
+    assert "would upload 7 files" in out and "my-org/my-model (the Hub's visibility for a new repository)" in out
 
 
 class RecordingApi:
@@ -348,6 +348,13 @@ def test_push_without_private_reports_the_repos_own_visibility(run_folder, capsy
 
     assert "update_repo_settings" not in [name for name, _ in hub.calls]
     assert hub.repos == {"my-org/my-model": True} and capsys.readouterr().out.rstrip().endswith("(private)")
+
+
+def test_push_without_private_leaves_a_new_repos_visibility_to_the_hub(run_folder, hub):
+    assert cli_main(["push", str(run_folder), "my-org/my-model"]) == 0
+
+    create = next(kwargs for name, kwargs in hub.calls if name == "create_repo")
+    assert create["private"] is None  # an organisation that makes new repositories private keeps them so
 
 
 def test_push_keeps_a_card_written_by_hand(run_folder, capsys):

@@ -130,7 +130,8 @@ def _push(args: argparse.Namespace, folder: Path, weights: Path, step: int) -> i
     files = upload_files(weights)
     what = f"{len(files)} files of {weights} (step {step}{', merged' if args.merge else ''})"
     if args.dry_run:
-        print(f"dry run: would upload {what} to {args.repo_id} ({'private' if args.private else 'public'}):")
+        visibility = "private" if args.private else "the Hub's visibility for a new repository"
+        print(f"dry run: would upload {what} to {args.repo_id} ({visibility}):")
         for name in files:
             print(f"  {name}")
         return 0
@@ -140,7 +141,8 @@ def _push(args: argparse.Namespace, folder: Path, weights: Path, step: int) -> i
 
     api = HfApi()
     try:
-        url = api.create_repo(args.repo_id, private=args.private, exist_ok=True, repo_type="model")
+        # None leaves a new repository's visibility to the Hub (an organisation may default to private).
+        url = api.create_repo(args.repo_id, private=True if args.private else None, exist_ok=True, repo_type="model")
         visibility = "private" if _is_private(api, args.repo_id, make_private=args.private) else "public"
         api.upload_folder(
             repo_id=args.repo_id,
