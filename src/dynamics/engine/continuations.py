@@ -30,15 +30,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-import transformers
-from packaging.version import Version
 from torch import Tensor, nn
 
 from dynamics.data.formatting import IGNORE_INDEX, ChoiceExample
-
-TENSOR_LOGITS_TO_KEEP = Version(transformers.__version__) >= Version("5.21.0")
-"""Whether transformers' causal LMs take ``logits_to_keep`` as a (B, P) tensor or a (B, T)
-mask (``modeling_utils.slice_logits_to_keep``); older 5.x releases slice one dimension only."""
 
 
 def collate_continuations(examples: Sequence[ChoiceExample], pad_id: int) -> dict[str, Tensor]:
@@ -113,7 +107,7 @@ def _takes_logits_to_keep(model: nn.Module) -> bool:
     get_base_model = getattr(model, "get_base_model", None)
     base = get_base_model() if callable(get_base_model) else model
     own = type(base).__module__.startswith("transformers.models.")
-    return TENSOR_LOGITS_TO_KEEP and own and "logits_to_keep" in inspect.signature(base.forward).parameters
+    return own and "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def continuation_scores(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
