@@ -49,6 +49,7 @@ def _continuation_batch(generator: torch.Generator) -> dict:
         "attention_mask": batch["attention_mask"],
         "labels": batch["input_ids"].masked_fill(~scored, IGNORE_INDEX),
         "choice_rows": torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, -1]]),
+        "score_divisors": torch.ones(3, 3),  # acc: summed log-likelihoods, undivided
         "answer_index": torch.tensor([0, 2, 1]),
     }
 
