@@ -77,6 +77,7 @@ def batches(vocab: int, questions: int, length: int, choices: int, device: torch
         "attention_mask": mask,
         "labels": ids.masked_fill(~scored, IGNORE_INDEX),
         "choice_rows": torch.arange(len(ids)).reshape(questions, choices),
+        "score_divisors": torch.ones(questions, choices),  # acc: summed log-likelihoods
         "answer_index": torch.zeros(questions, dtype=torch.long),
     }
     move = lambda batch: {k: v.to(device) for k, v in batch.items()}  # noqa: E731
