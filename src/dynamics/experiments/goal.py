@@ -1,11 +1,13 @@
 """The goal for a default variant, condition by condition, read from a report of
 ``benchmarks/beyond_the_paper.py`` (:func:`dynamics.experiments.robustness.aggregate`).
 
-The conditions (the goal for a default of ``docs/beyond-the-paper.md``), each on the test
-split and per scenario unless said:
+The conditions (the goal for a default of ``docs/beyond-the-paper.md``), per scenario unless
+said. Reductions and violations are read on the test split, at the checkpoint chosen on the
+eval split; feasibility is read on the eval split (``benchmarks/scenario_families.py`` reads
+it on the test split):
 
-- **feasible**: the method keeps every constraint in at least 95% of the scenario-seeds
-  where some fixed mixture does;
+- **feasible**: the method keeps every constraint on the eval split in at least 95% of the
+  scenario-seeds where some fixed mixture does;
 - **nothing feasible**: on the seeds where no fixed mixture keeps every constraint, its
   median violation is at most that of the fixed mixture least violating on eval;
 - **equal cost**: its median reduction is at or above the median of the fixed sweep's
