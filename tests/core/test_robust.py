@@ -200,8 +200,10 @@ def test_target_noise_shares_weight_between_datasets_within_noise():
     assert direct.weights[2] < 0.05
 
 
-def test_target_noise_turns_the_direct_candidate_on():
-    assert RobustOptions(target_noise=1.0).lp_candidate
+def test_target_noise_needs_the_direct_candidate():
+    assert RobustOptions(lp_candidate=True, target_noise=1.0).target_noise == 1.0
+    with pytest.raises(ValueError, match="lp_candidate is off"):
+        RobustOptions(target_noise=1.0)
     assert VARIANTS["paper"].is_paper and not VARIANTS["robust"].is_paper
 
 
@@ -270,8 +272,10 @@ def test_tempered_direct_candidate_matches_brute_force(seed: int, p: float):
         assert rp.violations(direct.weights).max() <= worst.min() + 1e-6
 
 
-def test_gain_exponent_is_checked_and_turns_the_direct_candidate_on():
-    assert RobustOptions(gain_exponent=0.5).lp_candidate
+def test_gain_exponent_is_checked_and_needs_the_direct_candidate():
+    assert RobustOptions(lp_candidate=True, gain_exponent=0.5).gain_exponent == 0.5
+    with pytest.raises(ValueError, match="lp_candidate is off"):
+        RobustOptions(gain_exponent=0.5)
     assert RobustOptions(gain_exponent=1.0).is_paper
     for bad in (0.0, -0.5, 1.5, float("nan")):
         with pytest.raises(ValueError, match="gain_exponent"):

@@ -15,7 +15,7 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   dataset j. Two datasets whose target slopes differ by less than their noise then share
   the weight instead of one of them taking all of it (without it, eq. 3.4 with no active
   constraint is linear and always picks a vertex). It acts through the direct candidate,
-  so it turns ``lp_candidate`` on.
+  so it needs ``lp_candidate``.
 * ``calibration``: a per-step bias per constraint learned from past updates' misses, which
   only tightens (:class:`dynamics.core.decisions.PredictionCalibration`).
 * ``gain_exponent`` (p in (0, 1]): diminishing returns beyond the probe. Dataset j trains
@@ -27,7 +27,7 @@ times. The options, each off in ``variant: paper`` (docs/beyond-the-paper.md):
   whenever no dataset trains longer than its probe did, and with no constraint binding the
   optimum shares weight between datasets instead of giving all of it to one (eq. 3.4 is
   linear in w and always picks a vertex). It acts through the direct candidate, so it
-  turns ``lp_candidate`` on. p = 1 is eq. 3.3.
+  needs ``lp_candidate``. p = 1 is eq. 3.3.
 * ``target_floor`` (f in [0, 1)): every target dataset (one named like a target domain)
   keeps at least f of the mixture at every update, inside the solver (so the other weights
   are chosen knowing it, in the fallback too), unless the floor alone stands between the
@@ -98,7 +98,10 @@ class RobustOptions:
         if (self.target_noise > 0 or self.gain_exponent < 1) and not self.lp_candidate:
             # The grid's candidates minimise the nominal objective; only the direct
             # candidate minimises the pessimistic one.
-            object.__setattr__(self, "lp_candidate", True)
+            raise ValueError(
+                "target_noise and gain_exponent act through the direct candidate, and lp_candidate is off: "
+                "set lp_candidate: true (variant: robust has it), or target_noise: 0 and gain_exponent: 1"
+            )
 
     @property
     def is_paper(self) -> bool:

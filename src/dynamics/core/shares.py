@@ -3,7 +3,7 @@
 The slopes ``S_ij`` are changes per batch (optimizer step) of dataset ``j``, so the
 predictions ``L + H S b`` of eqs. 3.3-3.4 hold for *batch shares* ``b``: the fraction of
 the ``H`` steps drawn from each dataset. The solvers therefore always work in batch shares,
-and so do the floors they hold (``min_weight``, ``target_floor``, ``general_floor``) and the
+and so do the floors they hold (``min_weight``, ``target_floor``) and the
 mixture a policy learns from. The weights a user writes (``method.weights``) and reads (the
 records' ``weights``) are in the run's unit:
 

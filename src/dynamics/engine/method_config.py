@@ -66,7 +66,10 @@ class MethodConfig(ConfigSection):
         "the fields below override single options.",
     )
     lp_candidate: bool | None = Field(
-        None, description="Add the directly solved constrained optimum to the (lambda, eps) grid's candidates."
+        None,
+        description="Add the directly solved constrained optimum to the (lambda, eps) grid's candidates "
+        "(unset: the variant's, on wherever target_noise or gain_exponent is set, which act through it; "
+        "false with either is refused).",
     )
     target_noise: float | None = Field(
         None, ge=0, description="Score the target objective this many standard errors pessimistically (0: none)."
@@ -111,7 +114,7 @@ class MethodConfig(ConfigSection):
         ge=0,
         description="The least weight of every training dataset at every update (N * min_weight <= 1); the "
         "solver finds the best mixture among those. A share of batches, also under training.sampling: tokens "
-        "(as are target_floor, general_floor and target_share). With the fixed method, each normalised "
+        "(as is target_floor). With the fixed method, each normalised "
         "weight's batch share must be at least this.",
     )
     backtrack: int = Field(
@@ -160,7 +163,8 @@ class MethodConfig(ConfigSection):
         """The variant's options with the fields set here overriding it (the paper's method
         under a method without a variant). ``expected_accuracy: false`` set here also turns
         off the variant's answer tolerance, which needs it (set both to have the contradiction
-        refused)."""
+        refused); likewise ``target_noise`` or ``gain_exponent`` set here turns the direct
+        candidate on unless ``lp_candidate`` is set too."""
         preset = VARIANTS[self.variant or "paper"]
         chosen = {
             name: getattr(self, name) if getattr(self, name) is not None else getattr(preset, name)
@@ -168,4 +172,7 @@ class MethodConfig(ConfigSection):
         }
         if self.expected_accuracy is False and self.answer_tolerance is None:
             chosen["answer_tolerance"] = 0.0
+        needs_direct = chosen["target_noise"] > 0 or chosen["gain_exponent"] < 1
+        if self.lp_candidate is None and needs_direct:
+            chosen["lp_candidate"] = True
         return RobustOptions(**chosen)

@@ -159,9 +159,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "paper": {"variant": "paper"},
     # Each option alone.
     "lp_candidate": {"variant": "paper", "lp_candidate": True},
-    "target_noise": {"variant": "paper", "target_noise": 1.0},
+    "target_noise": {"variant": "paper", "lp_candidate": True, "target_noise": 1.0},
     "calibration": {"variant": "paper", "calibration": True},
-    "diminishing_returns": {"variant": "paper", "gain_exponent": 0.5},
+    "diminishing_returns": {"variant": "paper", "lp_candidate": True, "gain_exponent": 0.5},
     # Combinations.
     "direct_pessimistic_calibrated": {"variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True},
     # The default (VARIANTS["robust"]): direct_pessimistic_calibrated with diminishing
