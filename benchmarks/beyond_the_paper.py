@@ -1,5 +1,5 @@
 """The paper's method against the robustness options and a fine fixed sweep, on offline
-scenarios with several seeds (``docs/beyond-the-paper.md``).
+scenarios with several seeds (``benchmarks/results/beyond-the-paper-notebook.md``).
 
     .venv/bin/python benchmarks/beyond_the_paper.py [--out runs/beyond] [--scenarios demo,conflict,unconstrained]
         [--seeds 0,1,2] [--methods paper,robust,...] [--no-fixed] [--report-only] [--jobs N]

@@ -1,5 +1,5 @@
 """How often the checkpoint a run keeps holds its constraints on the test split, at each
-checkpoint selection margin (``docs/beyond-the-paper.md``, "A checkpoint that clears its
+checkpoint selection margin (``benchmarks/results/beyond-the-paper-notebook.md``, "A checkpoint that clears its
 constraints by a margin").
 
     .venv/bin/python benchmarks/selection_margin.py --out runs/margin [--margins 0,1,2,3]

@@ -1,5 +1,5 @@
 """How far one run's outcome moves under perturbations of the size that separates two
-machines or two builds (``docs/beyond-the-paper.md``, "Sensitivity").
+machines or two builds (``benchmarks/results/beyond-the-paper-notebook.md``, "Sensitivity").
 
     .venv/bin/python benchmarks/sensitivity.py [--out runs/beyond] [--scenario demo] [--seed 0]
         [--methods paper,robust] [--perturbations evaluations-a,weights-a,kernels-default]

@@ -36,3 +36,14 @@ def test_every_linked_page_exists():
     assert any(link.startswith("docs/") for link in links)
     for link in links:
         assert (ROOT / link).is_file(), f"README.md links to {link}, which does not exist"
+
+
+def test_the_page_on_the_default_names_every_rule_and_stays_a_users_page():
+    from dynamics.core.options import VARIANTS, RobustOptions
+
+    page = (ROOT / "docs" / "beyond-the-paper.md").read_text()
+    assert len(page.splitlines()) < 400
+    for name in RobustOptions.__dataclass_fields__:
+        default = getattr(VARIANTS["robust"], name)
+        shown = str(default).lower() if isinstance(default, bool) else repr(float(default))
+        assert f"| `{name}` | {shown} |" in page, f"docs/beyond-the-paper.md does not give {name}: {shown}"

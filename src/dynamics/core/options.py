@@ -126,9 +126,9 @@ VARIANTS: dict[str, RobustOptions] = {
 """Named combinations; ``method.variant`` picks one and single options override it. The
 robust variant is the combination chosen on the eval splits of the measured scenarios, the
 expected accuracy, half an answer of tolerance and the floor on target data added to it by
-rules written before their runs (docs/beyond-the-paper.md)."""
+rules written before their runs (benchmarks/results/beyond-the-paper-notebook.md)."""
 
 DEFAULT_VARIANT = "robust"
 """What ``method.name: dynamics`` runs when ``method.variant`` is not set: the variant that
 won the protocol's seeds 3 and 4 under the rule written before they ran
-(docs/beyond-the-paper.md); ``paper`` stays the reference."""
+(benchmarks/results/beyond-the-paper-notebook.md); ``paper`` stays the reference."""

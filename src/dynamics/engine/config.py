@@ -193,7 +193,7 @@ class EvaluationConfig(ConfigSection):
         "reference on the eval split by this many standard errors of its change, measured batch by batch; "
         "where none does, the best feasible one (0: the best feasible checkpoint, the paper's choice). On 8 "
         "eval batches few checkpoints clear 2 errors and it kept no more constraints on the test split "
-        "(docs/beyond-the-paper.md); more evaluation.batches narrow the errors themselves.",
+        "(benchmarks/results/beyond-the-paper-notebook.md); more evaluation.batches narrow the errors themselves.",
     )
 
     @model_validator(mode="after")

@@ -1,7 +1,7 @@
 """The goal for a default variant, condition by condition, read from a report of
 ``benchmarks/beyond_the_paper.py`` (:func:`dynamics.experiments.robustness.aggregate`).
 
-The conditions (the goal for a default of ``docs/beyond-the-paper.md``), per scenario unless
+The conditions (the goal for a default of ``benchmarks/results/beyond-the-paper-notebook.md``), per scenario unless
 said. Reductions and violations are read on the test split, at the checkpoint chosen on the
 eval split; feasibility is read on the eval split (``benchmarks/scenario_families.py`` reads
 it on the test split):

@@ -1,4 +1,4 @@
-"""The measurement behind ``method.variant: robust`` (``docs/beyond-the-paper.md``).
+"""The measurement behind ``method.variant: robust`` (``benchmarks/results/beyond-the-paper-notebook.md``).
 
 Offline scenarios on the demo's base model (:mod:`dynamics.experiments.demo`), each run
 with several seeds: the paper's method, every robustness option alone, the robust variant,

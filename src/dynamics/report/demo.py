@@ -145,7 +145,7 @@ def write_demo_report(
         "among w = 0, 0.05, 0.1, 0.15, 0.2, 0.5, 0.8, 1, reached 58.1% to 74.7% (median 71.5%); the paper's "
         "method reached 37.0% and 54.9% on seeds 0 and 1. On the test split the checkpoint chosen on eval "
         "broke a constraint on seeds 2 and 3 of seeds 0-4: whether a run is feasible can hinge on one of the "
-        "quiz's 72 questions (docs/beyond-the-paper.md, "
+        "quiz's 72 questions (benchmarks/results/beyond-the-paper-notebook.md, "
         "benchmarks/results/default_goal.json)",
         f"- quick: {settings.quick}; schedule: {settings.schedule}; fine-tuning lr: {settings.fine_tuning_lr:g}",
         _run_settings(records["dynamics"].path / "config.yaml"),

@@ -73,7 +73,7 @@ def target_data_lines(records: RunRecords) -> list[str]:
     if infeasible and 4 * dry >= total and not floor and kept:
         lines.append(
             "hint: if a small share of target data can keep the constraints, method.target_floor: 0.02 keeps "
-            "2% on each target in such updates (measured with answer_tolerance: 0.5 in docs/beyond-the-paper.md: "
+            "2% on each target in such updates (measured with answer_tolerance: 0.5 in benchmarks/results/beyond-the-paper-notebook.md: "
             "more learned where some mixture kept the constraints, more violation where none could)"
         )
     return lines
