@@ -55,19 +55,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fixed", action="store_true", help="skip the fixed sweep")
     parser.add_argument("--jobs", type=int, default=available_cores(), help="runs trained at once")
     parser.add_argument("--report-only", action="store_true", help="only aggregate finished runs")
-    parser.add_argument("--json", type=Path, help="where the report goes (default: <out>/report.json)")
-    parser.add_argument("--fixed-from", type=Path, nargs="+", default=[],
-                        help="earlier reports whose fixed sweeps fill the seeds without one")
-    parser.add_argument("--combine", type=Path, nargs="+", default=[], metavar="REPORT",
-                        help="train nothing: write the seeds of these reports as one report to --json")
-    parser.add_argument("--goal", action="append", default=[], metavar="METHOD",
-                        help="print the goal for a default, condition by condition, for METHOD (repeatable)")
+    parser.add_argument(
+        "--json", type=Path, help="where the report goes (default: <out>/report.json)"
+    )
+    parser.add_argument(
+        "--fixed-from",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="earlier reports whose fixed sweeps fill the seeds without one",
+    )
+    parser.add_argument(
+        "--combine",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="REPORT",
+        help="train nothing: write the seeds of these reports as one report to --json",
+    )
+    parser.add_argument(
+        "--goal",
+        action="append",
+        default=[],
+        metavar="METHOD",
+        help="print the goal for a default, condition by condition, for METHOD (repeatable)",
+    )
     args = parser.parse_args(argv)
     scenarios = [s for s in args.scenarios.split(",") if s]
     methods = [m for m in args.methods.split(",") if m]
-    unknown = sorted(set(scenarios) - set(SCENARIOS)) + sorted(set(methods + args.goal) - set(METHODS))
+    unknown = sorted(set(scenarios) - set(SCENARIOS)) + sorted(
+        set(methods + args.goal) - set(METHODS)
+    )
     if unknown:
-        parser.error(f"unknown scenarios or methods {unknown}: use {sorted(SCENARIOS)} and {sorted(METHODS)}")
+        parser.error(
+            f"unknown scenarios or methods {unknown}: use {sorted(SCENARIOS)} and {sorted(METHODS)}"
+        )
     try:
         fixed_from = read_reports(args.fixed_from)
     except FileNotFoundError as error:
@@ -85,9 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         base = ensure_base_model(spec=DEMO_BASE_SPEC)
         args.out.mkdir(parents=True, exist_ok=True)
-        measure(args.out, scenarios, [int(s) for s in args.seeds.split(",")], methods,
-                fixed=not args.no_fixed, base_folder=base, jobs=args.jobs, progress=True,
-                log=lambda m: print(m, flush=True))
+        measure(
+            args.out,
+            scenarios,
+            [int(s) for s in args.seeds.split(",")],
+            methods,
+            fixed=not args.no_fixed,
+            base_folder=base,
+            jobs=args.jobs,
+            progress=True,
+            log=lambda m: print(m, flush=True),
+        )
     report = write_report(args.out, args.json or args.out / "report.json", fixed_from)
     print_report(report, args.goal)
     return 0

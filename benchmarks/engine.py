@@ -113,9 +113,13 @@ def build_model(args: argparse.Namespace, lora: LoraConfig | None) -> torch.nn.M
     # bitsandbytes quantizes weights as they are loaded: save the random-init model and load
     # it back the way a run with model.quantization does.
     with tempfile.TemporaryDirectory() as folder:
-        AutoModelForCausalLM.from_config(model_config(args), dtype=torch.bfloat16).save_pretrained(folder)
+        AutoModelForCausalLM.from_config(model_config(args), dtype=torch.bfloat16).save_pretrained(
+            folder
+        )
         config = ModelConfig(
-            name_or_path=folder, dtype="bfloat16", quantization=QuantizationConfig(bits=args.quantization)
+            name_or_path=folder,
+            dtype="bfloat16",
+            quantization=QuantizationConfig(bits=args.quantization),
         )
         return prepare_model(load_causal_lm(config), lora)
 
@@ -233,16 +237,27 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128, help="tokens per sequence")
     parser.add_argument("--batch", type=int, default=8, help="sequences per step")
     parser.add_argument("--steps", type=int, default=30, help="timed steps of each loop")
-    parser.add_argument("--shape", default=None, help="a named shape of benchmarks/shapes.py instead of --hidden/--layers")
+    parser.add_argument(
+        "--shape",
+        default=None,
+        help="a named shape of benchmarks/shapes.py instead of --hidden/--layers",
+    )
     parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16"])
     parser.add_argument("--lora-rank", type=int, default=LORA.rank)
-    parser.add_argument("--no-full", action="store_true", help="skip full fine-tuning (large shapes)")
     parser.add_argument(
-        "--quantization", type=int, choices=[4, 8], default=None,
+        "--no-full", action="store_true", help="skip full fine-tuning (large shapes)"
+    )
+    parser.add_argument(
+        "--quantization",
+        type=int,
+        choices=[4, 8],
+        default=None,
         help="QLoRA: load the base weights through bitsandbytes (engine LoRA step only)",
     )
     parser.add_argument(
-        "--profile", choices=["never", "above-goal", "always"], default="never",
+        "--profile",
+        choices=["never", "above-goal", "always"],
+        default="never",
         help="the torch profiler's top entries over one LoRA snapshot + restore",
     )
     args = parser.parse_args()
@@ -304,11 +319,15 @@ def main() -> None:
             "seq": args.seq,
             "batch": args.batch,
             "mixed_precision": args.mixed_precision,
-            "quantization": None if args.quantization is None else f"bitsandbytes {args.quantization}-bit",
+            "quantization": None
+            if args.quantization is None
+            else f"bitsandbytes {args.quantization}-bit",
             "device": str(engine.accelerator.device),
             "lora_rank": lora.rank,
             "trainable_lora": sum(p.numel() for p in engine.trainable_parameters),
-            "trainable_full": None if full is None else sum(p.numel() for p in full.trainable_parameters),
+            "trainable_full": None
+            if full is None
+            else sum(p.numel() for p in full.trainable_parameters),
             "torch_threads": torch.get_num_threads(),
         },
         "step_ms": {
@@ -322,7 +341,10 @@ def main() -> None:
         },
         "snapshot_restore_ms": {"lora": median_ms(lora_rollback), "full": median_ms(full_rollback)},
         "throughput_ratio": median_ratio(hand_step, engine_step),
-        "snapshot_restore_over_step": {"lora": lora_over_step, "full": median_ratio(full_rollback, full_step)},
+        "snapshot_restore_over_step": {
+            "lora": lora_over_step,
+            "full": median_ratio(full_rollback, full_step),
+        },
         "peak_memory_gib": peak_memory,
         "goals": GOALS,
         "profile_snapshot_restore_lora": profile_snapshot_restore(engine) if profiled else None,

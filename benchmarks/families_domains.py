@@ -61,11 +61,19 @@ def strings_row(rng: random.Random) -> dict[str, str]:
     phrase = " ".join(random_word(rng) for _ in range(rng.randint(1, 3)))
     task = rng.choice(["reverse", "uppercase", "count"])
     if task == "reverse":
-        return {"prompt": f'Reverse the string "{phrase}".', "response": f'The reverse of "{phrase}" is "{phrase[::-1]}".'}
+        return {
+            "prompt": f'Reverse the string "{phrase}".',
+            "response": f'The reverse of "{phrase}" is "{phrase[::-1]}".',
+        }
     if task == "uppercase":
-        return {"prompt": f'Write "{phrase}" in uppercase.', "response": f'"{phrase}" in uppercase is "{phrase.upper()}".'}
+        return {
+            "prompt": f'Write "{phrase}" in uppercase.',
+            "response": f'"{phrase}" in uppercase is "{phrase.upper()}".',
+        }
     # A letter of the phrase three times in four, any letter (often absent) otherwise.
-    letter = rng.choice(phrase.replace(" ", "")) if rng.random() < 0.75 else rng.choice(ascii_lowercase)
+    letter = (
+        rng.choice(phrase.replace(" ", "")) if rng.random() < 0.75 else rng.choice(ascii_lowercase)
+    )
     count = phrase.count(letter)
     return {
         "prompt": f'How many times does the letter "{letter}" appear in "{phrase}"?',
@@ -109,7 +117,10 @@ def units_row(rng: random.Random) -> dict[str, str]:
     else:
         amount, unit, result, into = count * factor, small, count, large
         step = f"1 {large} = {factor} {small}, so divide by {factor}"
-    return {"prompt": f"Convert {amount} {unit} to {into}.", "response": f"{step}: {amount} {unit} = {result} {into}."}
+    return {
+        "prompt": f"Convert {amount} {unit} to {into}.",
+        "response": f"{step}: {amount} {unit} = {result} {into}.",
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -133,15 +144,21 @@ def dates_row(rng: random.Random) -> dict[str, str]:
     if task in ("after", "before"):
         days = rng.randint(1, 400)
         end = start + datetime.timedelta(days=days if task == "after" else -days)
-        return {"prompt": f"What date is {days} days {task} {start.isoformat()}?",
-                "response": f"{days} days {task} {start.isoformat()} is {end.isoformat()}."}
+        return {
+            "prompt": f"What date is {days} days {task} {start.isoformat()}?",
+            "response": f"{days} days {task} {start.isoformat()} is {end.isoformat()}.",
+        }
     if task == "between":
         end = start + datetime.timedelta(days=rng.randint(1, 1000))
         days = (end - start).days
-        return {"prompt": f"How many days are there from {start.isoformat()} to {end.isoformat()}?",
-                "response": f"From {start.isoformat()} to {end.isoformat()} there are {days} days."}
-    return {"prompt": f"What day of the week is {start.isoformat()}?",
-            "response": f"{start.isoformat()} is a {start.strftime('%A')}."}
+        return {
+            "prompt": f"How many days are there from {start.isoformat()} to {end.isoformat()}?",
+            "response": f"From {start.isoformat()} to {end.isoformat()} there are {days} days.",
+        }
+    return {
+        "prompt": f"What day of the week is {start.isoformat()}?",
+        "response": f"{start.isoformat()} is a {start.strftime('%A')}.",
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -156,10 +173,15 @@ def sorting_row(rng: random.Random) -> dict[str, str]:
         numbers = [rng.randint(0, 999) for _ in range(rng.randint(3, 8))]
         order = rng.choice(["ascending", "descending"])
         ordered = sorted(numbers, reverse=order == "descending")
-        return {"prompt": f"Sort in {order} order: {', '.join(map(str, numbers))}.",
-                "response": ", ".join(map(str, ordered))}
+        return {
+            "prompt": f"Sort in {order} order: {', '.join(map(str, numbers))}.",
+            "response": ", ".join(map(str, ordered)),
+        }
     words = [random_word(rng) for _ in range(rng.randint(3, 6))]
-    return {"prompt": f"Sort alphabetically: {', '.join(words)}.", "response": ", ".join(sorted(words))}
+    return {
+        "prompt": f"Sort alphabetically: {', '.join(words)}.",
+        "response": ", ".join(sorted(words)),
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -186,7 +208,11 @@ def records_row(rng: random.Random) -> dict[str, str]:
     ]
     if rng.random() < 0.5:
         header = ",".join(orders[0])
-        return {"text": "\n".join([header, *(",".join(str(v) for v in order.values()) for order in orders)])}
+        return {
+            "text": "\n".join(
+                [header, *(",".join(str(v) for v in order.values()) for order in orders)]
+            )
+        }
     return {"text": json.dumps(orders[0])}
 
 
@@ -194,7 +220,9 @@ def records_row(rng: random.Random) -> dict[str, str]:
 # modules_quiz: the demo's quiz facts, asked by module
 # ---------------------------------------------------------------------------------------
 
-QUIZ_QUESTION = re.compile(r"What is the full name of the (?P<kind>function|class) `(?P<name>\w+)`\?")
+QUIZ_QUESTION = re.compile(
+    r"What is the full name of the (?P<kind>function|class) `(?P<name>\w+)`\?"
+)
 
 
 def modules_quiz_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -227,7 +255,9 @@ GENERATED: dict[str, Callable[[random.Random], dict[str, str]]] = {
 }
 
 
-def write_family_domains(folder: Path, seed: int, quiz: Path, rows: int = FAMILY_ROWS) -> dict[str, Path]:
+def write_family_domains(
+    folder: Path, seed: int, quiz: Path, rows: int = FAMILY_ROWS
+) -> dict[str, Path]:
     """Write every domain of ``NEW_DOMAINS`` to ``folder/<name>.jsonl`` (atomically); return
     the paths. The generated ones have ``rows`` rows drawn with ``random.Random(f"{seed}:{name}")``;
     ``modules_quiz`` has one question per question of the demo's ``quiz`` file."""
@@ -235,7 +265,10 @@ def write_family_domains(folder: Path, seed: int, quiz: Path, rows: int = FAMILY
     paths = {}
     for name in NEW_DOMAINS:
         if name == "modules_quiz":
-            written = [modules_quiz_row(json.loads(line)) for line in quiz.read_text(encoding="utf-8").splitlines()]
+            written = [
+                modules_quiz_row(json.loads(line))
+                for line in quiz.read_text(encoding="utf-8").splitlines()
+            ]
         else:
             rng = random.Random(f"{seed}:{name}")
             written = [GENERATED[name](rng) for _ in range(rows)]

@@ -88,7 +88,9 @@ from dynamics.engine.run import run  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 
 
-def config(tokenizer: Path, out: Path, args: argparse.Namespace, method: dict, processes: int = 1) -> RunConfig:
+def config(
+    tokenizer: Path, out: Path, args: argparse.Namespace, method: dict, processes: int = 1
+) -> RunConfig:
     steps, schedule = args.steps, args.schedule
     return RunConfig.from_dict(
         {
@@ -105,11 +107,23 @@ def config(tokenizer: Path, out: Path, args: argparse.Namespace, method: dict, p
             "evaluation": {**evaluation_settings(args), "batch_size": args.batch},
             "method": {"schedule": schedule, **method},
             "datasets": [
-                {"name": "math", "path": str(FIXTURES / "metamath.jsonl"), "role": "target",
-                 "format": "instruction", "columns": {"prompt": "query"}, "eval_size": 3, "test_size": 3},
+                {
+                    "name": "math",
+                    "path": str(FIXTURES / "metamath.jsonl"),
+                    "role": "target",
+                    "format": "instruction",
+                    "columns": {"prompt": "query"},
+                    "eval_size": 3,
+                    "test_size": 3,
+                },
                 {"name": "wiki", "path": str(FIXTURES / "wikipedia.jsonl"), "role": "non-target"},
-                {"name": "orca", "path": str(FIXTURES / "openorca.jsonl"), "role": "constraint",
-                 "format": "instruction", "columns": {"prompt": "question"}},
+                {
+                    "name": "orca",
+                    "path": str(FIXTURES / "openorca.jsonl"),
+                    "role": "constraint",
+                    "format": "instruction",
+                    "columns": {"prompt": "question"},
+                },
             ],
             "output_dir": str(out),
         }
@@ -172,10 +186,23 @@ def run_with_torchrun(cfg: RunConfig, processes: int, threads: int) -> tuple[dic
     """The same under ``torchrun`` with ``processes`` processes of ``threads`` threads."""
     path = Path(cfg.output_dir).with_suffix(".yaml")
     path.write_text(cfg.to_yaml())
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+    }
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-        "-m", "dynamics.cli", "run", str(path), "--no-progress",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        "-m",
+        "dynamics.cli",
+        "run",
+        str(path),
+        "--no-progress",
     ]
     started = time.perf_counter()
     subprocess.run(command, env=env, check=True, capture_output=True)
@@ -188,28 +215,48 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--schedule", default="dense-warmup")
     parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
-    parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (128; --paper-shape: 512)")
-    parser.add_argument("--batch", type=int, default=None, help="sequences per step, global (4; --paper-shape: 8)")
+    parser.add_argument(
+        "--seq", type=int, default=None, help="tokens per sequence (128; --paper-shape: 512)"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=None, help="sequences per step, global (4; --paper-shape: 8)"
+    )
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument(
         "--full", action="store_true", help="full fine-tuning (lora: null) instead of LoRA"
     )
     parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16"])
     parser.add_argument("--processes", default="1", help="comma-separated process counts, e.g. 1,2")
-    parser.add_argument("--threads", type=int, default=None, help="threads per process (default: torch's)")
     parser.add_argument(
-        "--together", action="store_true", help="every process takes part in every probe (training.split_probes: false)"
+        "--threads", type=int, default=None, help="threads per process (default: torch's)"
     )
     parser.add_argument(
-        "--paper-evaluation", action="store_true",
+        "--together",
+        action="store_true",
+        help="every process takes part in every probe (training.split_probes: false)",
+    )
+    parser.add_argument(
+        "--paper-evaluation",
+        action="store_true",
         help="the paper's evaluation settings (every 64 of 2,048 steps on 200 batches, probes on 50) scaled by --steps/2048",
     )
-    paper = parser.add_argument_group("--paper-shape: the paper's cost at the paper's shape (module docstring)")
+    paper = parser.add_argument_group(
+        "--paper-shape: the paper's cost at the paper's shape (module docstring)"
+    )
     paper.add_argument("--paper-shape", action="store_true")
-    paper.add_argument("--scale", type=float, default=1.0, help="layers, heads, width and vocabulary times this (0 < s <= 1)")
-    paper.add_argument("--seconds", type=float, default=600.0, help="time budget of the measured part")
+    paper.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="layers, heads, width and vocabulary times this (0 < s <= 1)",
+    )
+    paper.add_argument(
+        "--seconds", type=float, default=600.0, help="time budget of the measured part"
+    )
     paper.add_argument("--datasets", type=int, default=2, help="N, fine-tuning datasets")
-    paper.add_argument("--domains", type=int, default=2, help="M, evaluation domains (targets + constraints)")
+    paper.add_argument(
+        "--domains", type=int, default=2, help="M, evaluation domains (targets + constraints)"
+    )
     args = parser.parse_args()
     args.seq = args.seq or (PAPER_SEQ if args.paper_shape else 128)
     args.batch = args.batch or (PAPER_BATCH if args.paper_shape else 4)
@@ -242,11 +289,15 @@ def main() -> None:
         for processes in counts:
             summaries, walls, peak = {}, {}, {}
             for name, method in METHODS:
-                cfg = config(folder / "tok", folder / f"{name}-{processes}", args, method, processes)
+                cfg = config(
+                    folder / "tok", folder / f"{name}-{processes}", args, method, processes
+                )
                 if processes == 1:
                     summaries[name], walls[name], peak[name] = run_in_process(cfg)
                 else:
-                    summaries[name], walls[name], peak[name] = run_with_torchrun(cfg, processes, args.threads or 1)
+                    summaries[name], walls[name], peak[name] = run_with_torchrun(
+                        cfg, processes, args.threads or 1
+                    )
             train = {name: summary["train_seconds"] for name, summary in summaries.items()}
             results[str(processes)] = {
                 "fixed_train_s": round(train["fixed"], 2),
@@ -380,7 +431,9 @@ def random_batches(
     batches = []
     for _ in range(count):
         ids = torch.randint(0, vocab, (batch, seq), generator=generator)
-        batches.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()})
+        batches.append(
+            {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+        )
     return batches
 
 
@@ -397,13 +450,17 @@ def paper_learner(shape: dict[str, Any], args: argparse.Namespace) -> Any:
     torch.manual_seed(0)
     # Initialised where it will run: random init of billions of weights on a CPU is slow.
     with torch.device("cuda" if gpu else "cpu"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.pop("model_type"), **spec),
-                                                 dtype=resolve_dtype("auto"))
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(spec.pop("model_type"), **spec), dtype=resolve_dtype("auto")
+        )
     model = prepare_model(model, LoraConfig(rank=PAPER_LORA_RANK, alpha=2.0 * PAPER_LORA_RANK))
     generator = torch.Generator().manual_seed(0)
     main_batches = CostModel().main_eval_batches
     vocab, n_datasets = shape["vocab_size"], args.datasets
-    datasets = [random_batches(vocab, DISTINCT_BATCHES, args.batch, args.seq, generator) for _ in range(n_datasets)]
+    datasets = [
+        random_batches(vocab, DISTINCT_BATCHES, args.batch, args.seq, generator)
+        for _ in range(n_datasets)
+    ]
     domains = []
     for m in range(args.domains):
         distinct = random_batches(vocab, DISTINCT_BATCHES, args.batch, args.seq, generator)
@@ -430,11 +487,15 @@ def predictions(units: dict[str, float | None], n_datasets: int, n_domains: int)
     step, main, probe, reduced = (units[u] for u in UNITS)
     out: dict[str, Any] = {
         "paper_relative_cost": next(
-            r.paper_value for r in PAPER_COST_ROWS if r.schedule == PAPER_SCHEDULE and r.predictor == "linear"
+            r.paper_value
+            for r in PAPER_COST_ROWS
+            if r.schedule == PAPER_SCHEDULE and r.predictor == "linear"
         ),
         "assumed_train_fwd_ratio_3": {
             "relative_cost": relative_cost(schedule, n_datasets, n_domains, paper),
-            "mean_over_paper_scenarios": mean_relative_cost(schedule, paper_sizes(list_scenarios()), paper),
+            "mean_over_paper_scenarios": mean_relative_cost(
+                schedule, paper_sizes(list_scenarios()), paper
+            ),
         },
     }
     if step is None or main is None:
@@ -447,7 +508,9 @@ def predictions(units: dict[str, float | None], n_datasets: int, n_domains: int)
         out["measured_train_fwd_ratio"] = ratio
         out["measured_train_fwd_ratio_model"] = {
             "relative_cost": relative_cost(schedule, n_datasets, n_domains, measured),
-            "mean_over_paper_scenarios": mean_relative_cost(schedule, paper_sizes(list_scenarios()), measured),
+            "mean_over_paper_scenarios": mean_relative_cost(
+                schedule, paper_sizes(list_scenarios()), measured
+            ),
         }
     missing = [u for u in UNITS if units[u] is None]
     if missing:
@@ -457,9 +520,12 @@ def predictions(units: dict[str, float | None], n_datasets: int, n_domains: int)
         assert step is not None and main is not None and probe is not None and reduced is not None
         cost = run_cost(schedule, n_datasets, n_domains, paper)
         fixed = float(np.sum(cost.horizons * step + cost.horizons / paper.eval_interval * main))
-        added = float(np.sum(
-            n_datasets * (cost.probe_budgets * probe + paper.n_evals * reduced) + np.where(cost.recycled, 0.0, reduced)
-        ))
+        added = float(
+            np.sum(
+                n_datasets * (cost.probe_budgets * probe + paper.n_evals * reduced)
+                + np.where(cost.recycled, 0.0, reduced)
+            )
+        )
         out["all_measured_units"] = {
             "relative_cost": (fixed + added) / fixed,
             "fixed_run_s": fixed,
@@ -529,20 +595,34 @@ def paper_shape(args: argparse.Namespace) -> dict[str, Any]:
             timed("main_evaluation", lambda: learner.evaluate("eval", paper.main_eval_batches))
         if step in schedule:
             budget = schedule.probe_budget(step)
-            if step % paper.eval_interval and not out_of_time(f"the anchor evaluation at step {step}"):
-                timed("reduced_evaluation", lambda: learner.evaluate("eval", paper.reduced_eval_batches))
+            if step % paper.eval_interval and not out_of_time(
+                f"the anchor evaluation at step {step}"
+            ):
+                timed(
+                    "reduced_evaluation",
+                    lambda: learner.evaluate("eval", paper.reduced_eval_batches),
+                )
             snapshot = learner.snapshot()
             for j in range(n):
                 if out_of_time(f"probe {j} of the update at step {step}"):
                     break
                 timed("probe_step", lambda c=budget, d=j: learner.probe(c, d), units=budget)
-                timed("reduced_evaluation", lambda: learner.evaluate("eval", paper.reduced_eval_batches))
+                timed(
+                    "reduced_evaluation",
+                    lambda: learner.evaluate("eval", paper.reduced_eval_batches),
+                )
                 timed("restore", lambda s=snapshot: learner.restore(s))
             if stopped is not None:
                 break
             updates += 1
         following = [s for s in schedule.steps if s > step]
-        until = min([*following[:1], (step // paper.eval_interval + 1) * paper.eval_interval, PAPER_TOTAL_STEPS])
+        until = min(
+            [
+                *following[:1],
+                (step // paper.eval_interval + 1) * paper.eval_interval,
+                PAPER_TOTAL_STEPS,
+            ]
+        )
         while step < until:
             if out_of_time(f"training step {step}"):
                 break
@@ -554,7 +634,8 @@ def paper_shape(args: argparse.Namespace) -> dict[str, Any]:
     per_unit = {u: seconds[u] / counts[u] if counts[u] else None for u in (*UNITS, "restore")}
     reasons = {
         u: f"did not run: {stopped}" if stopped else "did not run"
-        for u in (*UNITS, "restore") if per_unit[u] is None
+        for u in (*UNITS, "restore")
+        if per_unit[u] is None
     }
     trainable = sum(p.numel() for p in learner.trainable_parameters)
     return {

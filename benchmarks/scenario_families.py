@@ -139,7 +139,9 @@ def draw_scenario(seed: int) -> FamilyScenario:
     targets = tuple(rng.sample(SKILLS, rng.randint(1, 4)))
     unused = [s for s in SKILLS if s not in targets]
     constraints = rng.randint(1, 4)
-    accuracy = tuple(rng.sample(QUIZZES, rng.randint(1, min(2, constraints)))) if seed % 2 == 0 else ()
+    accuracy = (
+        tuple(rng.sample(QUIZZES, rng.randint(1, min(2, constraints)))) if seed % 2 == 0 else ()
+    )
     # At least two held-out texts and two unused skills: every count drawn is available.
     loss = tuple(rng.sample([*HELD_OUT_TEXT, *unused], constraints - len(accuracy)))
     others = [*GENERAL_TEXT, *(s for s in unused if s not in loss)]
@@ -171,22 +173,35 @@ def prepare_data(base_folder: Path, data_folder: Path) -> dict[str, Path]:
 def family_files(base_folder: Path, data_folder: Path) -> dict[str, Path]:
     """Every domain of the pool by name: the demo's generated ones and ``facts`` in the base
     model's folder, the rest under ``data_folder``."""
-    in_base = {name: path for name, path in domain_paths(base_folder).items() if name in IN_BASE_FOLDER}
+    in_base = {
+        name: path for name, path in domain_paths(base_folder).items() if name in IN_BASE_FOLDER
+    }
     written = [*(f"{n}{s}" for n in ("code", "prose") for s in ("", "-heldout")), *NEW_DOMAINS]
     return {**in_base, **{name: data_folder / f"{name}.jsonl" for name in written}}
 
 
 def scenario_config(
-    scenario: FamilyScenario, base_folder: Path, data_folder: Path, out: Path, method: dict[str, Any]
+    scenario: FamilyScenario,
+    base_folder: Path,
+    data_folder: Path,
+    out: Path,
+    method: dict[str, Any],
 ) -> dict[str, Any]:
     """The run config of ``scenario`` under ``method``: the demo's (base model, sizes,
     evaluation) at the scenario's rate and length, training seed and data seed the
     scenario's seed, its datasets in the demo's shapes by role and format."""
     files = family_files(base_folder, data_folder)
-    settings = DemoSettings(total_steps=scenario.steps, fine_tuning_lr=scenario.lr, seed=scenario.seed)
+    settings = DemoSettings(
+        total_steps=scenario.steps, fine_tuning_lr=scenario.lr, seed=scenario.seed
+    )
     config = demo_config(base_folder, files, out, settings)
     demo = {d["name"]: d for d in config["datasets"]}
-    target, text, loss, accuracy = demo["arithmetic"], demo["code"], demo["code-heldout"], demo["quiz"]
+    target, text, loss, accuracy = (
+        demo["arithmetic"],
+        demo["code"],
+        demo["code-heldout"],
+        demo["quiz"],
+    )
 
     def entry(template: dict[str, Any], name: str, **extra: Any) -> dict[str, Any]:
         return {**template, "name": name, "path": str(files[name]), **extra}
@@ -196,9 +211,15 @@ def scenario_config(
         return entry(text, name, **({"format": "instruction"} if name in SKILLS else {}))
 
     config["datasets"] = [
-        *(entry(target, name, budget=budget) for name, budget in zip(scenario.targets, scenario.budgets, strict=True)),
+        *(
+            entry(target, name, budget=budget)
+            for name, budget in zip(scenario.targets, scenario.budgets, strict=True)
+        ),
         *(trained_as_is(name) for name in scenario.non_targets),
-        *(entry(loss, name, **({"format": "instruction"} if name in SKILLS else {})) for name in scenario.loss_constraints),
+        *(
+            entry(loss, name, **({"format": "instruction"} if name in SKILLS else {}))
+            for name in scenario.loss_constraints
+        ),
         *(entry(accuracy, name) for name in scenario.accuracy_constraints),
     ]
     config["method"] = dict(method)
@@ -232,7 +253,11 @@ def fixed_plan(scenario: FamilyScenario) -> dict[str, dict[str, Any]]:
     roles = ["target"] * len(scenario.targets) + ["non-target"] * len(scenario.non_targets)
     sweep = fixed_mixture_sweep(roles, [None] * len(names), SWEEP_MASSES, schemes=("uniform",))
     return {
-        fixed_label(m.target_mass): {"name": "fixed", "schedule": [0], "weights": dict(zip(names, m.weights, strict=True))}
+        fixed_label(m.target_mass): {
+            "name": "fixed",
+            "schedule": [0],
+            "weights": dict(zip(names, m.weights, strict=True)),
+        }
         for m in sweep
     }
 
@@ -251,7 +276,9 @@ def git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
 
 
-def frozen_commit(scenarios: Sequence[FamilyScenario], given: str | None, repo: Path = ROOT) -> str | None:
+def frozen_commit(
+    scenarios: Sequence[FamilyScenario], given: str | None, repo: Path = ROOT
+) -> str | None:
     """The full hash of ``given``, the default's frozen commit, once checked: a commit of
     ``repo`` whose ``src/dynamics`` is the one this checkout trains with. Evaluation
     scenarios are refused without it; None when neither is there."""
@@ -265,7 +292,9 @@ def frozen_commit(scenarios: Sequence[FamilyScenario], given: str | None, repo: 
         return None
     resolved = git(repo, "rev-parse", "--verify", "--quiet", f"{given}^{{commit}}")
     if resolved.returncode != 0:
-        raise ValueError(f"--frozen-commit {given!r} is not a commit of {repo}: give the default's commit (git log)")
+        raise ValueError(
+            f"--frozen-commit {given!r} is not a commit of {repo}: give the default's commit (git log)"
+        )
     commit = resolved.stdout.strip()
     if git(repo, "diff", "--quiet", commit, "--", FROZEN_SOURCE).returncode != 0:
         raise ValueError(
@@ -275,7 +304,9 @@ def frozen_commit(scenarios: Sequence[FamilyScenario], given: str | None, repo: 
     return commit
 
 
-def record_scenario(folder: Path, scenario: FamilyScenario, commit: str | None, repo: Path = ROOT) -> None:
+def record_scenario(
+    folder: Path, scenario: FamilyScenario, commit: str | None, repo: Path = ROOT
+) -> None:
     """``scenario.json``: the scenario and, for the evaluation split, the frozen commit its
     runs were made at (and the checkout's, which may add benchmark changes to it); a
     scenario already run at another frozen commit is refused, since its runs would mix two
@@ -283,7 +314,10 @@ def record_scenario(folder: Path, scenario: FamilyScenario, commit: str | None, 
     record: dict[str, Any] = {**asdict(scenario), "split": scenario.split}
     if scenario.split == "evaluation":
         head = git(repo, "rev-parse", "HEAD")
-        record.update(frozen_commit=commit, checkout_commit=head.stdout.strip() if head.returncode == 0 else None)
+        record.update(
+            frozen_commit=commit,
+            checkout_commit=head.stdout.strip() if head.returncode == 0 else None,
+        )
     path = folder / SCENARIO_FILE
     if path.is_file():
         earlier = json.loads(path.read_text()).get("frozen_commit")
@@ -322,7 +356,9 @@ def measure_family(
         for label, method in plan(scenario).items():
             if needs_training(folder / label):
                 log(f"{scenario.name} {label}")
-                configs[f"{scenario.name} {label}"] = scenario_config(scenario, base_folder, data, folder / label, method)
+                configs[f"{scenario.name} {label}"] = scenario_config(
+                    scenario, base_folder, data, folder / label, method
+                )
     train_all(configs, jobs, progress=progress)
 
 
@@ -342,7 +378,9 @@ def feasible_on_test(result: Mapping[str, Any]) -> bool:
     return bool(result["feasible"] and result.get("held_test", True))
 
 
-def fixed_at_mass(scenario: FamilyScenario, results: Mapping[str, dict[str, Any]], mass: float) -> Mapping[str, Any]:
+def fixed_at_mass(
+    scenario: FamilyScenario, results: Mapping[str, dict[str, Any]], mass: float
+) -> Mapping[str, Any]:
     """The fixed run of target mass ``mass``; without non-targets every mass trains the
     targets alone, the one run of the sweep."""
     return results[fixed_label(mass) if scenario.non_targets else TARGETS_ALONE]
@@ -353,13 +391,18 @@ def complete(scenario: FamilyScenario, results: Mapping[str, Any]) -> bool:
     return all(label in results for label in [DEFAULT, *fixed_plan(scenario)])
 
 
-def rule_of_thumb_mass(development: Sequence[tuple[FamilyScenario, Mapping[str, dict[str, Any]]]]) -> float | None:
+def rule_of_thumb_mass(
+    development: Sequence[tuple[FamilyScenario, Mapping[str, dict[str, Any]]]],
+) -> float | None:
     """The fixed target mass with the best median test reduction over the development
     scenarios (the smallest on ties); None without a complete development scenario."""
     done = [(s, r) for s, r in development if s.split == "development" and complete(s, r)]
     if not done:
         return None
-    medians = {m: statistics.median(fixed_at_mass(s, r, m)["reduction_test"] for s, r in done) for m in SWEEP_MASSES}
+    medians = {
+        m: statistics.median(fixed_at_mass(s, r, m)["reduction_test"] for s, r in done)
+        for m in SWEEP_MASSES
+    }
     return max(SWEEP_MASSES, key=lambda m: (medians[m], -m))
 
 
@@ -370,7 +413,9 @@ def scenario_row(
     (:func:`run_results`); reductions and violations on the test split."""
     default = results[DEFAULT]
     fixed = {label: results[label] for label in fixed_plan(scenario)}
-    oracle_pool = {fixed_label(m): fixed[fixed_label(m)] for m in ORACLE_MASSES if fixed_label(m) in fixed}
+    oracle_pool = {
+        fixed_label(m): fixed[fixed_label(m)] for m in ORACLE_MASSES if fixed_label(m) in fixed
+    }
     cost = float(default["predicted_cost"])
     some_feasible = any(feasible_on_test(r) for r in fixed.values())
     nothing_feasible = not any(r["feasible"] for r in fixed.values())
@@ -381,18 +426,24 @@ def scenario_row(
         "paper": results[PAPER]["reduction_test"] if PAPER in results else None,
         "cost": cost,
         "equal_compute": metrics.chosen_at_k(
-            [selection_score(r) for r in fixed.values()], [r["reduction_test"] for r in fixed.values()], max(1.0, cost)
+            [selection_score(r) for r in fixed.values()],
+            [r["reduction_test"] for r in fixed.values()],
+            max(1.0, cost),
         ),
         "oracle": oracle_pool[best_fixed(oracle_pool)]["reduction_test"],
         "targets_alone": fixed[TARGETS_ALONE]["reduction_test"],
         "nothing_binds": feasible_on_test(fixed[TARGETS_ALONE]),
-        "rule_of_thumb": None if rule_mass is None else fixed_at_mass(scenario, fixed, rule_mass)["reduction_test"],
+        "rule_of_thumb": None
+        if rule_mass is None
+        else fixed_at_mass(scenario, fixed, rule_mass)["reduction_test"],
         "some_fixed_feasible": some_feasible,
         "nothing_feasible": nothing_feasible,
     }
     if nothing_feasible:
         least = min(fixed, key=lambda label: (fixed[label]["violation_eval"], label))
-        row.update(violation=default["violation_test"], least_violation=fixed[least]["violation_test"])
+        row.update(
+            violation=default["violation_test"], least_violation=fixed[least]["violation_test"]
+        )
     return row
 
 
@@ -406,7 +457,9 @@ class Condition:
 def share_condition(name: str, met: Sequence[bool], share: float, goal: str) -> Condition:
     if not met:
         return Condition(name, None, "not measured")
-    return Condition(name, sum(met) >= share * len(met), f"{sum(met)} of {len(met)} scenarios ({goal})")
+    return Condition(
+        name, sum(met) >= share * len(met), f"{sum(met)} of {len(met)} scenarios ({goal})"
+    )
 
 
 def median_condition(name: str, values: Sequence[float], bound: float, goal: str) -> Condition:
@@ -414,7 +467,9 @@ def median_condition(name: str, values: Sequence[float], bound: float, goal: str
     if not values:
         return Condition(name, None, "not measured")
     median = statistics.median(values)
-    return Condition(name, median >= bound, f"median {median:+.4f} over {len(values)} scenarios ({goal})")
+    return Condition(
+        name, median >= bound, f"median {median:+.4f} over {len(values)} scenarios ({goal})"
+    )
 
 
 def goal_conditions(rows: Sequence[Mapping[str, Any]]) -> list[Condition]:
@@ -441,17 +496,31 @@ def goal_conditions(rows: Sequence[Mapping[str, Any]]) -> list[Condition]:
         violation_condition = Condition("nothing feasible", None, "not measured")
     costs = [r["cost"] for r in rows]
     return [
-        share_condition("feasible", [r["default_feasible_test"] for r in feasible], FEASIBLE_SHARE, "goal: 90%"),
         share_condition(
-            "equal compute", [r["default"] >= r["equal_compute"] for r in feasible], EQUAL_COMPUTE_SHARE, "goal: 90%"
+            "feasible", [r["default_feasible_test"] for r in feasible], FEASIBLE_SHARE, "goal: 90%"
+        ),
+        share_condition(
+            "equal compute",
+            [r["default"] >= r["equal_compute"] for r in feasible],
+            EQUAL_COMPUTE_SHARE,
+            "goal: 90%",
         ),
         share_condition(
             "rule of thumb",
-            [r["default"] >= r["rule_of_thumb"] for r in feasible if r["rule_of_thumb"] is not None],
+            [
+                r["default"] >= r["rule_of_thumb"]
+                for r in feasible
+                if r["rule_of_thumb"] is not None
+            ],
             RULE_OF_THUMB_SHARE,
             "goal: 75%",
         ),
-        median_condition("oracle", [r["default"] - r["oracle"] for r in feasible], -ORACLE_GAP, "goal: -0.03 or more"),
+        median_condition(
+            "oracle",
+            [r["default"] - r["oracle"] for r in feasible],
+            -ORACLE_GAP,
+            "goal: -0.03 or more",
+        ),
         median_condition(
             "targets alone",
             [r["default"] - r["targets_alone"] for r in rows if r["nothing_binds"]],
@@ -459,8 +528,12 @@ def goal_conditions(rows: Sequence[Mapping[str, Any]]) -> list[Condition]:
             "goal: -0.003 or more",
         ),
         violation_condition,
-        Condition("cost", statistics.median(costs) <= MAX_COST, f"median {statistics.median(costs):.2f}x, "
-                  f"largest {max(costs):.2f}x (goal: median at most {MAX_COST}x)")
+        Condition(
+            "cost",
+            statistics.median(costs) <= MAX_COST,
+            f"median {statistics.median(costs):.2f}x, "
+            f"largest {max(costs):.2f}x (goal: median at most {MAX_COST}x)",
+        )
         if costs
         else Condition("cost", None, "not measured"),
     ]
@@ -476,11 +549,16 @@ def run_results(folder: Path) -> dict[str, dict[str, Any]]:
     results = {}
     for run in sorted(p for p in folder.iterdir() if (p / "summary.json").is_file()):
         records = rundir.read_run(run)
-        results[run.name] = {**records_result(records), "predicted_cost": float(records.summary["predicted_cost"])}
+        results[run.name] = {
+            **records_result(records),
+            "predicted_cost": float(records.summary["predicted_cost"]),
+        }
     return results
 
 
-def read_scenarios(out: Path) -> list[tuple[FamilyScenario, dict[str, Any], dict[str, dict[str, Any]]]]:
+def read_scenarios(
+    out: Path,
+) -> list[tuple[FamilyScenario, dict[str, Any], dict[str, dict[str, Any]]]]:
     """(scenario, its ``scenario.json``, its runs' results) of every scenario under ``out``;
     the scenario as recorded, which is the one its runs trained on."""
     found = []
@@ -527,7 +605,9 @@ def family_report(
         report["scenarios"][scenario.name] = entry
     for split, split_rows in sorted(rows.items()):
         report["goal"][split] = [asdict(c) for c in goal_conditions(split_rows)]
-    report["frozen_commits"] = sorted({e["frozen_commit"] for e in report["scenarios"].values() if e["frozen_commit"]})
+    report["frozen_commits"] = sorted(
+        {e["frozen_commit"] for e in report["scenarios"].values() if e["frozen_commit"]}
+    )
     return report
 
 
@@ -549,24 +629,48 @@ def markdown(report: Mapping[str, Any]) -> str:
     for name, e in report["scenarios"].items():
         row = e.get("row")
         cells = [
-            name, e["split"], ", ".join(e["targets"]), ", ".join(e["non_targets"]) or "none",
+            name,
+            e["split"],
+            ", ".join(e["targets"]),
+            ", ".join(e["non_targets"]) or "none",
             f"{', '.join(e['loss_constraints']) or 'none'}; {', '.join(e['accuracy_constraints']) or 'none'}",
-            f"{e['lr']:.3g}", str(e["steps"]), f"{len(e['runs'])} of {e['planned']}",
+            f"{e['lr']:.3g}",
+            str(e["steps"]),
+            f"{len(e['runs'])} of {e['planned']}",
         ]
         if row is None:
             default = e["runs"].get(DEFAULT)
-            cells += [percent(None if default is None else default["reduction_test"]), "incomplete", *[""] * 6]
+            cells += [
+                percent(None if default is None else default["reduction_test"]),
+                "incomplete",
+                *[""] * 6,
+            ]
         else:
             held = {True: "yes", False: "no", None: "no checkpoint"}[row["default_held_test"]]
-            violation = f"{row['violation']:.4f} ({row['least_violation']:.4f})" if row["nothing_feasible"] else ""
+            violation = (
+                f"{row['violation']:.4f} ({row['least_violation']:.4f})"
+                if row["nothing_feasible"]
+                else ""
+            )
             cells += [
-                percent(row["default"]), held, percent(row["paper"]),
-                f"{percent(row['equal_compute'])} ({row['cost']:.2f})", percent(row["oracle"]),
-                percent(row["targets_alone"]), percent(row["rule_of_thumb"]), violation,
+                percent(row["default"]),
+                held,
+                percent(row["paper"]),
+                f"{percent(row['equal_compute'])} ({row['cost']:.2f})",
+                percent(row["oracle"]),
+                percent(row["targets_alone"]),
+                percent(row["rule_of_thumb"]),
+                violation,
             ]
         lines.append("| " + " | ".join(cells) + " |")
     for split, conditions in report["goal"].items():
-        lines += ["", f"The goal on the {split} split:", "", "| condition | holds | measured |", "|---|---|---|"]
+        lines += [
+            "",
+            f"The goal on the {split} split:",
+            "",
+            "| condition | holds | measured |",
+            "|---|---|---|",
+        ]
         for c in conditions:
             holds = {True: "yes", False: "no", None: "not measured"}[c["holds"]]
             lines.append(f"| {c['name']} | {holds} | {c['measured']} |")
@@ -588,18 +692,33 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def describe(scenario: FamilyScenario) -> dict[str, Any]:
-    return {"name": scenario.name, "split": scenario.split, **asdict(scenario), "runs": list(plan(scenario))}
+    return {
+        "name": scenario.name,
+        "split": scenario.split,
+        **asdict(scenario),
+        "runs": list(plan(scenario)),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "families")
-    parser.add_argument("--seeds", default="0-99", help="e.g. 0-99 (development) or 100-199 (evaluation)")
-    parser.add_argument("--frozen-commit", help="the default's commit, frozen before any evaluation scenario runs")
+    parser.add_argument(
+        "--seeds", default="0-99", help="e.g. 0-99 (development) or 100-199 (evaluation)"
+    )
+    parser.add_argument(
+        "--frozen-commit", help="the default's commit, frozen before any evaluation scenario runs"
+    )
     parser.add_argument("--jobs", type=int, default=available_cores(), help="runs trained at once")
-    parser.add_argument("--report-only", action="store_true", help="only read the finished runs under --out")
-    parser.add_argument("--describe", action="store_true", help="print the scenarios of --seeds; train nothing")
-    parser.add_argument("--json", type=Path, help="where the report goes (default: <out>/report.json)")
+    parser.add_argument(
+        "--report-only", action="store_true", help="only read the finished runs under --out"
+    )
+    parser.add_argument(
+        "--describe", action="store_true", help="print the scenarios of --seeds; train nothing"
+    )
+    parser.add_argument(
+        "--json", type=Path, help="where the report goes (default: <out>/report.json)"
+    )
     args = parser.parse_args(argv)
     try:
         seeds = parse_seeds(args.seeds)
@@ -616,10 +735,19 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
         base = ensure_base_model(spec=DEMO_BASE_SPEC)
         args.out.mkdir(parents=True, exist_ok=True)
-        measure_family(args.out, seeds, base_folder=base, frozen=args.frozen_commit, jobs=args.jobs,
-                       progress=True, log=lambda m: print(m, flush=True))
+        measure_family(
+            args.out,
+            seeds,
+            base_folder=base,
+            frozen=args.frozen_commit,
+            jobs=args.jobs,
+            progress=True,
+            log=lambda m: print(m, flush=True),
+        )
     report = family_report(read_scenarios(args.out) if args.out.is_dir() else [])
-    rundir.atomic_write_text(args.json or args.out / "report.json", json.dumps(report, indent=1) + "\n")
+    rundir.atomic_write_text(
+        args.json or args.out / "report.json", json.dumps(report, indent=1) + "\n"
+    )
     print(markdown(report))
     return 0
 

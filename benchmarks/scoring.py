@@ -49,7 +49,9 @@ class EveryLogit(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask)
 
 
-def batches(vocab: int, questions: int, length: int, choices: int, device: torch.device) -> tuple[dict, dict]:
+def batches(
+    vocab: int, questions: int, length: int, choices: int, device: torch.device
+) -> tuple[dict, dict]:
     """A letter batch of ``questions`` right-padded prompts, and a continuation batch of
     ``questions * choices`` rows whose last 1-8 tokens are scored."""
     generator = torch.Generator().manual_seed(0)
@@ -107,7 +109,9 @@ def measure(score: Callable, model: nn.Module, head: nn.Module, batch: dict, rep
         "scores": scores,
         "logits_bytes": logits_bytes[-1],
         "seconds": statistics.median(seconds),
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30
+        if torch.cuda.is_available()
+        else None,
     }
 
 
@@ -127,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_config(config).to(device).eval()
     head = model.get_output_embeddings()
-    letters, continuations = batches(config.vocab_size, args.questions, args.length, args.choices, device)
+    letters, continuations = batches(
+        config.vocab_size, args.questions, args.length, args.choices, device
+    )
     report: dict = {
         "shape": args.shape,
         "layers": args.layers,
@@ -136,11 +142,17 @@ def main(argv: list[str] | None = None) -> int:
         "vocab_size": config.vocab_size,
         "arguments": vars(args),
     }
-    for name, score, batch in [("letter", choice_logits, letters), ("continuation", continuation_scores, continuations)]:
+    for name, score, batch in [
+        ("letter", choice_logits, letters),
+        ("continuation", continuation_scores, continuations),
+    ]:
         results = {}
         # Alternate, so that a slow stretch of a shared machine falls on both.
         for _ in range(2):
-            for way, scored_model in [("scored_positions", model), ("every_position", EveryLogit(model))]:
+            for way, scored_model in [
+                ("scored_positions", model),
+                ("every_position", EveryLogit(model)),
+            ]:
                 results[way] = measure(score, scored_model, head, batch, args.repeats)
         kept, every = results["scored_positions"], results["every_position"]
         finite = torch.isfinite(every["scores"])
@@ -152,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": {way: r["seconds"] for way, r in results.items()},
             "time_ratio": kept["seconds"] / every["seconds"],
             "peak_memory_gib": {way: r["peak_memory_gib"] for way, r in results.items()},
-            "max_abs_difference": float((kept["scores"][finite] - every["scores"][finite]).abs().max()),
+            "max_abs_difference": float(
+                (kept["scores"][finite] - every["scores"][finite]).abs().max()
+            ),
         }
     print(json.dumps(report, indent=2))
     return 0

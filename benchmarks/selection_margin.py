@@ -27,9 +27,15 @@ from dynamics.runs import rundir  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="the folder beyond_the_paper.py trained into")
-    parser.add_argument("--margins", default="0,1,2,3", help="selection margins, in standard errors")
-    parser.add_argument("--json", type=Path, help="where the report goes (default: <out>/selection_margin.json)")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="the folder beyond_the_paper.py trained into"
+    )
+    parser.add_argument(
+        "--margins", default="0,1,2,3", help="selection margins, in standard errors"
+    )
+    parser.add_argument(
+        "--json", type=Path, help="where the report goes (default: <out>/selection_margin.json)"
+    )
     args = parser.parse_args(argv)
     try:
         margins = [float(m) for m in args.margins.split(",") if m]
@@ -38,10 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     if not margins or min(margins) < 0:
         parser.error("--margins: give at least one margin, each >= 0")
     if not args.out.is_dir():
-        parser.error(f"--out {args.out} is not a folder: train into it with benchmarks/beyond_the_paper.py first")
+        parser.error(
+            f"--out {args.out} is not a folder: train into it with benchmarks/beyond_the_paper.py first"
+        )
     report = selection_margins(args.out, margins)
     if not report["methods"]:
-        print(f"no finished run with constraints and a feasible checkpoint under {args.out}", file=sys.stderr)
+        print(
+            f"no finished run with constraints and a feasible checkpoint under {args.out}",
+            file=sys.stderr,
+        )
         return 1
     path = args.json or args.out / "selection_margin.json"
     rundir.atomic_write_text(path, json.dumps(report, indent=1) + "\n")

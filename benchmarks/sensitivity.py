@@ -46,15 +46,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="paper,robust")
     parser.add_argument("--perturbations", default=",".join(PERTURBATIONS))
     parser.add_argument("--report-only", action="store_true", help="only aggregate finished runs")
-    parser.add_argument("--json", type=Path, help="where the report goes (default: <out>/sensitivity.json)")
-    parser.add_argument("--fixed-from", type=Path, nargs="+", default=[],
-                        help="earlier protocol reports: the best fixed mixture's seed spread where --out has one seed")
+    parser.add_argument(
+        "--json", type=Path, help="where the report goes (default: <out>/sensitivity.json)"
+    )
+    parser.add_argument(
+        "--fixed-from",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="earlier protocol reports: the best fixed mixture's seed spread where --out has one seed",
+    )
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
     perturbations = [p for p in args.perturbations.split(",") if p]
     unknown = sorted(set(methods) - set(METHODS)) + sorted(set(perturbations) - set(PERTURBATIONS))
     if unknown:
-        parser.error(f"unknown methods or perturbations {unknown}: use {sorted(METHODS)} and {sorted(PERTURBATIONS)}")
+        parser.error(
+            f"unknown methods or perturbations {unknown}: use {sorted(METHODS)} and {sorted(PERTURBATIONS)}"
+        )
     try:
         fixed_from = read_reports(args.fixed_from)
     except FileNotFoundError as error:
@@ -62,10 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         base = ensure_base_model(spec=DEMO_BASE_SPEC)
         args.out.mkdir(parents=True, exist_ok=True)
-        measure_sensitivity(args.out, args.scenario, args.seed, methods, base_folder=base,
-                            perturbations=perturbations, log=lambda m: print(m, flush=True))
+        measure_sensitivity(
+            args.out,
+            args.scenario,
+            args.seed,
+            methods,
+            base_folder=base,
+            perturbations=perturbations,
+            log=lambda m: print(m, flush=True),
+        )
     report = aggregate_sensitivity(args.out, fixed_from)
-    rundir.atomic_write_text(args.json or args.out / "sensitivity.json", json.dumps(report, indent=1) + "\n")
+    rundir.atomic_write_text(
+        args.json or args.out / "sensitivity.json", json.dumps(report, indent=1) + "\n"
+    )
     print(sensitivity_markdown(report))
     return 0
 

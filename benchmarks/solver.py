@@ -36,7 +36,9 @@ def random_problem(rng: np.random.Generator, num_datasets: int, num_domains: int
     slopes[:num_targets] -= 5e-4 * rng.random((num_targets, num_datasets))
     current_losses = rng.uniform(1.5, 3.0, size=num_domains)
     reference_losses = np.full(num_domains, np.nan)
-    reference_losses[num_targets:] = current_losses[num_targets:] + rng.uniform(-0.02, 0.05, num_constraints)
+    reference_losses[num_targets:] = current_losses[num_targets:] + rng.uniform(
+        -0.02, 0.05, num_constraints
+    )
     return MixtureProblem(
         slopes=slopes,
         current_losses=current_losses,
@@ -94,7 +96,9 @@ def main() -> None:
                 "grid_solve_ms_median": round(median_ms, 3),
                 "grid_solve_ms_mean": round(statistics.fmean(grid_ms), 3),
                 "grid_solve_ms_max": round(max(grid_ms), 3),
-                "penalized_solve_ms_in_grid_mean": round(statistics.fmean(grid_ms) / num_candidates, 4),
+                "penalized_solve_ms_in_grid_mean": round(
+                    statistics.fmean(grid_ms) / num_candidates, 4
+                ),
                 "penalized_solve_ms_cold_median": round(statistics.median(cold_ms), 4),
                 "goal_ms": GOAL_MS,
                 "median_over_goal": round(median_ms / GOAL_MS, 3),

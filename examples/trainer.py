@@ -25,14 +25,19 @@ HERE = Path(__file__).parent
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="run folder to create (must not exist)")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="run folder to create (must not exist)"
+    )
     args = parser.parse_args()
 
     # The user's model and tokenizer, as in any fine-tuning script.
     spec = yaml.safe_load((HERE / "tiny-run.yaml").read_text())
     tokenizer = AutoTokenizer.from_pretrained(HERE / "tiny-tokenizer")
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**spec["model"]["init_config"]))
-    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    model = get_peft_model(
+        model,
+        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    )
 
     # dynamics: the datasets, their roles and the method come from a run config.
     config = RunConfig.from_yaml(HERE / "tiny-run.yaml", overrides=[f"output_dir={args.out}"])

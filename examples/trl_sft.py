@@ -27,7 +27,9 @@ HERE = Path(__file__).parent
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="run folder to create (must not exist)")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="run folder to create (must not exist)"
+    )
     args = parser.parse_args()
 
     spec = yaml.safe_load((HERE / "tiny-run.yaml").read_text())
@@ -54,7 +56,9 @@ def main() -> None:
         model=model,
         args=sft_args,
         processing_class=tokenizer,
-        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+        peft_config=LoraConfig(
+            r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
+        ),
         train_dataset=dynamics.train_dataset,  # dynamics
         data_collator=dynamics.data_collator,  # dynamics
         callbacks=[dynamics],  # dynamics

@@ -27,7 +27,9 @@ def main() -> None:
         stem = root.joinpath(*module.split("."))
         path = next(p for p in (stem.with_suffix(".py"), stem / "__init__.py") if p.is_file())
         modules[module] = path.read_text(encoding="utf-8")
-    payload = json.dumps({"python": platform.python_version(), "modules": modules}, sort_keys=True).encode()
+    payload = json.dumps(
+        {"python": platform.python_version(), "modules": modules}, sort_keys=True
+    ).encode()
     # mtime=0: the same sources give the same bytes.
     STDLIB_CORPUS.write_bytes(gzip.compress(payload, compresslevel=9, mtime=0))
     print(hashlib.sha256(STDLIB_CORPUS.read_bytes()).hexdigest())

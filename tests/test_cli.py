@@ -21,7 +21,10 @@ def test_every_command_builds_its_parser():
     parser = build_parser()
     for name in COMMANDS:
         args = {
-            "solve": ["x.json"], "run": ["c.yaml"], "report": ["r"], "scenarios": ["list"],
+            "solve": ["x.json"],
+            "run": ["c.yaml"],
+            "report": ["r"],
+            "scenarios": ["list"],
             "sweep": ["s.yaml", "--out", "o"],
             "push": ["r", "my-org/my-model"],
             "eval": ["r", "--tasks", "t"],

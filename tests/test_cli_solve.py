@@ -76,7 +76,9 @@ def test_solve_prints_the_solution(tmp_path: Path, capsys: pytest.CaptureFixture
     assert result["weights"] == [0.0, 1.0]
 
 
-def test_solve_reads_stdin_and_a_custom_grid(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_solve_reads_stdin_and_a_custom_grid(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = {**PROBLEM, "grid": {"lambdas": [10, 100], "epsilons": [0]}}
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(data)))
     code, out, _ = run(["solve", "-"], capsys)
@@ -86,13 +88,17 @@ def test_solve_reads_stdin_and_a_custom_grid(capsys: pytest.CaptureFixture[str],
     assert result["num_candidates"] == 2
 
 
-def test_grid_defaults_fill_a_missing_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_grid_defaults_fill_a_missing_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, _ = run(["solve", write(tmp_path, {**PROBLEM, "grid": {"epsilons": [0.0]}})], capsys)
     assert code == 0
     assert json.loads(out)["num_candidates"] == len(SolverGrid().lambdas)
 
 
-def test_min_weight_holds_every_dataset_at_the_floor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_min_weight_holds_every_dataset_at_the_floor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Without a floor every grid candidate puts all weight on dataset 1 (the test above);
     # with min_weight 0.2 dataset 0 keeps 0.2, which the constraint allows (w_0 <= 0.375).
     code, out, _ = run(["solve", write(tmp_path, {**PROBLEM, "min_weight": 0.2})], capsys)
@@ -109,30 +115,56 @@ BAD_INPUTS = [
     ("not an object", [1, 2], "JSON object"),
     ("unknown key", {**PROBLEM, "horizn": 3}, "unknown key 'horizn'"),
     ("unknown grid key", {**PROBLEM, "grid": {"lambda": [1]}}, "unknown key 'grid.lambda'"),
-    ("missing field", {k: v for k, v in PROBLEM.items() if k != "horizon"}, "missing key 'horizon'"),
-    ("ragged slopes", {**PROBLEM, "slopes": [[1e-3, 0.0], [1e-3]]}, "'slopes[1]' must be a list of 2"),
+    (
+        "missing field",
+        {k: v for k, v in PROBLEM.items() if k != "horizon"},
+        "missing key 'horizon'",
+    ),
+    (
+        "ragged slopes",
+        {**PROBLEM, "slopes": [[1e-3, 0.0], [1e-3]]},
+        "'slopes[1]' must be a list of 2",
+    ),
     ("empty slopes", {**PROBLEM, "slopes": []}, "'slopes'"),
     ("string slope", {**PROBLEM, "slopes": [[1e-3, "x"], [0.0, 0.0]]}, "'slopes[0][1]'"),
     ("bool slope", {**PROBLEM, "slopes": [[True, 0.0], [0.0, 0.0]]}, "'slopes[0][0]'"),
     ("short losses", {**PROBLEM, "current_losses": [2.5]}, "'current_losses' must be a list of 2"),
     ("null current loss", {**PROBLEM, "current_losses": [2.5, None]}, "'current_losses[1]'"),
-    ("null reference of a constraint", {**PROBLEM, "reference_losses": [None, None]}, "'reference_losses[1]' is null"),
-    ("target out of range", {**PROBLEM, "targets": [2]}, "'targets[0]' must be a domain index in [0, 1]"),
+    (
+        "null reference of a constraint",
+        {**PROBLEM, "reference_losses": [None, None]},
+        "'reference_losses[1]' is null",
+    ),
+    (
+        "target out of range",
+        {**PROBLEM, "targets": [2]},
+        "'targets[0]' must be a domain index in [0, 1]",
+    ),
     ("no targets", {**PROBLEM, "targets": []}, "'targets' is empty"),
-    ("repeated constraint", {**PROBLEM, "constraints": [1, 1]}, "'constraints' lists an index twice"),
+    (
+        "repeated constraint",
+        {**PROBLEM, "constraints": [1, 1]},
+        "'constraints' lists an index twice",
+    ),
     ("target and constraint", {**PROBLEM, "targets": [0, 1]}, "domain 1 is in both"),
     ("zero horizon", {**PROBLEM, "horizon": 0}, "'horizon' must be a positive number"),
     ("huge integer", json.dumps(PROBLEM).replace("-0.002", "1" + "0" * 400), "'slopes[0][0]'"),
     ("infinite loss", {**PROBLEM, "current_losses": [2.5, float("inf")]}, "'current_losses[1]'"),
     ("negative lambda", {**PROBLEM, "grid": {"lambdas": [-1.0]}}, "'grid.lambdas'"),
     ("empty eps grid", {**PROBLEM, "grid": {"epsilons": []}}, "'grid.epsilons'"),
-    ("floor above 1/N", {**PROBLEM, "min_weight": 0.6}, "'min_weight' must be a number in [0, 1/N] = [0, 0.5]"),
+    (
+        "floor above 1/N",
+        {**PROBLEM, "min_weight": 0.6},
+        "'min_weight' must be a number in [0, 1/N] = [0, 0.5]",
+    ),
     ("negative floor", {**PROBLEM, "min_weight": -0.1}, "'min_weight'"),
     ("string floor", {**PROBLEM, "min_weight": "0.1"}, "'min_weight'"),
 ]
 
 
-@pytest.mark.parametrize(("data", "message"), [(d, m) for _, d, m in BAD_INPUTS], ids=[i for i, _, _ in BAD_INPUTS])
+@pytest.mark.parametrize(
+    ("data", "message"), [(d, m) for _, d, m in BAD_INPUTS], ids=[i for i, _, _ in BAD_INPUTS]
+)
 def test_bad_input_is_one_line_naming_the_field(
     data: Any, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -160,11 +192,20 @@ def test_installed_entry_point(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("dynamics")
     if not script.exists():
         pytest.skip(f"console script not installed next to {sys.executable}")
-    ok = subprocess.run([str(script), "solve", write(tmp_path, PROBLEM)], capture_output=True, text=True, timeout=60)
+    ok = subprocess.run(
+        [str(script), "solve", write(tmp_path, PROBLEM)], capture_output=True, text=True, timeout=60
+    )
     assert ok.returncode == 0, ok.stderr
     assert OUTPUT_KEYS <= set(json.loads(ok.stdout))
     bad = subprocess.run(
-        [str(script), "solve", "-"], input='{"slopes": 1}', capture_output=True, text=True, timeout=60
+        [str(script), "solve", "-"],
+        input='{"slopes": 1}',
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.strip().startswith("dynamics solve: error: ") and len(bad.stderr.strip().splitlines()) == 1
+    assert (
+        bad.stderr.strip().startswith("dynamics solve: error: ")
+        and len(bad.stderr.strip().splitlines()) == 1
+    )

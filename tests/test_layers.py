@@ -22,12 +22,28 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "dynamics"
 
-LAYERS = ("core", "data", "runs", "engine", "integrations", "experiments", "report", "commands", "cli")
+LAYERS = (
+    "core",
+    "data",
+    "runs",
+    "engine",
+    "integrations",
+    "experiments",
+    "report",
+    "commands",
+    "cli",
+)
 """Top-level packages (and the ``cli`` module), lowest first."""
 
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("dynamics.experiments.demo", "report"): "the demo writes its report (report.demo) once its runs finish",
-    ("dynamics.experiments.sweep", "report"): "a sweep labels its runs with report.sweep.method_label, the labels its report groups by",
+    (
+        "dynamics.experiments.demo",
+        "report",
+    ): "the demo writes its report (report.demo) once its runs finish",
+    (
+        "dynamics.experiments.sweep",
+        "report",
+    ): "a sweep labels its runs with report.sweep.method_label, the labels its report groups by",
 }
 """(importing module, imported package) -> why this arrow points up."""
 
@@ -70,10 +86,14 @@ def imports(src: Path = SRC) -> list[Import]:
         where = str(path.relative_to(src.parent.parent))
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import):
-                found += [Import(module, alias.name, (), f"{where}:{node.lineno}") for alias in node.names]
+                found += [
+                    Import(module, alias.name, (), f"{where}:{node.lineno}") for alias in node.names
+                ]
             elif isinstance(node, ast.ImportFrom):
                 if node.level:  # relative: from the importing module's package upwards
-                    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                    package = (
+                        module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                    )
                     base = package[: len(package) - node.level + 1]
                     target = ".".join([*base, node.module] if node.module else base)
                 else:
@@ -86,9 +106,11 @@ def imports(src: Path = SRC) -> list[Import]:
 def internal(found: list[Import]) -> list[Import]:
     """The imports of dynamics modules from another top-level package."""
     return [
-        imp for imp in found
+        imp
+        for imp in found
         if imp.target.split(".")[0] == "dynamics"
-        and imp.source_package and imp.target_package
+        and imp.source_package
+        and imp.target_package
         and imp.source_package != imp.target_package
     ]
 
@@ -131,46 +153,63 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def upward(found: list[Import]) -> list[Import]:
     """Imports of a package that is not lower in ``LAYERS`` than the importing one."""
     order = {name: k for k, name in enumerate(LAYERS)}
-    return [
-        imp for imp in internal(found)
-        if order[imp.target_package] > order[imp.source_package]
-    ]
+    return [imp for imp in internal(found) if order[imp.target_package] > order[imp.source_package]]
 
 
 def private_imports(found: list[Import]) -> list[Import]:
     """``from dynamics.x import _name`` (or a private module): a private name used by another module."""
+
     def private(name: str) -> bool:
         return name.startswith("_") and not name.startswith("__")
 
     return [
-        imp for imp in found
+        imp
+        for imp in found
         if imp.target.split(".")[0] == "dynamics"
-        and (any(private(part) for part in imp.target.split(".")) or any(private(n) for n in imp.names))
+        and (
+            any(private(part) for part in imp.target.split("."))
+            or any(private(n) for n in imp.names)
+        )
     ]
 
 
 def test_every_top_level_package_has_a_layer() -> None:
-    top = {p.stem for p in SRC.iterdir() if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    top = {
+        p.stem
+        for p in SRC.iterdir()
+        if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"
+    }
     missing = sorted(top - set(LAYERS) - {"__init__"})
-    assert not missing, f"add {missing} to LAYERS in tests/test_layers.py, at its place in the order"
-    assert set(LAYERS) <= top, f"LAYERS names packages that do not exist: {sorted(set(LAYERS) - top)}"
+    assert not missing, (
+        f"add {missing} to LAYERS in tests/test_layers.py, at its place in the order"
+    )
+    assert set(LAYERS) <= top, (
+        f"LAYERS names packages that do not exist: {sorted(set(LAYERS) - top)}"
+    )
 
 
 def test_no_import_cycle_between_packages() -> None:
     graph = package_graph(imports())
     print("import graph between dynamics packages:\n" + format_graph(graph))
     found = cycles(graph)
-    assert not found, "import cycles between packages:\n" + "\n".join(
-        "  " + " -> ".join(cycle) for cycle in found
-    ) + "\nthe graph:\n" + format_graph(graph)
+    assert not found, (
+        "import cycles between packages:\n"
+        + "\n".join("  " + " -> ".join(cycle) for cycle in found)
+        + "\nthe graph:\n"
+        + format_graph(graph)
+    )
 
 
 def test_packages_only_import_lower_layers() -> None:
     found = imports()
-    violations = [imp for imp in upward(found) if (imp.module, imp.target_package) not in KNOWN_UPWARD]
+    violations = [
+        imp for imp in upward(found) if (imp.module, imp.target_package) not in KNOWN_UPWARD
+    ]
     assert not violations, (
         f"imports against the layer order {' < '.join(LAYERS)}:\n"
-        + "\n".join(f"  {imp.where}: {imp.source_package} imports {imp.target}" for imp in violations)
+        + "\n".join(
+            f"  {imp.where}: {imp.source_package} imports {imp.target}" for imp in violations
+        )
         + "\nmove the shared code to a lower package (or, with a reason, add it to KNOWN_UPWARD)"
     )
     used = {(imp.module, imp.target_package) for imp in upward(found)}
@@ -180,7 +219,8 @@ def test_packages_only_import_lower_layers() -> None:
 
 def test_core_imports_only_numpy_and_scipy() -> None:
     outside = [
-        imp for imp in imports()
+        imp
+        for imp in imports()
         if imp.source_package == "core"
         and (root := imp.target.split(".")[0]) not in sys.stdlib_module_names
         and root not in CORE_THIRD_PARTY | {"dynamics"}
@@ -192,8 +232,11 @@ def test_core_imports_only_numpy_and_scipy() -> None:
 
 def test_no_private_name_is_imported_from_another_module() -> None:
     found = private_imports(imports())
-    assert not found, "private names imported from another module (make them public or move them):\n" + "\n".join(
-        f"  {imp.where}: from {imp.target} import {', '.join(imp.names)}" for imp in found
+    assert not found, (
+        "private names imported from another module (make them public or move them):\n"
+        + "\n".join(
+            f"  {imp.where}: from {imp.target} import {', '.join(imp.names)}" for imp in found
+        )
     )
 
 
@@ -208,8 +251,13 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
         (src / package / "__init__.py").write_text("")
         (src / package / "mod.py").write_text(text)
     found = imports(src)
-    assert cycles(package_graph(found)) == [["core", "engine", "core"], ["engine", "core", "engine"]]
-    assert [(imp.module, imp.target) for imp in upward(found)] == [("dynamics.core.mod", "dynamics.engine.model")]
+    assert cycles(package_graph(found)) == [
+        ["core", "engine", "core"],
+        ["engine", "core", "engine"],
+    ]
+    assert [(imp.module, imp.target) for imp in upward(found)] == [
+        ("dynamics.core.mod", "dynamics.engine.model")
+    ]
     assert [imp.names for imp in private_imports(found)] == [("_grid",)]
 
 

@@ -46,4 +46,6 @@ def test_the_page_on_the_default_names_every_rule_and_stays_a_users_page():
     for name in RobustOptions.__dataclass_fields__:
         default = getattr(VARIANTS["robust"], name)
         shown = str(default).lower() if isinstance(default, bool) else repr(float(default))
-        assert f"| `{name}` | {shown} |" in page, f"docs/beyond-the-paper.md does not give {name}: {shown}"
+        assert f"| `{name}` | {shown} |" in page, (
+            f"docs/beyond-the-paper.md does not give {name}: {shown}"
+        )

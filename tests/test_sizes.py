@@ -22,7 +22,11 @@ def test_the_centre_has_modules_to_measure() -> None:
 
 
 def test_no_module_at_the_centre_is_longer_than_500_lines() -> None:
-    long = {str(p.relative_to(SRC)): n for p in modules() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in modules()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
     assert not long, f"split these modules: {long}"
 
 

@@ -23,7 +23,9 @@ from dynamics.experiments.base_model import QUICK_SPEC, domain_paths, ensure_bas
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
-    sys.path.insert(0, str(BENCHMARKS))  # the benchmark scripts import their sibling modules by name
+    sys.path.insert(
+        0, str(BENCHMARKS)
+    )  # the benchmark scripts import their sibling modules by name
 
 import families_domains as domains  # noqa: E402
 import scenario_families as families  # noqa: E402
@@ -44,7 +46,9 @@ def demo_quiz(tmp_path_factory) -> Path:
 
 
 def test_the_same_seed_draws_the_same_scenario_and_byte_identical_files(tmp_path, demo_quiz):
-    assert [families.draw_scenario(s) for s in ALL_SEEDS] == [families.draw_scenario(s) for s in ALL_SEEDS]
+    assert [families.draw_scenario(s) for s in ALL_SEEDS] == [
+        families.draw_scenario(s) for s in ALL_SEEDS
+    ]
     assert len({families.draw_scenario(s).targets for s in ALL_SEEDS}) > 20  # the seeds do draw
     first = domains.write_family_domains(tmp_path / "a", 3, demo_quiz, rows=50)
     again = domains.write_family_domains(tmp_path / "b", 3, demo_quiz, rows=50)
@@ -74,7 +78,9 @@ def test_roles_stay_in_their_ranges_and_never_share_a_domain():
     assert {len(s.targets) for s in drawn} == {1, 2, 3, 4}
     assert {len(s.non_targets) for s in drawn} == {0, 1, 2, 3}
     assert {len(s.constraints) for s in drawn} == {1, 2, 3, 4}
-    assert min(s.lr for s in drawn) < 0.6e-4 and max(s.lr for s in drawn) > 2.5e-4  # the range is used
+    assert (
+        min(s.lr for s in drawn) < 0.6e-4 and max(s.lr for s in drawn) > 2.5e-4
+    )  # the range is used
 
 
 def test_half_of_each_split_has_an_accuracy_constraint():
@@ -114,7 +120,9 @@ def test_string_answers_are_right():
             upper = "".join(chr(ord(c) - 32) if c != " " else c for c in m[1])
             assert row["response"].endswith(f'"{upper}".'), row
         else:
-            m = re.fullmatch(r'How many times does the letter "([a-z])" appear in "([a-z ]+)"\?', row["prompt"])
+            m = re.fullmatch(
+                r'How many times does the letter "([a-z])" appear in "([a-z ]+)"\?', row["prompt"]
+            )
             assert m is not None, row
             count = sum(1 for c in m[2] if c == m[1])
             assert re.search(rf"appears {count} times? in", row["response"]), row
@@ -142,7 +150,10 @@ def test_unit_conversions_are_right():
         assert answer is not None, row
         assert amount * IN_BASE_UNITS[unit] == int(answer[1]) * IN_BASE_UNITS[into], row
     # Both directions of every conversion are drawn.
-    pairs = {tuple(re.findall(r"Convert \d+ (\w+) to (\w+)", r["prompt"])[0]) for r in rows_of(domains.units_row, 2000)}
+    pairs = {
+        tuple(re.findall(r"Convert \d+ (\w+) to (\w+)", r["prompt"])[0])
+        for r in rows_of(domains.units_row, 2000)
+    }
     assert len(pairs) == 2 * len(domains.CONVERSIONS)
 
 
@@ -152,7 +163,9 @@ def test_date_answers_are_right():
         prompt, response = row["prompt"], row["response"]
         if m := re.fullmatch(r"What date is (\d+) days (after|before) (\S+)\?", prompt):
             days = int(m[1]) if m[2] == "after" else -int(m[1])
-            expected = datetime.date.fromordinal(datetime.date.fromisoformat(m[3]).toordinal() + days)
+            expected = datetime.date.fromordinal(
+                datetime.date.fromisoformat(m[3]).toordinal() + days
+            )
             assert response.endswith(f" is {expected.isoformat()}."), row
         elif m := re.fullmatch(r"How many days are there from (\S+) to (\S+)\?", prompt):
             first, last = (datetime.date.fromisoformat(d).toordinal() for d in (m[1], m[2]))
@@ -203,9 +216,15 @@ def test_the_modules_quiz_asks_the_demo_quiz_facts_by_module(demo_quiz):
     facts = {(f.module, f.kind, f.name) for f in offline.quiz_facts(offline.stdlib_sources())}
     for row in demo:
         asked = domains.modules_quiz_row(row)
-        m = re.fullmatch(r"In which module is the (function|class) `(\w+)` defined\?", asked["question"])
+        m = re.fullmatch(
+            r"In which module is the (function|class) `(\w+)` defined\?", asked["question"]
+        )
         assert m is not None, asked
-        assert (asked["choices"][asked["answer"]], m[1], m[2]) in facts  # the right module defines it
+        assert (
+            asked["choices"][asked["answer"]],
+            m[1],
+            m[2],
+        ) in facts  # the right module defines it
         assert len(asked["choices"]) == 4 and all("." + m[2] not in c for c in asked["choices"])
     with pytest.raises(ValueError, match="not a question of the demo's quiz"):
         domains.modules_quiz_row({"question": "What?", "choices": ["a"], "answer": 0})
@@ -221,7 +240,11 @@ def test_every_config_of_seeds_0_to_19_validates(tmp_path):
         assert set(runs) >= {"robust", "paper", "fixed-w1"}
         assert len(runs) == (12 if scenario.non_targets else 3)
         for label, method in runs.items():
-            config = RunConfig.from_dict(families.scenario_config(scenario, tmp_path, tmp_path / "data", tmp_path / label, method))
+            config = RunConfig.from_dict(
+                families.scenario_config(
+                    scenario, tmp_path, tmp_path / "data", tmp_path / label, method
+                )
+            )
             roles = {d.name: d.role for d in config.datasets}
             assert roles == {
                 **dict.fromkeys(scenario.targets, "target"),
@@ -229,8 +252,12 @@ def test_every_config_of_seeds_0_to_19_validates(tmp_path):
                 **dict.fromkeys(scenario.constraints, "constraint"),
             }
             metrics = {d.name: d.metric for d in config.datasets if d.role == "constraint"}
-            assert [n for n, m in metrics.items() if m == "accuracy"] == list(scenario.accuracy_constraints)
-            assert config.optimizer.lr == scenario.lr and config.training.total_steps == scenario.steps
+            assert [n for n, m in metrics.items() if m == "accuracy"] == list(
+                scenario.accuracy_constraints
+            )
+            assert (
+                config.optimizer.lr == scenario.lr and config.training.total_steps == scenario.steps
+            )
             assert config.training.seed == seed
             assert {d.name: d.budget for d in config.datasets if d.role == "target"} == dict(
                 zip(scenario.targets, scenario.budgets, strict=True)
@@ -240,7 +267,10 @@ def test_every_config_of_seeds_0_to_19_validates(tmp_path):
                 assert sum(weights.values()) == pytest.approx(1.0)
                 mass = float(label.removeprefix("fixed-w"))
                 assert sum(weights[t] for t in scenario.targets) == pytest.approx(mass)
-    assert families.METHODS["robust"]["variant"] == "robust" and families.METHODS["paper"]["variant"] == "paper"
+    assert (
+        families.METHODS["robust"]["variant"] == "robust"
+        and families.METHODS["paper"]["variant"] == "paper"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +281,12 @@ def quick_base() -> Path:
 
 def test_the_pool_loads_as_the_runs_read_it(tmp_path, quick_base):
     files = families.prepare_data(quick_base, tmp_path / "data")
-    assert set(files) >= {*families.SKILLS, *families.GENERAL_TEXT, *families.HELD_OUT_TEXT, *families.QUIZZES}
+    assert set(files) >= {
+        *families.SKILLS,
+        *families.GENERAL_TEXT,
+        *families.HELD_OUT_TEXT,
+        *families.QUIZZES,
+    }
     assert files["arithmetic"] == domain_paths(quick_base)["arithmetic"]
     from transformers import AutoTokenizer
 
@@ -262,9 +297,20 @@ def test_the_pool_loads_as_the_runs_read_it(tmp_path, quick_base):
     for seed in range(20):
         scenario = families.draw_scenario(seed)
         config = RunConfig.from_dict(
-            families.scenario_config(scenario, quick_base, tmp_path / "data", tmp_path / "run", families.METHODS["robust"])
+            families.scenario_config(
+                scenario,
+                quick_base,
+                tmp_path / "data",
+                tmp_path / "run",
+                families.METHODS["robust"],
+            )
         )
-        datasets.update({(d.name, d.format, d.metric): (d, config.training.sequence_length) for d in config.datasets})
+        datasets.update(
+            {
+                (d.name, d.format, d.metric): (d, config.training.sequence_length)
+                for d in config.datasets
+            }
+        )
         roles |= {(d.name, d.role) for d in config.datasets}
     for (name, *_), (dataset, sequence_length) in datasets.items():
         source = dataset.data_source()
@@ -272,7 +318,11 @@ def test_the_pool_loads_as_the_runs_read_it(tmp_path, quick_base):
         examples = build_examples(rows, tokenizer, source, sequence_length=sequence_length)
         assert len(examples) > 0, name
     assert {name for name, *_ in datasets} >= {*families.SKILLS, *domains.NEW_DOMAINS}
-    assert {role for name, role in roles if name in families.SKILLS} == {"target", "non-target", "constraint"}
+    assert {role for name, role in roles if name in families.SKILLS} == {
+        "target",
+        "non-target",
+        "constraint",
+    }
 
 
 # --- measuring: the frozen evaluation split, resuming ----------------------------------------
@@ -300,7 +350,10 @@ def repo(tmp_path) -> Path:
 
 def test_the_evaluation_split_refuses_to_run_without_a_frozen_commit(tmp_path, repo, capsys):
     out = tmp_path / "families"
-    with pytest.raises(ValueError, match="the evaluation split: freeze the default first and give its commit with --frozen-commit"):
+    with pytest.raises(
+        ValueError,
+        match="the evaluation split: freeze the default first and give its commit with --frozen-commit",
+    ):
         families.measure_family(out, [99, 100], base_folder=tmp_path / "no-base", repo=repo)
     assert not out.exists()
     with pytest.raises(SystemExit):
@@ -311,23 +364,32 @@ def test_the_evaluation_split_refuses_to_run_without_a_frozen_commit(tmp_path, r
         families.frozen_commit(evaluation, "abc1234", repo)
     head = git(repo, "rev-parse", "HEAD")
     assert families.frozen_commit(evaluation, head[:8], repo) == head
-    assert families.frozen_commit([families.draw_scenario(0)], None, repo) is None  # development needs none
+    assert (
+        families.frozen_commit([families.draw_scenario(0)], None, repo) is None
+    )  # development needs none
     # A library changed since the commit frozen is not the frozen default.
-    (repo / "src" / "dynamics" / "robust.py").write_text("VARIANT = 'tuned on the evaluation split'\n")
+    (repo / "src" / "dynamics" / "robust.py").write_text(
+        "VARIANT = 'tuned on the evaluation split'\n"
+    )
     with pytest.raises(ValueError, match="src/dynamics differs from that of --frozen-commit"):
         families.frozen_commit(evaluation, head, repo)
 
 
 def test_measuring_records_the_frozen_commit_and_resumes(tmp_path, quick_base, repo, monkeypatch):
     trained: list[list[str]] = []
-    monkeypatch.setattr(families, "train_all", lambda configs, jobs, progress: trained.append(list(configs)))
+    monkeypatch.setattr(
+        families, "train_all", lambda configs, jobs, progress: trained.append(list(configs))
+    )
     out, commit = tmp_path / "families", git(repo, "rev-parse", "HEAD")
     measure = dict(base_folder=quick_base, repo=repo, log=lambda m: None)
     families.measure_family(out, [100], frozen=commit[:10], **measure)
     scenario = families.draw_scenario(100)
     assert trained == [[f"s100 {label}" for label in families.plan(scenario)]]
     record = json.loads((out / "s100" / "scenario.json").read_text())
-    assert record["frozen_commit"] == record["checkout_commit"] == commit and record["split"] == "evaluation"
+    assert (
+        record["frozen_commit"] == record["checkout_commit"] == commit
+        and record["split"] == "evaluation"
+    )
     assert families.recorded_scenario(record) == scenario
 
     # A finished run is skipped; a crashed one (no summary.json) is removed and redone.
@@ -379,7 +441,11 @@ def sweep(**given: dict) -> dict:
 
 def test_a_scenario_row_reads_the_baselines_from_its_runs():
     runs = {
-        **sweep(w0_1=result(True, 0.28, 0.30), w0_2=result(True, 0.35, 0.40), w0_3=result(True, 0.45, 0.50)),
+        **sweep(
+            w0_1=result(True, 0.28, 0.30),
+            w0_2=result(True, 0.35, 0.40),
+            w0_3=result(True, 0.45, 0.50),
+        ),
         "robust": result(True, 0.31, held=False, cost=2.0),
         "paper": result(True, 0.20),
     }
@@ -397,7 +463,10 @@ def test_a_scenario_row_reads_the_baselines_from_its_runs():
 
 def test_where_nothing_is_feasible_the_least_violating_fixed_run_is_the_bar():
     runs = {
-        **{families.fixed_label(m): result(False, 0.0, violation=(0.10 + m, 0.20 + m)) for m in families.SWEEP_MASSES},
+        **{
+            families.fixed_label(m): result(False, 0.0, violation=(0.10 + m, 0.20 + m))
+            for m in families.SWEEP_MASSES
+        },
         "robust": result(False, 0.0, violation=(0.05, 0.25), cost=1.5),
     }
     row = families.scenario_row(TWO_TARGETS, runs, rule_mass=None)
@@ -410,14 +479,32 @@ def test_without_non_targets_every_baseline_is_the_targets_alone():
     runs = {"fixed-w1": result(True, 0.40), "robust": result(True, 0.38, cost=1.2)}
     assert list(families.fixed_plan(TARGETS_ONLY)) == ["fixed-w1"]
     row = families.scenario_row(TARGETS_ONLY, runs, rule_mass=0.05)
-    assert row["equal_compute"] == row["oracle"] == row["targets_alone"] == row["rule_of_thumb"] == 0.40
+    assert (
+        row["equal_compute"]
+        == row["oracle"]
+        == row["targets_alone"]
+        == row["rule_of_thumb"]
+        == 0.40
+    )
     assert row["nothing_binds"]
 
 
 def test_the_rule_of_thumb_is_the_mass_best_in_median_over_the_development_scenarios():
     dev = [
-        (TWO_TARGETS, {**sweep(w0_05=result(True, 0.30), w0_2=result(True, 0.20)), "robust": result(True, 0.1)}),
-        (TWO_TARGETS, {**sweep(w0_05=result(True, 0.10), w0_2=result(True, 0.25)), "robust": result(True, 0.1)}),
+        (
+            TWO_TARGETS,
+            {
+                **sweep(w0_05=result(True, 0.30), w0_2=result(True, 0.20)),
+                "robust": result(True, 0.1),
+            },
+        ),
+        (
+            TWO_TARGETS,
+            {
+                **sweep(w0_05=result(True, 0.10), w0_2=result(True, 0.25)),
+                "robust": result(True, 0.1),
+            },
+        ),
         # Without non-targets, every mass is the targets alone: 0.50 counts for 0.05 and 0.2 alike.
         (TARGETS_ONLY, {"fixed-w1": result(True, 0.50), "robust": result(True, 0.1)}),
     ]
@@ -425,9 +512,14 @@ def test_the_rule_of_thumb_is_the_mass_best_in_median_over_the_development_scena
     assert families.rule_of_thumb_mass(dev) == 0.05
     evaluation = replace_seed(TWO_TARGETS, 150)
     strong = {**sweep(w0_2=result(True, 0.90)), "robust": result(True, 0.1)}
-    assert families.rule_of_thumb_mass([*dev, (evaluation, strong), (evaluation, strong)]) == 0.05  # not fitted on
+    assert (
+        families.rule_of_thumb_mass([*dev, (evaluation, strong), (evaluation, strong)]) == 0.05
+    )  # not fitted on
     incomplete = {**sweep(w0_2=result(True, 0.90))}  # the default did not finish
-    assert families.rule_of_thumb_mass([*dev, (TWO_TARGETS, incomplete), (TWO_TARGETS, incomplete)]) == 0.05
+    assert (
+        families.rule_of_thumb_mass([*dev, (TWO_TARGETS, incomplete), (TWO_TARGETS, incomplete)])
+        == 0.05
+    )
     assert families.rule_of_thumb_mass([(evaluation, strong)]) is None
 
 
@@ -437,7 +529,19 @@ def replace_seed(scenario: FamilyScenario, seed: int) -> FamilyScenario:
     return replace(scenario, seed=seed)
 
 
-def row(default, *, equal=0.0, oracle=0.0, alone=0.0, rule=0.0, feasible=True, some=True, binds=False, cost=1.0, **extra):
+def row(
+    default,
+    *,
+    equal=0.0,
+    oracle=0.0,
+    alone=0.0,
+    rule=0.0,
+    feasible=True,
+    some=True,
+    binds=False,
+    cost=1.0,
+    **extra,
+):
     return {
         "default": default, "equal_compute": equal, "oracle": oracle, "targets_alone": alone, "rule_of_thumb": rule,
         "default_feasible_test": feasible, "some_fixed_feasible": some, "nothing_feasible": False,
@@ -452,33 +556,79 @@ def test_the_goal_conditions_on_hand_written_rows():
         row(0.40, equal=0.30, oracle=0.41, alone=0.402, rule=0.30, binds=True, cost=2.5),
         row(0.35, equal=0.30, oracle=0.36, alone=0.36, rule=0.30, binds=True, cost=1.8),
         # Nothing feasible: counts only for the violation and the cost.
-        row(0.0, some=False, feasible=False, cost=1.0, nothing_feasible=True, violation=0.05, least_violation=0.04),
-        row(0.0, some=False, feasible=False, cost=1.0, nothing_feasible=True, violation=0.03, least_violation=0.03),
+        row(
+            0.0,
+            some=False,
+            feasible=False,
+            cost=1.0,
+            nothing_feasible=True,
+            violation=0.05,
+            least_violation=0.04,
+        ),
+        row(
+            0.0,
+            some=False,
+            feasible=False,
+            cost=1.0,
+            nothing_feasible=True,
+            violation=0.03,
+            least_violation=0.03,
+        ),
     ]
     conditions = {c.name: c for c in families.goal_conditions(rows)}
-    assert (conditions["feasible"].holds, conditions["feasible"].measured) == (False, "3 of 4 scenarios (goal: 90%)")
-    assert (conditions["equal compute"].holds, conditions["equal compute"].measured) == (False, "3 of 4 scenarios (goal: 90%)")
-    assert (conditions["rule of thumb"].holds, conditions["rule of thumb"].measured) == (True, "3 of 4 scenarios (goal: 75%)")
+    assert (conditions["feasible"].holds, conditions["feasible"].measured) == (
+        False,
+        "3 of 4 scenarios (goal: 90%)",
+    )
+    assert (conditions["equal compute"].holds, conditions["equal compute"].measured) == (
+        False,
+        "3 of 4 scenarios (goal: 90%)",
+    )
+    assert (conditions["rule of thumb"].holds, conditions["rule of thumb"].measured) == (
+        True,
+        "3 of 4 scenarios (goal: 75%)",
+    )
     # Differences to the oracle -0.01, -0.10, -0.01, -0.01: median -0.01.
-    assert conditions["oracle"].holds and conditions["oracle"].measured.startswith("median -0.0100 over 4 scenarios")
+    assert conditions["oracle"].holds and conditions["oracle"].measured.startswith(
+        "median -0.0100 over 4 scenarios"
+    )
     # Where nothing binds: -0.002 and -0.01, median -0.006, more than 0.3 points below.
-    assert conditions["targets alone"].holds is False and "median -0.0060 over 2" in conditions["targets alone"].measured
+    assert (
+        conditions["targets alone"].holds is False
+        and "median -0.0060 over 2" in conditions["targets alone"].measured
+    )
     # Violations 0.05 and 0.03 (median 0.04) against 0.04 and 0.03 (median 0.035): 0.04 <= 1.2 x 0.035.
     assert conditions["nothing feasible"].holds is True
-    assert conditions["nothing feasible"].measured.startswith("median 0.0400 against 0.0350 over 2 scenarios")
+    assert conditions["nothing feasible"].measured.startswith(
+        "median 0.0400 against 0.0350 over 2 scenarios"
+    )
     # Costs 1.5, 1.9, 2.5, 1.8, 1.0, 1.0: median 1.65.
-    assert conditions["cost"].holds and conditions["cost"].measured.startswith("median 1.65x, largest 2.50x")
+    assert conditions["cost"].holds and conditions["cost"].measured.startswith(
+        "median 1.65x, largest 2.50x"
+    )
     nothing = {c.name: c.holds for c in families.goal_conditions([row(0.3, cost=2.1)])}
-    assert nothing["nothing feasible"] is None and nothing["targets alone"] is None and nothing["cost"] is False
+    assert (
+        nothing["nothing feasible"] is None
+        and nothing["targets alone"] is None
+        and nothing["cost"] is False
+    )
 
 
 def test_the_report_lists_every_scenario_that_ran_and_the_goal_per_split():
-    done = {**sweep(w0_05=result(True, 0.30, 0.30)), "robust": result(True, 0.32, cost=1.5), "paper": result(True, 0.2)}
+    done = {
+        **sweep(w0_05=result(True, 0.30, 0.30)),
+        "robust": result(True, 0.32, cost=1.5),
+        "paper": result(True, 0.2),
+    }
     evaluation = replace_seed(TWO_TARGETS, 120)
     scenarios = [
         (TWO_TARGETS, {"seed": 0}, done),
         (evaluation, {"seed": 120, "frozen_commit": "abc1234"}, done),
-        (replace_seed(TWO_TARGETS, 121), {"seed": 121, "frozen_commit": "abc1234"}, {"robust": result(True, 0.1)}),
+        (
+            replace_seed(TWO_TARGETS, 121),
+            {"seed": 121, "frozen_commit": "abc1234"},
+            {"robust": result(True, 0.1)},
+        ),
     ]
     report = families.family_report(scenarios)
     assert report["rule_of_thumb_mass"] == 0.05 and report["frozen_commits"] == ["abc1234"]
@@ -486,8 +636,14 @@ def test_the_report_lists_every_scenario_that_ran_and_the_goal_per_split():
     assert "row" not in report["scenarios"]["s121"]
     assert sorted(report["goal"]) == ["development", "evaluation"]
     table = families.markdown(report)
-    assert "| s121 | evaluation | strings, dates | prose | code-heldout; none | 0.0001 | 128 | 1 of 12 | 10.0% | incomplete |" in table
-    assert "| s120 | evaluation | strings, dates | prose | code-heldout; none | 0.0001 | 128 | 12 of 12 | 32.0% | yes | 20.0% |" in table
+    assert (
+        "| s121 | evaluation | strings, dates | prose | code-heldout; none | 0.0001 | 128 | 1 of 12 | 10.0% | incomplete |"
+        in table
+    )
+    assert (
+        "| s120 | evaluation | strings, dates | prose | code-heldout; none | 0.0001 | 128 | 12 of 12 | 32.0% | yes | 20.0% |"
+        in table
+    )
     assert table.count("| s0") == 1 and table.count("| s12") == 2
     assert "The goal on the evaluation split:" in table
 
@@ -508,7 +664,11 @@ def test_results_are_read_from_run_folders(tmp_path, quick_base, single_thread):
     families.record_scenario(out / scenario.name, scenario, None)
     for label in ("robust", "fixed-w1"):
         config = families.scenario_config(
-            scenario, quick_base, out / "data", out / scenario.name / label, families.plan(scenario)[label]
+            scenario,
+            quick_base,
+            out / "data",
+            out / scenario.name / label,
+            families.plan(scenario)[label],
         )
         config["evaluation"] = {"interval": 4, "batches": 2, "reduced_batches": 1}
         train_run(config)
@@ -523,4 +683,7 @@ def test_results_are_read_from_run_folders(tmp_path, quick_base, single_thread):
     assert results["robust"]["predicted_cost"] > 1.0
     report = families.family_report([(read, record, results)])
     assert "row" not in report["scenarios"]["s003"]  # the sweep's other masses did not run
-    assert "| s003 | development | strings | prose | code-heldout; none | 0.0001 | 8 | 2 of 12 |" in families.markdown(report)
+    assert (
+        "| s003 | development | strings | prose | code-heldout; none | 0.0001 | 8 | 2 of 12 |"
+        in families.markdown(report)
+    )

@@ -91,9 +91,13 @@ def test_anchor_uses_exactly_the_probe_batches():
     # With per-batch offsets, a recycled anchor over all batches would bias the slopes;
     # the anchor is the mean over the probe's first R batches, so slopes stay exact.
     learner = ToyLearner(SLOPES, INITIAL, num_batches=10)
-    history = run(DynamicsPolicy(build_schedule([0], 32)), learner, eval_interval=32, reduced_batches=3)
+    history = run(
+        DynamicsPolicy(build_schedule([0], 32)), learner, eval_interval=32, reduced_batches=3
+    )
     update = history.updates[0]
-    np.testing.assert_allclose(update.current_losses, INITIAL + learner.offsets["eval"][:, :3].mean(axis=1))
+    np.testing.assert_allclose(
+        update.current_losses, INITIAL + learner.offsets["eval"][:, :3].mean(axis=1)
+    )
     np.testing.assert_allclose(update.slope_matrix, SLOPES, atol=1e-12)
 
 
@@ -121,9 +125,13 @@ def test_the_loop_announces_each_phase_before_it_starts():
         callbacks=LoopCallbacks(on_phase=lambda phase, step: phases.append((phase, step))),
     )
     assert phases == [
-        ("evaluation", 0), ("update", 0), ("training", 0),
-        ("update", 8), ("training", 8),
-        ("evaluation", 16), ("training", 16),
+        ("evaluation", 0),
+        ("update", 0),
+        ("training", 0),
+        ("update", 8),
+        ("training", 8),
+        ("evaluation", 16),
+        ("training", 16),
         ("evaluation", 32),
     ]
 
@@ -195,8 +203,14 @@ def run_hidden(max_backtracks, backtrack_patience=1):
     learner = StateLoggingLearner(HIDDEN_SLOPES, HIDDEN_INITIAL, effect=hidden_harm)
     policy = RecordingPolicy(DynamicsPolicy(build_schedule([0, 32], 96, probe_cap=4)))
     history = run_mixture_training(
-        learner, policy, targets=[0], constraints=[1], eval_interval=16, reduced_batches=4,
-        max_backtracks=max_backtracks, backtrack_patience=backtrack_patience,
+        learner,
+        policy,
+        targets=[0],
+        constraints=[1],
+        eval_interval=16,
+        reduced_batches=4,
+        max_backtracks=max_backtracks,
+        backtrack_patience=backtrack_patience,
     )
     return learner, policy, history
 
@@ -295,7 +309,9 @@ def test_a_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(crash_afte
         policy = DynamicsPolicy(build_schedule([0, 8, 32], 96, probe_cap=4), options=options)
         return learner, policy
 
-    kwargs = dict(targets=[0], constraints=[1], eval_interval=16, reduced_batches=4, max_backtracks=2)
+    kwargs = dict(
+        targets=[0], constraints=[1], eval_interval=16, reduced_batches=4, max_backtracks=2
+    )
     checkpoints = range(8, 96, 8)
     learner, policy = fresh()
     full = run_mixture_training(learner, policy, checkpoint_steps=checkpoints, **kwargs)
@@ -309,7 +325,10 @@ def test_a_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(crash_afte
     def save(controller):
         # What the engine writes to disk: the loop's state (through JSON, as in a resume
         # point) and the learner's, at this point.
-        saved["loop"] = SavedLoop(json.loads(json.dumps(controller.state_dict())), copy.deepcopy(controller.feasible_snapshot))
+        saved["loop"] = SavedLoop(
+            json.loads(json.dumps(controller.state_dict())),
+            copy.deepcopy(controller.feasible_snapshot),
+        )
         saved["learner"] = learner_a.snapshot()
 
     def crash(steps, step_now):
@@ -319,13 +338,18 @@ def test_a_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(crash_afte
     learner_a, policy_a = fresh()
     with pytest.raises(Crash):
         run_mixture_training(
-            learner_a, policy_a, checkpoint_steps=checkpoints,
-            callbacks=LoopCallbacks(on_train=crash, on_checkpoint=save), **kwargs,
+            learner_a,
+            policy_a,
+            checkpoint_steps=checkpoints,
+            callbacks=LoopCallbacks(on_train=crash, on_checkpoint=save),
+            **kwargs,
         )
     assert saved["loop"].state["step"] <= crash_after
     learner_b, policy_b = fresh()
     learner_b.restore(saved["learner"])
-    resumed = run_mixture_training(learner_b, policy_b, checkpoint_steps=checkpoints, resume=saved["loop"], **kwargs)
+    resumed = run_mixture_training(
+        learner_b, policy_b, checkpoint_steps=checkpoints, resume=saved["loop"], **kwargs
+    )
     assert records_of(resumed) == records_of(full)
     np.testing.assert_array_equal(learner_b.steps_per_dataset, learner.steps_per_dataset)
 
@@ -337,15 +361,28 @@ def test_resume_refuses_a_changed_schedule():
     saved = []
     learner = ToyLearner(SLOPES, INITIAL)
     run_mixture_training(
-        learner, DynamicsPolicy(build_schedule([0, 32], 64)), targets=[0], constraints=[1, 2],
-        eval_interval=16, reduced_batches=4, checkpoint_steps=[16],
-        callbacks=LoopCallbacks(on_checkpoint=lambda controller: saved.append(SavedLoop(controller.state_dict()))),
+        learner,
+        DynamicsPolicy(build_schedule([0, 32], 64)),
+        targets=[0],
+        constraints=[1, 2],
+        eval_interval=16,
+        reduced_batches=4,
+        checkpoint_steps=[16],
+        callbacks=LoopCallbacks(
+            on_checkpoint=lambda controller: saved.append(SavedLoop(controller.state_dict()))
+        ),
     )
     assert [point.state["step"] for point in saved] == [16]
     with pytest.raises(ValueError, match="checkpoint interval changed"):
         run_mixture_training(
-            ToyLearner(SLOPES, INITIAL), DynamicsPolicy(build_schedule([0, 32], 64)), targets=[0],
-            constraints=[1, 2], eval_interval=8, reduced_batches=4, checkpoint_steps=[16], resume=saved[0],
+            ToyLearner(SLOPES, INITIAL),
+            DynamicsPolicy(build_schedule([0, 32], 64)),
+            targets=[0],
+            constraints=[1, 2],
+            eval_interval=8,
+            reduced_batches=4,
+            checkpoint_steps=[16],
+            resume=saved[0],
         )
 
 

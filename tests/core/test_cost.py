@@ -189,7 +189,10 @@ def test_cli_options_change_the_cost(run_cli) -> None:
     dense = ("--schedule", "dense-warmup", "--steps", "256")
     assert relative(*dense, "--probe-min", "8") > relative(*dense) > 1
     code, _, err = run_cli("--scenario", "paper/s11", *dense, "--probe-min", "32")
-    assert code == 2 and "--probe-min: probe_min must be a whole number of steps from 1 to probe_cap (16)" in err
+    assert (
+        code == 2
+        and "--probe-min: probe_min must be a whole number of steps from 1 to probe_cap (16)" in err
+    )
 
 
 def test_cli_paper_tables(run_cli) -> None:
@@ -230,19 +233,39 @@ def test_recorded_cost_counts_what_the_run_did():
 
     def update(step, budget, recycled, probed=True):
         return UpdateRecord(
-            policy="p", step=step, horizon=8, probe_budget=budget, weights=np.ones(2) / 2,
-            current_losses=np.zeros(3), recycled_anchor=recycled,
+            policy="p",
+            step=step,
+            horizon=8,
+            probe_budget=budget,
+            weights=np.ones(2) / 2,
+            current_losses=np.zeros(3),
+            recycled_anchor=recycled,
             slope_matrix=np.zeros((3, 2)) if probed else None,
         )
 
-    model = CostModel(train_fwd_ratio=3.0, eval_interval=8, main_eval_batches=10, reduced_eval_batches=5)
-    common = dict(n_datasets=2, n_domains=3, total_steps=16, evaluations=3, plain_evaluations=3, test_eval_batches=10, model=model)
+    model = CostModel(
+        train_fwd_ratio=3.0, eval_interval=8, main_eval_batches=10, reduced_eval_batches=5
+    )
+    common = dict(
+        n_datasets=2,
+        n_domains=3,
+        total_steps=16,
+        evaluations=3,
+        plain_evaluations=3,
+        test_eval_batches=10,
+        model=model,
+    )
     fixed_run = 16 * 3.0 + 3 * 3 * (10 + 10)  # training + 3 main evaluations of eval and test
     # A fixed mixture: one recycled anchor, no probes.
-    assert recorded_relative_cost([update(0, 0, True, probed=False)], trained_steps=16, **common) == 1.0
+    assert (
+        recorded_relative_cost([update(0, 0, True, probed=False)], trained_steps=16, **common)
+        == 1.0
+    )
     # DynaMiCS: two updates probing both datasets for 4 steps; the second anchor is fresh.
     probes = 2 * (2 * (4 * 3.0 + 3 * 5))
-    cost = recorded_relative_cost([update(0, 4, True), update(4, 4, False)], trained_steps=16, **common)
+    cost = recorded_relative_cost(
+        [update(0, 4, True), update(4, 4, False)], trained_steps=16, **common
+    )
     assert cost == pytest.approx((fixed_run + probes + 3 * 5) / fixed_run)
     # A backtrack that trained 8 steps again and evaluated once more costs that on top.
     retrained = recorded_relative_cost(

@@ -226,7 +226,9 @@ def test_chosen_at_k_matches_sampling_and_the_pool_extremes():
         kept = draws[np.arange(len(draws)), selection[draws].argmax(axis=1)]
         assert chosen_at_k(selection, reported, k) == pytest.approx(reported[kept].mean(), abs=3e-3)
     assert chosen_at_k(selection, reported, 1) == pytest.approx(reported.mean())
-    assert chosen_at_k(selection, reported, 500) == pytest.approx(0.45, abs=1e-6)  # the eval-best run
+    assert chosen_at_k(selection, reported, 500) == pytest.approx(
+        0.45, abs=1e-6
+    )  # the eval-best run
     # Fractional k lies between its neighbours.
     low, mid, high = (chosen_at_k(selection, selection, k) for k in (2, 2.5, 3))
     assert low < mid < high
@@ -245,20 +247,30 @@ def test_the_change_standard_error_is_taken_batch_by_batch() -> None:
     # Domain 0 moved by the same 0.1 on every batch: no error, however spread its batches are.
     # Domain 1 moved by +0.2, 0, +0.2, 0: sample std 0.1155 over sqrt(4).
     later = batched(8, [[1.9, 2.1, 2.3, 2.5], [1.2, 3.0, 1.2, 3.0]], [2.2, 2.1])
-    np.testing.assert_allclose(change_standard_error(later, base), [0.0, np.std([0.2, 0, 0.2, 0], ddof=1) / 2], atol=1e-12)
+    np.testing.assert_allclose(
+        change_standard_error(later, base), [0.0, np.std([0.2, 0, 0.2, 0], ddof=1) / 2], atol=1e-12
+    )
 
 
-def test_a_margin_prefers_the_checkpoint_that_clears_it_and_falls_back_to_the_best_feasible() -> None:
+def test_a_margin_prefers_the_checkpoint_that_clears_it_and_falls_back_to_the_best_feasible() -> (
+    None
+):
     # Domain 0 the target, domain 1 a constraint loss at 1.0 on each of 4 batches.
     base = batched(0, [[2.0] * 4, [1.0] * 4], [2.0, 1.0])
-    edge = batched(64, [[1.5] * 4, [0.99, 1.0, 0.97, 1.02]], [1.5, 1.01])  # slack 0.005, error 0.011
-    clear = batched(128, [[1.7] * 4, [0.95, 0.96, 0.95, 0.94]], [1.7, 0.95])  # slack 0.05, error 0.004
+    edge = batched(
+        64, [[1.5] * 4, [0.99, 1.0, 0.97, 1.02]], [1.5, 1.01]
+    )  # slack 0.005, error 0.011
+    clear = batched(
+        128, [[1.7] * 4, [0.95, 0.96, 0.95, 0.94]], [1.7, 0.95]
+    )  # slack 0.05, error 0.004
     run = [base, edge, clear]
     assert best_feasible_checkpoint(run, (0,), (1,)).step == 64  # the paper's choice
     assert best_feasible_checkpoint(run, (0,), (1,), margin=0.0).step == 64
     assert clears_margin(clear, base, (1,), 2.0) and not clears_margin(edge, base, (1,), 2.0)
     assert best_feasible_checkpoint(run, (0,), (1,), margin=2.0).step == 128
-    assert constrained_perplexity_reduction(run, (0,), (1,), margin=2.0) == pytest.approx(1 - np.exp(-0.3))
+    assert constrained_perplexity_reduction(run, (0,), (1,), margin=2.0) == pytest.approx(
+        1 - np.exp(-0.3)
+    )
     # Where no feasible checkpoint clears the margin, the best feasible one is kept: the
     # margin never makes a feasible run infeasible.
     assert best_feasible_checkpoint([base, edge], (0,), (1,), margin=2.0).step == 64
@@ -286,7 +298,9 @@ def test_a_margin_keeps_the_constraints_on_a_split_the_choice_did_not_see() -> N
         for k, slack in enumerate(true_slack):
             per_batch = 1.0 - slack + rng.normal(0.0, 0.04, 8)
             test = 1.0 - slack + rng.normal(0.0, 0.04 / np.sqrt(8))
-            points.append(batched(64 * (k + 1), [[1.0 + slack] * 8, per_batch], [1.0 + slack, test]))
+            points.append(
+                batched(64 * (k + 1), [[1.0 + slack] * 8, per_batch], [1.0 + slack, test])
+            )
         for margin in breaks:
             best = best_feasible_checkpoint(points, (0,), (1,), margin)
             if best is None:  # every checkpoint over its reference on eval

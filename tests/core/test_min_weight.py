@@ -76,7 +76,9 @@ def test_the_problem_above_the_floor_predicts_the_same_losses(m: float):
     for v in np.random.default_rng(2).dirichlet(np.ones(3), size=20):
         w = problem.floored(v)
         assert_floored_mixture(w, m)
-        np.testing.assert_allclose(free.predicted_losses(v), problem.predicted_losses(w), rtol=1e-13)
+        np.testing.assert_allclose(
+            free.predicted_losses(v), problem.predicted_losses(w), rtol=1e-13
+        )
         expected = problem.target_objective(w) - m * problem.slopes[[0, 1]].sum()
         assert free.target_objective(v) == pytest.approx(expected, rel=1e-10, abs=1e-16)
         if m < 1 / 3:
@@ -185,7 +187,9 @@ def test_direct_candidate_with_a_floor_matches_brute_force_above_it(kind: str, s
     worst = np.array([rp.violations(w).max() for w in points])
     if direct.feasible:
         assert rp.max_violation(direct.weights) <= FEASIBILITY_TOL
-        assert rp.objective(direct.weights) <= min(rp.objective(w) for w in points[worst <= 0]) + 1e-7
+        assert (
+            rp.objective(direct.weights) <= min(rp.objective(w) for w in points[worst <= 0]) + 1e-7
+        )
     else:
         assert worst.min() > -1e-6
         assert rp.violations(direct.weights).max() <= worst.min() + 1e-6
@@ -193,7 +197,9 @@ def test_direct_candidate_with_a_floor_matches_brute_force_above_it(kind: str, s
 
 def test_to_floored_simplex_is_to_simplex_without_a_floor_and_clips_to_the_floor():
     w = np.array([0.5, -1e-17, 0.5000000001])
-    np.testing.assert_array_equal(to_floored_simplex(w, 0.0), np.clip(w, 0, None) / np.clip(w, 0, None).sum())
+    np.testing.assert_array_equal(
+        to_floored_simplex(w, 0.0), np.clip(w, 0, None) / np.clip(w, 0, None).sum()
+    )
     floored = to_floored_simplex(np.array([0.6, 0.05, 0.35]), 0.1)
     assert_floored_mixture(floored, 0.1)
     np.testing.assert_allclose(floored, [0.1 + 0.7 * 0.5 / 0.75, 0.1, 0.1 + 0.7 * 0.25 / 0.75])
@@ -205,12 +211,17 @@ def test_to_floored_simplex_is_to_simplex_without_a_floor_and_clips_to_the_floor
 SLOPES = np.array([[-0.010, -0.001, 0.000], [0.004, -0.001, 0.000], [0.001, -0.0005, 0.0]])
 
 
-@pytest.mark.parametrize("options", [RobustOptions(), RobustOptions(lp_candidate=True, target_noise=1.0, gain_exponent=0.5)])
+@pytest.mark.parametrize(
+    "options",
+    [RobustOptions(), RobustOptions(lp_candidate=True, target_noise=1.0, gain_exponent=0.5)],
+)
 def test_policy_updates_keep_the_floor_and_say_so(options: RobustOptions):
     schedule = build_schedule([0, 8, 16, 32], 64, probe_cap=8)
     learner = ToyLearner(SLOPES, np.array([3.0, 1.0, 1.0]))
     policy = DynamicsPolicy(schedule, options=options, min_weight=0.2)
-    history = run_mixture_training(learner, policy, targets=[0], constraints=[1, 2], eval_interval=16, reduced_batches=4)
+    history = run_mixture_training(
+        learner, policy, targets=[0], constraints=[1, 2], eval_interval=16, reduced_batches=4
+    )
     assert len(history.updates) == 4
     for update in history.updates:
         assert_floored_mixture(update.weights, 0.2)

@@ -37,7 +37,9 @@ ROBUST_ALONE = replace(VARIANTS["robust"], answer_tolerance=0.0, target_floor=0.
 """The robust variant without its answer tolerance and target floor, which would mask what the
 tests built on it show (a fallback, an accuracy read two ways, a drift)."""
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
 
 
 # ------------------------------------------------------------- standard errors of accuracies
@@ -66,14 +68,19 @@ def test_binomial_error_is_positive_and_at_most_that_of_a_coin(questions: int, a
 def test_a_measured_spread_above_the_binomial_floor_is_kept():
     anchor = np.full((1, 4), -0.5)
     probed = (anchor + np.array([0.2, -0.2, 0.3, -0.1]))[None]
-    errors = slope_standard_errors(anchor, probed, probe_budget=1, kinds=[DomainKind("accuracy", 100)])
+    errors = slope_standard_errors(
+        anchor, probed, probe_budget=1, kinds=[DomainKind("accuracy", 100)]
+    )
     assert errors[0, 0] == pytest.approx(np.std([0.2, -0.2, 0.3, -0.1], ddof=1) / 2)
 
 
 # ------------------------------------------------------------- calibration only tightens
 
 
-@given(st.lists(st.tuples(st.floats(-1, 1), st.integers(1, 128)), min_size=1, max_size=12), st.integers(1, 256))
+@given(
+    st.lists(st.tuples(st.floats(-1, 1), st.integers(1, 128)), min_size=1, max_size=12),
+    st.integers(1, 256),
+)
 @SETTINGS
 def test_calibration_never_loosens_a_constraint(errors: list[tuple[float, int]], horizon: int):
     calibration = PredictionCalibration(1)
@@ -93,8 +100,12 @@ NOISY_INITIAL = np.array([3.0, 2.0])
 
 def noisy_run(options: RobustOptions, seed: int, noise: float = 0.02):
     learner = ToyLearner(NOISY_SLOPES, NOISY_INITIAL, seed=seed, noise=noise)
-    policy = DynamicsPolicy(build_schedule([0, 8, 16, 32, 48, 64, 80, 96, 112], 128, probe_cap=8), options=options)
-    return run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4)
+    policy = DynamicsPolicy(
+        build_schedule([0, 8, 16, 32, 48, 64, 80, 96, 112], 128, probe_cap=8), options=options
+    )
+    return run_mixture_training(
+        learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4
+    )
 
 
 @pytest.mark.parametrize(
@@ -107,14 +118,21 @@ def noisy_run(options: RobustOptions, seed: int, noise: float = 0.02):
         (np.full(3, np.nan), False),
     ],
 )
-def test_a_direct_solve_without_success_is_recorded_and_its_answer_used_only_when_checked(monkeypatch, stop, used):
+def test_a_direct_solve_without_success_is_recorded_and_its_answer_used_only_when_checked(
+    monkeypatch, stop, used
+):
     def failing(fun, x0, **kwargs):
-        return OptimizeResult(x=stop.copy(), success=False, message="Positive directional derivative for linesearch")
+        return OptimizeResult(
+            x=stop.copy(), success=False, message="Positive directional derivative for linesearch"
+        )
 
     monkeypatch.setattr(robust_module, "minimize", failing)
     updates = noisy_run(RobustOptions(lp_candidate=True, target_noise=1.0), seed=0).updates
     for update in updates:
-        assert update.extra["robust"]["solver_failure"] == "Positive directional derivative for linesearch"
+        assert (
+            update.extra["robust"]["solver_failure"]
+            == "Positive directional derivative for linesearch"
+        )
     chosen = [update for update in updates if update.extra["robust"]["source"] == "direct"]
     assert chosen  # seed 0 makes the direct candidate win at least once
     for update in chosen:
@@ -129,8 +147,16 @@ def test_a_direct_solve_without_success_is_recorded_and_its_answer_used_only_whe
 def test_perturbed_evaluations_multiply_each_value_by_a_seeded_draw():
     learner = ToyLearner(NOISY_SLOPES, NOISY_INITIAL)
     plain = learner.evaluate("eval").per_batch
-    first = PerturbedEvaluations(ToyLearner(NOISY_SLOPES, NOISY_INITIAL), 1e-3, seed=5).evaluate("eval").per_batch
-    again = PerturbedEvaluations(ToyLearner(NOISY_SLOPES, NOISY_INITIAL), 1e-3, seed=5).evaluate("eval").per_batch
+    first = (
+        PerturbedEvaluations(ToyLearner(NOISY_SLOPES, NOISY_INITIAL), 1e-3, seed=5)
+        .evaluate("eval")
+        .per_batch
+    )
+    again = (
+        PerturbedEvaluations(ToyLearner(NOISY_SLOPES, NOISY_INITIAL), 1e-3, seed=5)
+        .evaluate("eval")
+        .per_batch
+    )
     np.testing.assert_array_equal(first, again)
     ratio = first / plain - 1.0
     assert 0 < np.abs(ratio).max() < 5e-3 and not np.allclose(ratio, ratio.flat[0])
@@ -142,7 +168,12 @@ def test_a_run_under_perturbed_evaluations_trains_the_wrapped_learner():
     learner = ToyLearner(NOISY_SLOPES, NOISY_INITIAL)
     policy = DynamicsPolicy(build_schedule([0, 16], 32, probe_cap=4))
     history = run_mixture_training(
-        PerturbedEvaluations(learner, 1e-6), policy, targets=[0], constraints=[1], eval_interval=16, reduced_batches=4
+        PerturbedEvaluations(learner, 1e-6),
+        policy,
+        targets=[0],
+        constraints=[1],
+        eval_interval=16,
+        reduced_batches=4,
     )
     assert learner.trained_steps == 32
     assert history.dataset_names == learner.dataset_names
@@ -153,7 +184,9 @@ class ProbesItself(ToyLearner):
 
     def probe_all(self, checkpoints, num_batches):
         snapshot = self.snapshot()
-        evaluations, expected, seconds = probe_in_turn(self, range(len(self.dataset_names)), checkpoints, num_batches, snapshot)
+        evaluations, expected, seconds = probe_in_turn(
+            self, range(len(self.dataset_names)), checkpoints, num_batches, snapshot
+        )
         self.restore(snapshot)
         return ProbeRuns(evaluations, seconds, [[0]] * len(seconds), expected)
 
@@ -185,14 +218,23 @@ def tied(steps: np.ndarray) -> np.ndarray:
 
 def tied_run(relative_noise: float, noise_seed: int = 0):
     learner = ToyLearner(TIED_SLOPES, NOISY_INITIAL, effect=tied)
-    run_on = PerturbedEvaluations(learner, relative_noise, noise_seed) if relative_noise > 0 else learner
-    policy = DynamicsPolicy(build_schedule([0, 1, 2, 4, 8, 16, 32, 64], 128, probe_cap=16), options=VARIANTS["robust"])
-    return run_mixture_training(run_on, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4)
+    run_on = (
+        PerturbedEvaluations(learner, relative_noise, noise_seed) if relative_noise > 0 else learner
+    )
+    policy = DynamicsPolicy(
+        build_schedule([0, 1, 2, 4, 8, 16, 32, 64], 128, probe_cap=16), options=VARIANTS["robust"]
+    )
+    return run_mixture_training(
+        run_on, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4
+    )
 
 
 def largest_difference(a, b) -> float:
     """The largest L1 distance between the two runs' mixtures at the same update."""
-    return max(float(np.abs(x.weights - y.weights).sum()) for x, y in zip(a.updates, b.updates, strict=True))
+    return max(
+        float(np.abs(x.weights - y.weights).sum())
+        for x, y in zip(a.updates, b.updates, strict=True)
+    )
 
 
 def test_differences_below_the_resolution_are_read_as_none():
@@ -206,12 +248,20 @@ def test_differences_below_the_resolution_are_read_as_none():
     )
     # Domain 2 is an accuracy over 48 questions: its changes are whole answers.
     resolved = at_resolution(problem, probe_budget=16, questions=[0, 0, 48])
-    np.testing.assert_array_equal(resolved.slopes[:2], [[-1e-3, -2e-3], [0.0, 1e-3]])  # 16 * 3e-7 < 1e-5
+    np.testing.assert_array_equal(
+        resolved.slopes[:2], [[-1e-3, -2e-3], [0.0, 1e-3]]
+    )  # 16 * 3e-7 < 1e-5
     np.testing.assert_allclose(resolved.slopes[2], [-1 / 48 / 16, 2 / 48 / 16], rtol=0, atol=1e-17)
     np.testing.assert_array_equal(resolved.current_losses[:2], [3.0, 2.0])
     assert resolved.current_losses[2] == -0.75 + 1 / 48
-    far = replace(problem, current_losses=np.array([3.0, 2.0 + 1e-4, -0.75 + 0.01]), slopes=problem.slopes * 100)
-    np.testing.assert_array_equal(at_resolution(far, 16, [0, 0, 48]).current_losses, far.current_losses)
+    far = replace(
+        problem,
+        current_losses=np.array([3.0, 2.0 + 1e-4, -0.75 + 0.01]),
+        slopes=problem.slopes * 100,
+    )
+    np.testing.assert_array_equal(
+        at_resolution(far, 16, [0, 0, 48]).current_losses, far.current_losses
+    )
     np.testing.assert_array_equal(at_resolution(far, 16, [0, 0, 48]).slopes[:2], far.slopes[:2])
     with pytest.raises(ValueError, match="questions"):
         at_resolution(problem, 16, [0, 48])
@@ -222,7 +272,8 @@ def fallback_choice(perturbation: np.ndarray, resolve: bool) -> np.ndarray:
     # back in their 8-step probe, and the 8-step horizon wins back one more at most, so no
     # mixture is feasible and both tie on the violation. The tie goes to the target's data.
     problem = MixtureProblem(
-        slopes=np.array([[-3e-3, -1e-3, 0.0], [-1 / 48 / 8, -1 / 48 / 8, 0.0]]) * (1 + perturbation),
+        slopes=np.array([[-3e-3, -1e-3, 0.0], [-1 / 48 / 8, -1 / 48 / 8, 0.0]])
+        * (1 + perturbation),
         current_losses=np.array([3.0, -0.75 + 2 / 48]) * (1 + 1e-6 * perturbation[:, 2]),
         reference_losses=np.array([np.nan, -0.75]),
         targets=(0,),
@@ -231,14 +282,20 @@ def fallback_choice(perturbation: np.ndarray, resolve: bool) -> np.ndarray:
     )
     if resolve:
         problem = at_resolution(problem, probe_budget=8, questions=[0, 48])
-    rp = RobustProblem(problem, np.full((2, 3), 1e-4), target_z=1.0, gain_exponent=0.5, probe_budget=8)
-    return select_robust(rp, [c.weights for c in grid_candidates(problem)], solve_direct(rp)).weights
+    rp = RobustProblem(
+        problem, np.full((2, 3), 1e-4), target_z=1.0, gain_exponent=0.5, probe_budget=8
+    )
+    return select_robust(
+        rp, [c.weights for c in grid_candidates(problem)], solve_direct(rp)
+    ).weights
 
 
 def test_two_datasets_that_won_back_the_same_answers_tie_in_the_fallback():
     rng = np.random.default_rng(0)
     draws = [1e-6 * rng.standard_normal((2, 3)) for _ in range(8)]
-    np.testing.assert_allclose(fallback_choice(np.zeros((2, 3)), resolve=True), [1.0, 0.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(
+        fallback_choice(np.zeros((2, 3)), resolve=True), [1.0, 0.0, 0.0], atol=1e-6
+    )
     for draw in draws:
         np.testing.assert_allclose(fallback_choice(draw, resolve=True), [1.0, 0.0, 0.0], atol=1e-6)
     # Read exactly, the hair decides: dataset 1 wins whenever its slope draws the larger gain.
@@ -248,12 +305,16 @@ def test_two_datasets_that_won_back_the_same_answers_tie_in_the_fallback():
 @pytest.mark.parametrize("noise_seed", [0, 1, 2, 3])
 def test_a_tie_at_the_reference_is_decided_alike_on_two_machines(noise_seed: int):
     plain = tied_run(0.0)
-    assert {u.current_losses[1] for u in plain.updates} == {plain.updates[0].current_losses[1]}  # at a tie
+    assert {u.current_losses[1] for u in plain.updates} == {
+        plain.updates[0].current_losses[1]
+    }  # at a tie
     assert largest_difference(plain, tied_run(1e-6, noise_seed)) < 1e-3
 
 
 def test_read_exactly_the_same_tie_flips_decisions(monkeypatch):
-    monkeypatch.setattr(policies_module, "at_resolution", lambda problem, probe_budget, questions: problem)
+    monkeypatch.setattr(
+        policies_module, "at_resolution", lambda problem, probe_budget, questions: problem
+    )
     plain = tied_run(0.0)
     assert max(largest_difference(plain, tied_run(1e-6, seed)) for seed in range(4)) > 0.5
 
@@ -284,7 +345,11 @@ class ExpectedAccuracyLearner(ToyLearner):
 
     def __init__(self, seed: int) -> None:
         super().__init__(
-            QUANTIZED_SLOPES, ACCURACY_INITIAL, seed=seed, noise=2e-4, effect=quantized,
+            QUANTIZED_SLOPES,
+            ACCURACY_INITIAL,
+            seed=seed,
+            noise=2e-4,
+            effect=quantized,
             kinds=[DomainKind("loss", 4), DomainKind("accuracy", 50)],
         )
         for offsets in self.offsets.values():
@@ -303,7 +368,11 @@ def expected_accuracy_run(options: RobustOptions, seed: int):
     learner = ExpectedAccuracyLearner(seed)
     schedule = build_schedule([0, 8, 16, 32, 64, 96, 128, 160, 192, 224], 256, probe_cap=4)
     history = run_mixture_training(
-        learner, DynamicsPolicy(schedule, options=options), targets=[0], constraints=[1], eval_interval=32,
+        learner,
+        DynamicsPolicy(schedule, options=options),
+        targets=[0],
+        constraints=[1],
+        eval_interval=32,
         reduced_batches=4,
     )
     return history, learner.values() - ACCURACY_INITIAL
@@ -344,7 +413,12 @@ class DriftLearner(ToyLearner):
 
     def __init__(self, seed: int) -> None:
         super().__init__(
-            DRIFT_SLOPES, np.array([3.0, -0.5]), num_batches=4, seed=seed, noise=2e-6, effect=unflipped,
+            DRIFT_SLOPES,
+            np.array([3.0, -0.5]),
+            num_batches=4,
+            seed=seed,
+            noise=2e-6,
+            effect=unflipped,
             kinds=[DomainKind("loss", 4), DomainKind("accuracy", 12)],
         )
         for offsets in self.offsets.values():
@@ -361,21 +435,29 @@ def drift_run(answer_tolerance: float, seed: int):
     schedule = build_schedule([0, 8, 16, 32, 64, 96, 128, 160, 192, 224], 256, probe_cap=4)
     options = replace(ROBUST_ALONE, answer_tolerance=answer_tolerance)
     history = run_mixture_training(
-        learner, DynamicsPolicy(schedule, options=options), targets=[0], constraints=[1], eval_interval=32,
+        learner,
+        DynamicsPolicy(schedule, options=options),
+        targets=[0],
+        constraints=[1],
+        eval_interval=32,
         reduced_batches=4,
     )
     return history, learner.values() - learner.initial
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_drift_of_the_correct_choices_too_small_to_flip_an_answer_does_not_break_every_mixture(seed: int):
+def test_a_drift_of_the_correct_choices_too_small_to_flip_an_answer_does_not_break_every_mixture(
+    seed: int,
+):
     # With the quiz at its reference every dataset is predicted to break it by a sliver of
     # an answer, so without a tolerance every update falls back to the least-violating
     # mixture, dataset 1 alone; half an answer of tolerance reads the sliver as no answer
     # lost, and the target's data is trained. No answer flips in either run.
     strict, strict_end = drift_run(0.0, seed)
     tolerant, tolerant_end = drift_run(0.5, seed)
-    assert sum(not u.extra["robust"]["feasible"] for u in strict.updates) >= len(strict.updates) - 1  # the case
+    assert (
+        sum(not u.extra["robust"]["feasible"] for u in strict.updates) >= len(strict.updates) - 1
+    )  # the case
     assert all(u.extra["robust"]["feasible"] for u in tolerant.updates)
     assert strict_end[1] == tolerant_end[1] == 0.0  # the quiz kept every answer
     assert tolerant_end[0] < strict_end[0] - 0.2  # the target learned far more
@@ -396,28 +478,42 @@ def test_an_answer_tolerance_needs_expected_accuracies_and_less_than_one_answer(
         horizon=8,
     )
     widened = with_answer_tolerance(problem, [0, 0, 48], 0.5)
-    np.testing.assert_array_equal(widened.reference_losses[1:], [2.0, -0.5 + 0.5 / 48])  # losses untouched
+    np.testing.assert_array_equal(
+        widened.reference_losses[1:], [2.0, -0.5 + 0.5 / 48]
+    )  # losses untouched
 
 
 def accuracy_updates(learner: ToyLearner, expected_accuracy: bool):
     options = replace(ROBUST_ALONE, expected_accuracy=expected_accuracy)
     policy = DynamicsPolicy(build_schedule([0, 4], 8, probe_cap=4), options=options)
-    return run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=8, reduced_batches=4).updates
+    return run_mixture_training(
+        learner, policy, targets=[0], constraints=[1], eval_interval=8, reduced_batches=4
+    ).updates
 
 
 def test_without_expected_accuracies_the_measured_ones_decide_and_the_record_says_so():
     # A learner whose evaluations report no expected accuracy: the option reads the
     # measured accuracy, as without it, and every update says so.
     def measured_only() -> ToyLearner:
-        learner = ToyLearner(QUANTIZED_SLOPES, ACCURACY_INITIAL, kinds=[DomainKind("loss", 4), DomainKind("accuracy", 50)])
+        learner = ToyLearner(
+            QUANTIZED_SLOPES,
+            ACCURACY_INITIAL,
+            kinds=[DomainKind("loss", 4), DomainKind("accuracy", 50)],
+        )
         for offsets in learner.offsets.values():
             offsets[1] *= 0.05  # per-batch accuracies within [-1, 0]
         return learner
 
     read, plain = (accuracy_updates(measured_only(), on) for on in (True, False))
     assert [u.weights.tolist() for u in read] == [u.weights.tolist() for u in plain]
-    assert all(u.extra["accuracy_slopes"].startswith("measured: the learner reports no expected") for u in read)
+    assert all(
+        u.extra["accuracy_slopes"].startswith("measured: the learner reports no expected")
+        for u in read
+    )
     # Without an accuracy domain there is nothing to read: the same decisions, no record.
-    loss_only = [accuracy_updates(ToyLearner(QUANTIZED_SLOPES, np.array([3.0, 2.0])), on) for on in (True, False)]
+    loss_only = [
+        accuracy_updates(ToyLearner(QUANTIZED_SLOPES, np.array([3.0, 2.0])), on)
+        for on in (True, False)
+    ]
     assert [u.weights.tolist() for u in loss_only[0]] == [u.weights.tolist() for u in loss_only[1]]
     assert all("accuracy_slopes" not in u.extra for u in loss_only[0])

@@ -17,7 +17,9 @@ def sweep_for(scenario):
 
 
 def test_uniform_and_proportional_schemes():
-    sweep = fixed_mixture_sweep(["target", "target", "non-target", "non-target"], [500, 1500, None, 100])
+    sweep = fixed_mixture_sweep(
+        ["target", "target", "non-target", "non-target"], [500, 1500, None, 100]
+    )
     by_label = {m.label: np.array(m.weights) for m in sweep}
     np.testing.assert_allclose(by_label["uniform-w0.2"], [0.1, 0.1, 0.4, 0.4])
     np.testing.assert_allclose(by_label["proportional-w0.2"], [0.05, 0.15, 0.4, 0.4])

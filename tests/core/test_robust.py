@@ -34,12 +34,16 @@ from dynamics.core.schedules import build_schedule
 from dynamics.core.solver import grid_candidates, solve, solve_lp
 from tests.core.toy_learner import ToyLearner
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+SETTINGS = settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
 
 
 def simplex_grid(n: int, resolution: int) -> np.ndarray:
     """Every point of the simplex with coordinates in multiples of 1/resolution, (P, n)."""
-    points = [c for c in itertools.product(range(resolution + 1), repeat=n - 1) if sum(c) <= resolution]
+    points = [
+        c for c in itertools.product(range(resolution + 1), repeat=n - 1) if sum(c) <= resolution
+    ]
     return np.array([[*c, resolution - sum(c)] for c in points], dtype=float) / resolution
 
 
@@ -48,7 +52,9 @@ def random_problem(seed: int, n: int = 3, slack: float = 0.05) -> tuple[MixtureP
     slopes = rng.normal(0.0, 1e-3, size=(3, n))
     current = np.array([2.0, 1.0, 1.5])
     reference = np.array([np.nan, 1.0 + slack * rng.uniform(), 1.5 + slack * rng.uniform()])
-    problem = MixtureProblem(slopes, current, reference, targets=(0,), constraints=(1, 2), horizon=64)
+    problem = MixtureProblem(
+        slopes, current, reference, targets=(0,), constraints=(1, 2), horizon=64
+    )
     errors = np.abs(rng.normal(0.0, 3e-4, size=(3, n)))
     return problem, errors
 
@@ -105,7 +111,9 @@ def test_direct_candidate_without_noise_is_the_lp_optimum():
         if lp.feasible:
             # solve_lp allows FEASIBILITY_TOL of violation, the direct candidate none: equal up
             # to what that tolerance buys (slopes are ~1e-3 per step, the horizon 64).
-            assert problem.target_objective(direct.weights) == pytest.approx(lp.objective, abs=1e-10)
+            assert problem.target_objective(direct.weights) == pytest.approx(
+                lp.objective, abs=1e-10
+            )
 
 
 def test_lp_candidate_recovers_the_feasible_interior_mixture_the_grid_misses():
@@ -151,8 +159,14 @@ def test_a_stuck_broken_constraint_does_not_hide_the_others():
     dataset 0, which breaks constraint 2 as well.
     The lexicographic fallback keeps constraint 2 and improves the target within it."""
     slopes = np.array([[-1e-3, 0.0, 0.0], [0.0, 0.0, 0.0], [1e-3, -1e-3, 0.0]])
-    problem = MixtureProblem(slopes, np.array([2.0, -0.80, 1.0]), np.array([np.nan, -0.85, 1.0]), (0,), (1, 2),
-                             horizon=16)
+    problem = MixtureProblem(
+        slopes,
+        np.array([2.0, -0.80, 1.0]),
+        np.array([np.nan, -0.85, 1.0]),
+        (0,),
+        (1, 2),
+        horizon=16,
+    )
     paper = solve(problem)
     assert paper.weights[0] > 0.95
     assert problem.violations(paper.weights)[1] > 0.01
@@ -177,8 +191,12 @@ def test_the_fallback_does_not_flip_under_evaluations_a_billionth_apart():
     for _ in range(20):
         nudged = slopes * (1 + 1e-9 * rng.normal(size=slopes.shape))
         current = np.array([2.0, -0.80, 1.0]) * (1 + 1e-9 * rng.normal(size=3))
-        problem = MixtureProblem(nudged, current, np.array([np.nan, -0.85, 1.0]), (0,), (1, 2), horizon=16)
-        direct = solve_direct(RobustProblem(problem, np.full_like(slopes, 1e-4), gain_exponent=0.5, probe_budget=4))
+        problem = MixtureProblem(
+            nudged, current, np.array([np.nan, -0.85, 1.0]), (0,), (1, 2), horizon=16
+        )
+        direct = solve_direct(
+            RobustProblem(problem, np.full_like(slopes, 1e-4), gain_exponent=0.5, probe_budget=4)
+        )
         assert not direct.feasible
         answers.append(direct.weights)
     answers = np.array(answers)
@@ -191,7 +209,9 @@ def test_target_noise_shares_weight_between_datasets_within_noise():
     # standard errors; no constraint binds. The paper's objective puts everything on the
     # marginally better one, the pessimistic one splits the weight.
     slopes = np.array([[-1.00e-3, -0.99e-3, 0.0], [0.0, 0.0, 0.0]])
-    problem = MixtureProblem(slopes, np.array([2.0, 1.0]), np.array([np.nan, 1.0]), (0,), (1,), horizon=64)
+    problem = MixtureProblem(
+        slopes, np.array([2.0, 1.0]), np.array([np.nan, 1.0]), (0,), (1,), horizon=64
+    )
     errors = np.array([[2e-4, 2e-4, 1e-5], [0.0, 0.0, 0.0]])
     np.testing.assert_allclose(solve(problem).weights, [1.0, 0.0, 0.0], atol=1e-9)
     direct = solve_direct(RobustProblem(problem, errors, target_z=1.0))
@@ -220,14 +240,22 @@ def test_tempered_progress_is_the_line_up_to_one_probe_then_a_concave_power():
         slopes = np.diff(phi) / np.diff(u)
         assert np.all(np.diff(slopes) <= 1e-12)  # concave
         # continuous with its slope at the probe's end
-        assert slopes[99] == pytest.approx(1.0, abs=1e-2) and slopes[100] == pytest.approx(1.0, abs=1e-2)
+        assert slopes[99] == pytest.approx(1.0, abs=1e-2) and slopes[100] == pytest.approx(
+            1.0, abs=1e-2
+        )
     np.testing.assert_array_equal(tempered_progress(u, 1.0), u)
     assert tempered_progress(np.array([4.0]), 0.5)[0] == pytest.approx(3.0)  # 1 + (2 - 1) / 0.5
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)
-@given(seed=st.integers(0, 10_000), p=st.sampled_from([0.3, 0.5, 0.8]), budget=st.sampled_from([4, 16, 64]))
-def test_diminishing_returns_are_never_more_optimistic_than_the_line(seed: int, p: float, budget: int):
+@given(
+    seed=st.integers(0, 10_000),
+    p=st.sampled_from([0.3, 0.5, 0.8]),
+    budget=st.sampled_from([4, 16, 64]),
+)
+def test_diminishing_returns_are_never_more_optimistic_than_the_line(
+    seed: int, p: float, budget: int
+):
     problem, _ = random_problem(seed)
     w = np.random.default_rng(seed).dirichlet(np.ones(3))
     linear = problem.horizon * problem.slopes @ w
@@ -243,7 +271,9 @@ def test_diminishing_returns_share_weight_when_no_constraint_binds():
     # better. Linear: all on dataset 1 (a vertex). Tempered: both, as training on both
     # targets would do; the optimum matches brute force on the tempered objective.
     slopes = np.array([[-0.010, 0.002], [0.001, -0.012]])
-    problem = MixtureProblem(slopes, np.array([1.0, 1.0]), np.full(2, np.nan), (0, 1), (), horizon=128)
+    problem = MixtureProblem(
+        slopes, np.array([1.0, 1.0]), np.full(2, np.nan), (0, 1), (), horizon=128
+    )
     linear = solve_direct(RobustProblem(problem, np.zeros_like(slopes), probe_budget=16))
     np.testing.assert_allclose(linear.weights, [0.0, 1.0], atol=1e-9)
     rp = RobustProblem(problem, np.zeros_like(slopes), gain_exponent=0.5, probe_budget=16)
@@ -266,7 +296,9 @@ def test_tempered_direct_candidate_matches_brute_force(seed: int, p: float):
     worst = np.array([rp.violations(w).max() for w in points])
     if direct.feasible:
         assert rp.max_violation(direct.weights) <= FEASIBILITY_TOL
-        assert rp.objective(direct.weights) <= min(rp.objective(w) for w in points[worst <= 0]) + 1e-7
+        assert (
+            rp.objective(direct.weights) <= min(rp.objective(w) for w in points[worst <= 0]) + 1e-7
+        )
     else:
         assert worst.min() > -1e-6
         assert rp.violations(direct.weights).max() <= worst.min() + 1e-6
@@ -393,7 +425,9 @@ def test_calibration_learns_a_bias_the_probes_cannot_see():
     weights = {}
     for calibration in (False, True):
         learner = ToyLearner(SLOPES, INITIAL, effect=accelerating)
-        policy = DynamicsPolicy(schedule, options=RobustOptions(lp_candidate=True, calibration=calibration))
+        policy = DynamicsPolicy(
+            schedule, options=RobustOptions(lp_candidate=True, calibration=calibration)
+        )
         history = run(policy, learner)
         weights[calibration] = np.array([u.weights[0] for u in history.updates])
         if calibration:

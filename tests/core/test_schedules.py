@@ -65,7 +65,9 @@ def test_probe_min_lengthens_only_the_shorter_probes():
 
 @pytest.mark.parametrize("probe_min", [0, 17, True, 2.5])
 def test_probe_min_outside_one_to_the_cap_is_refused(probe_min):
-    with pytest.raises(ScheduleError, match=r"probe_min must be a whole number of steps from 1 to probe_cap \(16\)"):
+    with pytest.raises(
+        ScheduleError, match=r"probe_min must be a whole number of steps from 1 to probe_cap \(16\)"
+    ):
         build_schedule("dense-warmup", 256, probe_min=probe_min)
 
 

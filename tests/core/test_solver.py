@@ -48,7 +48,9 @@ def summed_target_slopes(problem: MixtureProblem) -> np.ndarray:
     return problem.slopes[list(problem.targets)].sum(axis=0)
 
 
-def objectives_from_paper(problem: MixtureProblem, lam: float, eps: float, points: np.ndarray) -> np.ndarray:
+def objectives_from_paper(
+    problem: MixtureProblem, lam: float, eps: float, points: np.ndarray
+) -> np.ndarray:
     """Eq. 3.4 with eq. 3.3 substituted, at each column of ``points`` (N, P)."""
     c = list(problem.constraints)
     target = summed_target_slopes(problem) @ points
@@ -177,13 +179,17 @@ def make_problem(
 
 
 @st.composite
-def problems(draw: st.DrawFn, max_datasets: int = 5, max_domains: int = 5, margin: float | None = None) -> MixtureProblem:
+def problems(
+    draw: st.DrawFn, max_datasets: int = 5, max_domains: int = 5, margin: float | None = None
+) -> MixtureProblem:
     """Random updates with slopes of the size real ones have (|S_ij| <= 1e-2 loss per step),
     including zeros, ties and repeated columns. With ``margin`` set, the references are
     built from a random mixture w0 so that L_hat_i(w0) = L_ref_i - margin: the LP is feasible."""
     n = draw(st.integers(1, max_datasets))
     m = draw(st.integers(1, max_domains))
-    roles = draw(st.lists(st.sampled_from(["target", "constraint", "other"]), min_size=m, max_size=m))
+    roles = draw(
+        st.lists(st.sampled_from(["target", "constraint", "other"]), min_size=m, max_size=m)
+    )
     roles[draw(st.integers(0, m - 1))] = "target"
     slope = st.one_of(
         st.sampled_from([0.0, -1e-3, 1e-3]),
@@ -214,7 +220,9 @@ def benchmark_like(seed: int, n: int = 8, m: int = 8) -> MixtureProblem:
     return make_problem(slopes, current, reference, tuple(range(half)), tuple(range(half, m)), 64.0)
 
 
-grid_points = st.tuples(st.sampled_from(SolverGrid().lambdas), st.sampled_from(SolverGrid().epsilons))
+grid_points = st.tuples(
+    st.sampled_from(SolverGrid().lambdas), st.sampled_from(SolverGrid().epsilons)
+)
 
 
 # ---------------------------------------------------------------- solve_penalized
@@ -222,7 +230,9 @@ grid_points = st.tuples(st.sampled_from(SolverGrid().lambdas), st.sampled_from(S
 
 @SETTINGS
 @given(problems(), grid_points)
-def test_penalized_weights_are_on_the_simplex_and_certified_optimal(problem: MixtureProblem, point: tuple[float, float]) -> None:
+def test_penalized_weights_are_on_the_simplex_and_certified_optimal(
+    problem: MixtureProblem, point: tuple[float, float]
+) -> None:
     lam, eps = point
     w = solve_penalized(problem, lam, eps)
     assert_on_simplex(w, problem.num_datasets)
@@ -268,10 +278,16 @@ def test_penalized_agrees_with_trust_constr(seed: int) -> None:
 def test_penalized_warm_start_gives_the_same_optimum() -> None:
     problem = benchmark_like(3)
     cold = solve_penalized(problem, 500.0, 0.05)
-    for x0 in (np.full(problem.num_datasets, 1.0 / problem.num_datasets), cold, np.eye(problem.num_datasets)[2]):
+    for x0 in (
+        np.full(problem.num_datasets, 1.0 / problem.num_datasets),
+        cold,
+        np.eye(problem.num_datasets)[2],
+    ):
         warm = solve_penalized(problem, 500.0, 0.05, x0=x0)
         f_cold = objective_from_paper(problem, 500.0, 0.05, cold)
-        assert abs(objective_from_paper(problem, 500.0, 0.05, warm) - f_cold) <= tolerance(problem, f_cold)
+        assert abs(objective_from_paper(problem, 500.0, 0.05, warm) - f_cold) <= tolerance(
+            problem, f_cold
+        )
 
 
 def test_penalized_rejects_bad_arguments() -> None:
@@ -312,7 +328,12 @@ def test_lp_matches_brute_force(problem: MixtureProblem) -> None:
 def test_lp_reports_infeasible() -> None:
     # One dataset, and training on it raises the constrained loss: nothing is feasible.
     problem = make_problem(
-        np.array([[-1e-3, -1e-3], [1e-3, 2e-3]]), np.array([2.0, 2.0]), np.array([0.0, 2.0]), (0,), (1,), 64.0
+        np.array([[-1e-3, -1e-3], [1e-3, 2e-3]]),
+        np.array([2.0, 2.0]),
+        np.array([0.0, 2.0]),
+        (0,),
+        (1,),
+        64.0,
     )
     lp = solve_lp(problem)
     assert isinstance(lp, LPResult)
@@ -330,8 +351,12 @@ def test_solution_is_on_the_simplex_and_consistent(problem: MixtureProblem) -> N
     assert_on_simplex(solution.weights, problem.num_datasets)
     assert solution.num_candidates == len(problem.grid.lambdas) * len(problem.grid.epsilons)
     assert solution.lambda_ in problem.grid.lambdas and solution.eps in problem.grid.epsilons
-    assert solution.objective == pytest.approx(problem.target_objective(solution.weights), abs=1e-15)
-    np.testing.assert_allclose(solution.predicted_losses, problem.predicted_losses(solution.weights))
+    assert solution.objective == pytest.approx(
+        problem.target_objective(solution.weights), abs=1e-15
+    )
+    np.testing.assert_allclose(
+        solution.predicted_losses, problem.predicted_losses(solution.weights)
+    )
     assert solution.max_violation == problem.max_violation(solution.weights)
     assert solution.feasible == (solution.max_violation <= FEASIBILITY_TOL)
     json.dumps(solution.to_dict(), allow_nan=False)
@@ -339,16 +364,25 @@ def test_solution_is_on_the_simplex_and_consistent(problem: MixtureProblem) -> N
 
 @SETTINGS
 @given(problems())
-def test_without_constraints_all_mass_goes_to_the_most_negative_summed_target_slope(problem: MixtureProblem) -> None:
+def test_without_constraints_all_mass_goes_to_the_most_negative_summed_target_slope(
+    problem: MixtureProblem,
+) -> None:
     problem = make_problem(
-        problem.slopes, problem.current_losses, problem.current_losses, problem.targets, (), problem.horizon
+        problem.slopes,
+        problem.current_losses,
+        problem.current_losses,
+        problem.targets,
+        (),
+        problem.horizon,
     )
     solution = solve(problem)
     expected = np.zeros(problem.num_datasets)
     expected[int(np.argmin(summed_target_slopes(problem)))] = 1.0  # ties: the first dataset
     np.testing.assert_array_equal(solution.weights, expected)
     assert solution.feasible and solution.max_violation == 0.0 and solution.lp_feasible
-    assert solution.objective == pytest.approx(float(summed_target_slopes(problem).min()), abs=1e-15)
+    assert solution.objective == pytest.approx(
+        float(summed_target_slopes(problem).min()), abs=1e-15
+    )
 
 
 def test_ties_and_all_zero_slopes_still_give_a_simplex_point() -> None:
@@ -362,7 +396,9 @@ def test_ties_and_all_zero_slopes_still_give_a_simplex_point() -> None:
 
 @SETTINGS
 @given(problems(margin=0.0))
-def test_when_the_lp_is_feasible_the_violation_is_bounded_by_the_largest_lambda(problem: MixtureProblem) -> None:
+def test_when_the_lp_is_feasible_the_violation_is_bounded_by_the_largest_lambda(
+    problem: MixtureProblem,
+) -> None:
     """What the grid guarantees when the linearised problem is feasible.
 
     For the eps = 0 candidate at lambda_max, F(w*) <= F(w_lp) = g.w_lp gives
@@ -376,7 +412,9 @@ def test_when_the_lp_is_feasible_the_violation_is_bounded_by_the_largest_lambda(
     assert solution.max_violation <= bound + 1e-9
     if solution.feasible:
         # Feasible up to FEASIBILITY_TOL: not better than the LP relaxed by that much.
-        assert solution.objective >= lp_value(problem, slack=FEASIBILITY_TOL) - tolerance(problem, 0.0)
+        assert solution.objective >= lp_value(problem, slack=FEASIBILITY_TOL) - tolerance(
+            problem, 0.0
+        )
 
 
 @SETTINGS
@@ -434,10 +472,17 @@ def test_selection_follows_appendix_g(seed: int) -> None:
 def test_infeasible_lp_picks_the_least_violating_candidate() -> None:
     # Both datasets raise the constrained loss; dataset 1 raises it less.
     problem = make_problem(
-        np.array([[-2e-3, -1e-3], [2e-3, 1e-3]]), np.array([2.0, 2.0]), np.array([0.0, 2.0]), (0,), (1,), 64.0
+        np.array([[-2e-3, -1e-3], [2e-3, 1e-3]]),
+        np.array([2.0, 2.0]),
+        np.array([0.0, 2.0]),
+        (0,),
+        (1,),
+        64.0,
     )
     solution = solve(problem)
-    assert not solution.lp_feasible and solution.lp_weights is None and solution.lp_objective is None
+    assert (
+        not solution.lp_feasible and solution.lp_weights is None and solution.lp_objective is None
+    )
     assert not solution.feasible
     np.testing.assert_allclose(solution.weights, [0.0, 1.0], atol=1e-9)
     assert solution.max_violation == pytest.approx(64 * 1e-3, rel=1e-9)
@@ -477,13 +522,21 @@ def test_candidates_tied_up_to_rounding_go_to_the_earliest_grid_point():
     # The same mixture found at two grid points, its objective differing in the last digit
     # (one machine's rounding puts 4e-14 of weight where another puts 0): the earlier point
     # wins whichever of the two rounds lower, so the record is the same on every machine.
-    def candidate(lam: float, eps: float, objective: float, violation: float = 0.0) -> GridCandidate:
+    def candidate(
+        lam: float, eps: float, objective: float, violation: float = 0.0
+    ) -> GridCandidate:
         return GridCandidate(lam, eps, np.array([0.0, 1.0]), objective, violation)
 
     for later in (-1.2, -1.2 * (1 + 1e-15), -1.2 * (1 - 1e-15)):
-        chosen = _select([candidate(1.0, 0.0, -1.0), candidate(20.9, 0.05, -1.2), candidate(6.2, 0.1, later)])
+        chosen = _select(
+            [candidate(1.0, 0.0, -1.0), candidate(20.9, 0.05, -1.2), candidate(6.2, 0.1, later)]
+        )
         assert (chosen.lam, chosen.eps) == (20.9, 0.05)
     # A real difference still decides, and with nothing feasible the least violation first.
     assert _select([candidate(20.9, 0.05, -1.2), candidate(6.2, 0.1, -1.2001)]).lam == 6.2
-    infeasible = [candidate(1.0, 0.0, -2.0, 0.3), candidate(2.0, 0.0, -1.0, 0.1), candidate(3.0, 0.0, -1.5, 0.1 * (1 + 1e-14))]
+    infeasible = [
+        candidate(1.0, 0.0, -2.0, 0.3),
+        candidate(2.0, 0.0, -1.0, 0.1),
+        candidate(3.0, 0.0, -1.5, 0.1 * (1 + 1e-14)),
+    ]
     assert _select(infeasible).lam == 3.0

@@ -27,7 +27,9 @@ def floor_problem(reference: float, harm: float, repair: float) -> RobustProblem
     """Dataset 0 is the target's own data and moves the constraint by ``harm`` per step;
     dataset 1 moves it by ``repair``; the constraint stands at 1.0 against ``reference``."""
     slopes = np.array([[-1e-2, 0.0], [harm, repair]])
-    problem = MixtureProblem(slopes, np.array([3.0, 1.0]), np.array([np.nan, reference]), (0,), (1,), horizon=100)
+    problem = MixtureProblem(
+        slopes, np.array([3.0, 1.0]), np.array([np.nan, reference]), (0,), (1,), horizon=100
+    )
     return RobustProblem(problem, np.zeros((2, 2)))
 
 
@@ -73,7 +75,10 @@ def test_bad_floors_are_refused_with_the_field_to_change():
 
 def test_a_floor_of_zero_leaves_the_problem_as_it_is():
     slopes = np.array([[-1e-2, 0.0, 0.0]])
-    rp = RobustProblem(MixtureProblem(slopes, np.array([3.0]), np.array([np.nan]), (0,), (), horizon=100), np.zeros((1, 3)))
+    rp = RobustProblem(
+        MixtureProblem(slopes, np.array([3.0]), np.array([np.nan]), (0,), (), horizon=100),
+        np.zeros((1, 3)),
+    )
     unchanged, record = target_floor(rp, [0], 0.0)
     assert unchanged is rp and unchanged.least_weights is None
     assert record == {"floor": 0.0, "target_datasets": [0], "lifted_by": []}
@@ -96,7 +101,9 @@ def broken_problem() -> MixtureProblem:
     """The constraint is already above its reference: target data (dataset 0) harms it a
     little, dataset 1 repairs it, so no mixture is predicted to keep it."""
     slopes = np.array([[-1e-2, 0.0], [1e-4, -1e-5]])
-    return MixtureProblem(slopes, np.array([3.0, 1.1]), np.array([np.nan, 1.0]), (0,), (1,), horizon=100)
+    return MixtureProblem(
+        slopes, np.array([3.0, 1.1]), np.array([np.nan, 1.0]), (0,), (1,), horizon=100
+    )
 
 
 def test_in_the_fallback_the_floor_keeps_target_data_and_the_rest_repairs_the_constraint():
@@ -117,11 +124,15 @@ def test_in_the_fallback_the_floor_keeps_target_data_and_the_rest_repairs_the_co
 
 def test_where_a_mixture_is_feasible_the_floor_only_bounds_the_optimum():
     slopes = np.array([[-1e-2, -2e-2], [1e-3, -1e-3]])
-    problem = MixtureProblem(slopes, np.array([3.0, 1.0]), np.array([np.nan, 1.0]), (0,), (1,), horizon=100)
+    problem = MixtureProblem(
+        slopes, np.array([3.0, 1.0]), np.array([np.nan, 1.0]), (0,), (1,), horizon=100
+    )
     rp = RobustProblem(problem, np.zeros((2, 2)), least_weights=np.array([0.3, 0.0]))
     direct = solve_direct(rp)
     assert direct.feasible and rp.max_violation(direct.weights) <= FEASIBILITY_TOL
-    np.testing.assert_allclose(direct.weights, [0.3, 0.7], atol=1e-9)  # dataset 1 teaches the target faster
+    np.testing.assert_allclose(
+        direct.weights, [0.3, 0.7], atol=1e-9
+    )  # dataset 1 teaches the target faster
 
 
 # ------------------------------------------------------------- the policy on a noisy toy
@@ -135,20 +146,32 @@ SCHEDULE = [0, 8, 16, 32, 48, 64, 80, 96, 112]
 
 
 def toy_run(slopes: np.ndarray, options: RobustOptions, seed: int, noise: float):
-    learner = ToyLearner(slopes, FLAT_INITIAL, seed=seed, noise=noise, dataset_names=["e0", "d1", "d2"])
+    learner = ToyLearner(
+        slopes, FLAT_INITIAL, seed=seed, noise=noise, dataset_names=["e0", "d1", "d2"]
+    )
     policy = DynamicsPolicy(build_schedule(SCHEDULE, 128, probe_cap=8), options=options)
-    history = run_mixture_training(learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4)
+    history = run_mixture_training(
+        learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4
+    )
     return history, learner.values()  # the true values at the end, without evaluation noise
 
 
-@pytest.mark.parametrize("seed", [1, 2])  # seeds whose noise reads the constraint broken at an update
+@pytest.mark.parametrize(
+    "seed", [1, 2]
+)  # seeds whose noise reads the constraint broken at an update
 def test_target_data_keeps_its_floor_where_a_constraint_is_broken_by_noise(seed: int):
     plain, plain_end = toy_run(FLAT_SLOPES, RobustOptions(lp_candidate=True), seed, noise=0.02)
-    assert any(u.weights[0] < 0.2 - 1e-9 for u in plain.updates)  # the fallback took the target data away
-    floored, floored_end = toy_run(FLAT_SLOPES, RobustOptions(lp_candidate=True, target_floor=0.2), seed, noise=0.02)
+    assert any(
+        u.weights[0] < 0.2 - 1e-9 for u in plain.updates
+    )  # the fallback took the target data away
+    floored, floored_end = toy_run(
+        FLAT_SLOPES, RobustOptions(lp_candidate=True, target_floor=0.2), seed, noise=0.02
+    )
     fallbacks = [u for u in floored.updates if not u.extra["robust"]["feasible"]]
     assert fallbacks  # the case happens with the floor too
-    assert any(not u.extra["robust"]["floors"]["lifted_by"] for u in fallbacks)  # held in a fallback
+    assert any(
+        not u.extra["robust"]["floors"]["lifted_by"] for u in fallbacks
+    )  # held in a fallback
     for update in floored.updates:
         record = update.extra["robust"]["floors"]
         assert record["lifted_by"] in ([], [1])
@@ -166,6 +189,8 @@ def test_the_floor_gives_way_where_the_target_data_breaks_a_constraint():
     # data: 4e-3 w = 1e-3 (1 - w)), so the floor gives way at every update, and the solver
     # keeps about as much target data as the constraint allows instead of none.
     harmful = np.array([[-2e-3, 0.0, 0.0], [4e-3, -1e-3, 0.0]])
-    history, _ = toy_run(harmful, RobustOptions(lp_candidate=True, target_floor=0.3), seed=0, noise=0.002)
+    history, _ = toy_run(
+        harmful, RobustOptions(lp_candidate=True, target_floor=0.3), seed=0, noise=0.002
+    )
     assert all(u.extra["robust"]["floors"]["lifted_by"] == [1] for u in history.updates)
     assert all(0.1 < u.weights[0] < 0.3 - 1e-6 for u in history.updates)

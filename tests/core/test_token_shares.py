@@ -28,7 +28,12 @@ TOTAL_STEPS = 4000
 def token_run(policy_of, seed: int = 0) -> tuple[RunHistory, TokenToyLearner]:
     learner = TokenToyLearner(SLOPES, np.array([3.0, 1.0]), TOKENS_PER_BATCH, seed=seed)
     history = run_mixture_training(
-        learner, policy_of(learner.unit), targets=[0], constraints=[1], eval_interval=1000, reduced_batches=4
+        learner,
+        policy_of(learner.unit),
+        targets=[0],
+        constraints=[1],
+        eval_interval=1000,
+        reduced_batches=4,
     )
     return history, learner
 
@@ -51,7 +56,9 @@ def test_the_predicted_losses_are_the_losses_the_drawn_batches_realize() -> None
         assert np.count_nonzero(batch_shares > 0.05) >= 2
         assert np.abs(update.weights - batch_shares).max() > 0.1
         # The recorded weights are the token shares of the batch shares solved.
-        assert update.weights == pytest.approx(TokenShares(np.array(TOKENS_PER_BATCH)).weights_of(batch_shares))
+        assert update.weights == pytest.approx(
+            TokenShares(np.array(TOKENS_PER_BATCH)).weights_of(batch_shares)
+        )
         assert update.predicted_losses is not None and update.realized_losses is not None
         # The predictions are eq. 3.3 in batch shares: L + H S b.
         assert update.predicted_losses == pytest.approx(

@@ -44,7 +44,9 @@ class ToyLearner:
         self.effect = effect or (lambda steps: self.slopes @ steps)
         self.noise = noise
         self.noise_rng = np.random.default_rng(seed + 1)
-        self.names = list(dataset_names) if dataset_names is not None else [f"d{j}" for j in range(n)]
+        self.names = (
+            list(dataset_names) if dataset_names is not None else [f"d{j}" for j in range(n)]
+        )
         self.kinds = list(kinds) if kinds is not None else [DomainKind("loss", 4)] * m
         self.steps_per_dataset = np.zeros(n)
         self.trained_steps = 0
@@ -99,7 +101,13 @@ class TokenToyLearner(ToyLearner):
     ``unit.batch_shares(weights)`` of the token shares it is given. Each drawn batch moves
     the values by its dataset's column of ``slopes``, so a stretch realizes the draws it made."""
 
-    def __init__(self, slopes: np.ndarray, initial: np.ndarray, tokens_per_batch: Sequence[float], seed: int = 0) -> None:
+    def __init__(
+        self,
+        slopes: np.ndarray,
+        initial: np.ndarray,
+        tokens_per_batch: Sequence[float],
+        seed: int = 0,
+    ) -> None:
         super().__init__(slopes, initial, seed=seed)
         self.unit = TokenShares(np.asarray(tokens_per_batch, dtype=float))
         self.draw_rng = np.random.default_rng(seed + 2)

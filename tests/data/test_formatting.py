@@ -283,7 +283,9 @@ def test_long_question_keeps_its_last_tokens(
     tokenizer: PreTrainedTokenizerFast, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING):
-        examples = build_examples(fixture_rows("tinymmlu.jsonl"), tokenizer, MMLU, sequence_length=8)
+        examples = build_examples(
+            fixture_rows("tinymmlu.jsonl"), tokenizer, MMLU, sequence_length=8
+        )
     assert all(len(e) == 8 for e in examples)
     assert tokenizer.decode(examples[0].input_ids.tolist()).endswith("Answer:")
     assert f"kept the last 8 tokens of {len(examples)} questions longer than that" in caplog.text
@@ -329,7 +331,10 @@ def test_multiple_choice_scored_by_loss_is_the_loss_of_the_correct_answer(
     source = DataSource(path="tinymmlu.jsonl", format="multiple_choice", metric="loss")
     examples = lm_examples(fixture_rows("tinymmlu.jsonl"), tokenizer, source, packing=True)
     first = examples[0]
-    assert tokenizer.decode(first.input_ids.tolist()) == "Which planet is known as the Red Planet?\nAnswer: Mars"
+    assert (
+        tokenizer.decode(first.input_ids.tolist())
+        == "Which planet is known as the Red Planet?\nAnswer: Mars"
+    )
     assert response_text(tokenizer, first) == " Mars"
     # One example per question even with packing on, like accuracy-scored questions.
     assert len(examples) == len(fixture_rows("tinymmlu.jsonl"))
@@ -352,7 +357,9 @@ def test_answer_forms_of_the_paper_benchmarks(
 
 
 def test_answer_flags_must_match_the_choices(tokenizer: PreTrainedTokenizerFast) -> None:
-    rows = datasets.Dataset.from_list([{"question": "q", "choices": ["a", "b", "c"], "answer": [0, 1]}])
+    rows = datasets.Dataset.from_list(
+        [{"question": "q", "choices": ["a", "b", "c"], "answer": [0, 1]}]
+    )
     with pytest.raises(DataError, match="2 answer flags in 'answer' for 3 choices"):
         build_examples(rows, tokenizer, MMLU, sequence_length=64)
 
@@ -362,19 +369,29 @@ def test_sharegpt_turns_and_a_system_column(tokenizer: PreTrainedTokenizerFast) 
         [
             {
                 "system": "Think first.",
-                "conversations": [{"from": "human", "value": "Is 7 prime?"}, {"from": "gpt", "value": "Yes."}],
+                "conversations": [
+                    {"from": "human", "value": "Is 7 prime?"},
+                    {"from": "gpt", "value": "Yes."},
+                ],
             }
         ]
     )
     source = DataSource(
-        path="x.jsonl", format="instruction", messages_column="conversations", system_column="system"
+        path="x.jsonl",
+        format="instruction",
+        messages_column="conversations",
+        system_column="system",
     )
     example = lm_examples(rows, tokenizer, source)[0]
-    assert tokenizer.decode(example.input_ids.tolist()).startswith("<|im_start|>system\nThink first.<|im_end|>")
+    assert tokenizer.decode(example.input_ids.tolist()).startswith(
+        "<|im_start|>system\nThink first.<|im_end|>"
+    )
     assert response_text(tokenizer, example) == "Yes.<|im_end|>\n"
 
 
-def test_left_truncation_keeps_the_response_of_a_long_prompt(tokenizer: PreTrainedTokenizerFast) -> None:
+def test_left_truncation_keeps_the_response_of_a_long_prompt(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
     rows = datasets.Dataset.from_list([{"prompt": "word " * 200, "response": "The answer."}])
     right = DataSource(path="x.jsonl", format="instruction")
     left = DataSource(path="x.jsonl", format="instruction", truncation_side="left")
@@ -394,7 +411,9 @@ def test_tokenization_cache_is_keyed_by_the_code_version(
     from dynamics.data.formatting import tokenize_rows
 
     calls = tokenized_rows
-    source = DataSource(path=str(FIXTURES / "metamath.jsonl"), format="instruction", prompt_column="query")
+    source = DataSource(
+        path=str(FIXTURES / "metamath.jsonl"), format="instruction", prompt_column="query"
+    )
     rows = load_rows(source, cache_dir=tmp_path)
     tokenizer = tiny_tokenizer()
     first = tokenize_rows(rows, tokenizer, source)
@@ -435,19 +454,34 @@ def test_tokenization_cache_is_keyed_by_the_chat_template_file_text(
 def test_errors_of_rows_in_memory_say_so(tokenizer: PreTrainedTokenizerFast) -> None:
     rows = datasets.Dataset.from_list([{"messages": [{"role": "user", "content": "hi"}]}])
     source = DataSource(rows=rows, format="instruction")
-    with pytest.raises(DataError, match=r"^rows in memory, row 0: the last message is the response"):
+    with pytest.raises(
+        DataError, match=r"^rows in memory, row 0: the last message is the response"
+    ):
         build_examples(rows, tokenizer, source, sequence_length=64)
     named = DataSource(name="notes", rows=rows, format="instruction")
-    with pytest.raises(DataError, match=r"^dataset 'notes' \(rows in memory\), row 0: the last message"):
+    with pytest.raises(
+        DataError, match=r"^dataset 'notes' \(rows in memory\), row 0: the last message"
+    ):
         build_examples(rows, tokenizer, named, sequence_length=64)
 
 
-def test_a_system_column_missing_next_to_a_chat_list_is_named(tokenizer: PreTrainedTokenizerFast) -> None:
+def test_a_system_column_missing_next_to_a_chat_list_is_named(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
     rows = datasets.Dataset.from_list(
-        [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}]
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello"},
+                ]
+            }
+        ]
     )
     source = DataSource(path="chat.jsonl", format="instruction", system_column="system")
-    with pytest.raises(DataError, match=r"needs column\(s\) 'system', but its columns are \['messages'\]"):
+    with pytest.raises(
+        DataError, match=r"needs column\(s\) 'system', but its columns are \['messages'\]"
+    ):
         build_examples(rows, tokenizer, source, sequence_length=64)
 
 
@@ -464,7 +498,9 @@ def _tokenizer_with_bos(chat_template: str | None) -> PreTrainedTokenizerFast:
 
 
 @pytest.mark.parametrize("chat_template", [None, "chatml"])
-def test_left_truncation_of_a_long_bill_keeps_bos_the_instruction_and_the_summary(chat_template: str | None) -> None:
+def test_left_truncation_of_a_long_bill_keeps_bos_the_instruction_and_the_summary(
+    chat_template: str | None,
+) -> None:
     from dynamics.data.loading import derive_fields
     from dynamics.data.paper_datasets import PAPER_DATASETS
     from tests.fixtures.tiny_tokenizer import CHATML_TEMPLATE
@@ -479,7 +515,10 @@ def test_left_truncation_of_a_long_bill_keeps_bos_the_instruction_and_the_summar
         truncation_side=bs.truncation_side,
         response_column=bs.columns["response"],
     )
-    rows = derive_fields(datasets.Dataset.from_list([{"text": bill, "summary": "Funds parks.", "title": "Parks"}]), source)
+    rows = derive_fields(
+        datasets.Dataset.from_list([{"text": bill, "summary": "Funds parks.", "title": "Parks"}]),
+        source,
+    )
     example = lm_examples(rows, tokenizer, source, sequence_length=96)[0]
     assert len(example) == 96
     assert example.input_ids[0] == tokenizer.bos_token_id
@@ -494,4 +533,6 @@ def test_left_truncation_of_text_keeps_its_start(tokenizer: PreTrainedTokenizerF
     source = DataSource(path="x.jsonl", truncation_side="left")
     full = lm_examples(rows, tokenizer, source)[0]
     cut = lm_examples(rows, tokenizer, source, sequence_length=16)[0]
-    assert cut.input_ids.tolist() == full.input_ids[:16].tolist()  # every token of a text is response
+    assert (
+        cut.input_ids.tolist() == full.input_ids[:16].tolist()
+    )  # every token of a text is response

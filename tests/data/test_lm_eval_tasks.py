@@ -47,7 +47,9 @@ def model_dir(tokenizer_dir, tmp_path_factory) -> Path:
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("tiny-model")
-    LlamaForCausalLM(LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k != "model_type"})).save_pretrained(folder)
+    LlamaForCausalLM(
+        LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k != "model_type"})
+    ).save_pretrained(folder)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(folder)
     return folder
 
@@ -114,7 +116,9 @@ def _source(metric: str, task: str = TASK, lm_eval_metric: str = "acc", **lm_eva
 def _model(model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(
+        model_dir
+    )
 
 
 def test_accuracy_equals_lm_eval_acc(model_dir, harness, in_repo):
@@ -129,7 +133,13 @@ def test_accuracy_equals_lm_eval_acc(model_dir, harness, in_repo):
 
     # All questions once, in one fixed batch, as a run evaluates a constraint.
     domain = EvalBatches.build(
-        "quiz", examples, examples, num_batches=1, batch_size=len(examples), pad_id=pad_token_id(tokenizer), seed=0
+        "quiz",
+        examples,
+        examples,
+        num_batches=1,
+        batch_size=len(examples),
+        pad_id=pad_token_id(tokenizer),
+        seed=0,
     )
     assert domain.metric == "accuracy"
     batch = domain.eval_batches[0]
@@ -188,9 +198,15 @@ def test_documents_scores_and_metric_are_lm_evals(model_dir, harness, in_repo, t
     theirs = harness["tasks"][task]
     rows, _, scores = _scores(model, tokenizer, _source("accuracy", task, metric))
     # lm-eval's requests: prompts, few-shot examples, choices in their (shuffled) order.
-    assert [list(zip(r["contexts"], r["continuations"], strict=True)) for r in rows] == theirs["requests"]
+    assert [list(zip(r["contexts"], r["continuations"], strict=True)) for r in rows] == theirs[
+        "requests"
+    ]
     lls = np.asarray(theirs["lls"])
-    divisors = np.asarray(rows["choice_lengths"], dtype=np.float64) if metric == "acc_norm" else np.ones_like(lls)
+    divisors = (
+        np.asarray(rows["choice_lengths"], dtype=np.float64)
+        if metric == "acc_norm"
+        else np.ones_like(lls)
+    )
     np.testing.assert_allclose(scores * divisors, lls, rtol=0, atol=1e-4)
     predicted = scores.argmax(axis=1)
     assert predicted.tolist() == (lls / divisors).argmax(axis=1).tolist()
@@ -205,19 +221,27 @@ def test_choices_shuffled_by_process_docs_are_in_lm_evals_order(model_dir, shuff
     # for the answers it scores, which then follow another shuffle than its requests.)
     model, tokenizer = _model(model_dir)
     rows, _, scores = _scores(model, tokenizer, _source("accuracy", "quiz_shuffled"))
-    assert [list(zip(r["contexts"], r["continuations"], strict=True)) for r in rows] == shuffled["requests"]
+    assert [list(zip(r["contexts"], r["continuations"], strict=True)) for r in rows] == shuffled[
+        "requests"
+    ]
     np.testing.assert_allclose(scores, np.asarray(shuffled["lls"]), rtol=0, atol=1e-4)
 
 
-def test_few_shot_count_and_system_instruction_are_passed_as_simple_evaluate_passes_them(model_dir, in_repo):
+def test_few_shot_count_and_system_instruction_are_passed_as_simple_evaluate_passes_them(
+    model_dir, in_repo
+):
     options = {"num_fewshot": 3, "system_instruction": "Answer the question."}
     theirs = _simple_evaluate(model_dir, [TASK], **options)["tasks"][TASK]
     model, tokenizer = _model(model_dir)
-    source = _source("accuracy", lm_eval_num_fewshot=3, lm_eval_system_instruction="Answer the question.")
+    source = _source(
+        "accuracy", lm_eval_num_fewshot=3, lm_eval_system_instruction="Answer the question."
+    )
     rows, _, scores = _scores(model, tokenizer, source)
     assert rows[0]["contexts"][0].startswith("Answer the question.")
     assert rows[0]["contexts"][0].count("Question:") == 4  # three examples and the document
-    assert [list(zip(r["contexts"], r["continuations"], strict=True)) for r in rows] == theirs["requests"]
+    assert [list(zip(r["contexts"], r["continuations"], strict=True)) for r in rows] == theirs[
+        "requests"
+    ]
     np.testing.assert_allclose(scores, np.asarray(theirs["lls"]), rtol=0, atol=1e-4)
     # A task whose config says num_fewshot: 0 keeps 0, as simple_evaluate keeps it.
     zero_shot = load_rows(_source("loss", "tinyMMLU"))["contexts"]
@@ -226,7 +250,11 @@ def test_few_shot_count_and_system_instruction_are_passed_as_simple_evaluate_pas
 
 @pytest.mark.parametrize("multiturn", [True, False], ids=["multiturn", "single-turn"])
 def test_chat_template_is_applied_as_simple_evaluate_applies_it(model_dir, in_repo, multiturn):
-    options = {"apply_chat_template": True, "fewshot_as_multiturn": multiturn, "system_instruction": "Be brief."}
+    options = {
+        "apply_chat_template": True,
+        "fewshot_as_multiturn": multiturn,
+        "system_instruction": "Be brief.",
+    }
     theirs = _simple_evaluate(model_dir, [TASK], **options)["tasks"][TASK]
     model, tokenizer = _model(model_dir)
     source = _source(
@@ -240,7 +268,9 @@ def test_chat_template_is_applied_as_simple_evaluate_applies_it(model_dir, in_re
     assert contexts[0].startswith("<|im_start|>system\nBe brief.")
     assert contexts[0].count("<|im_start|>user") == (2 if multiturn else 1)
     continuations = [c for r in rows for c in r["continuations"]]
-    assert list(zip(contexts, continuations, strict=True)) == [pair for doc in theirs["requests"] for pair in doc]
+    assert list(zip(contexts, continuations, strict=True)) == [
+        pair for doc in theirs["requests"] for pair in doc
+    ]
     np.testing.assert_allclose(scores, np.asarray(theirs["lls"]), rtol=0, atol=1e-4)
 
 
@@ -283,7 +313,11 @@ def test_documents_longer_than_the_sequence_are_counted_in_one_warning(model_dir
         caplog.clear()
         with caplog.at_level("WARNING", logger="dynamics.data.formatting"):
             build_examples(rows, tokenizer, _source(metric), sequence_length=length)
-        warnings = [r.getMessage() for r in caplog.records if "longer than sequence_length" in r.getMessage()]
+        warnings = [
+            r.getMessage()
+            for r in caplog.records
+            if "longer than sequence_length" in r.getMessage()
+        ]
         assert len(warnings) == 1
         assert f"{expected} of 16 documents" in warnings[0]
 
@@ -299,7 +333,9 @@ def test_pairs_are_encoded_as_lm_evals_hf_model_encodes_them(model_dir, in_repo)
     contexts = [c for r in rows for c in r["contexts"]] + ["", "Q: ", "Answer:  "]
     continuations = [c for r in rows for c in r["continuations"]] + ["Mars", "Mars", " Mars"]
     theirs = [
-        ([real.prefix_token_id], real.tok_encode(continuation)) if context == "" else real._encode_pair(context, continuation)
+        ([real.prefix_token_id], real.tok_encode(continuation))
+        if context == ""
+        else real._encode_pair(context, continuation)
         for context, continuation in zip(contexts, continuations, strict=True)
     ]
     assert encode_pairs(tokenizer, contexts, continuations) == theirs
@@ -312,16 +348,27 @@ def test_a_missing_task_is_named_with_the_fix(in_repo, monkeypatch):
     from lm_eval.tasks import TaskManager
 
     monkeypatch.setattr(
-        "lm_eval.tasks.TaskManager", lambda include_path=None, **_: TaskManager(include_path=include_path, include_defaults=False)
+        "lm_eval.tasks.TaskManager",
+        lambda include_path=None, **_: TaskManager(
+            include_path=include_path, include_defaults=False
+        ),
     )
-    with pytest.raises(DataError, match=r"lm-eval task 'no_such_task' could not be loaded.*lm_eval_include_path"):
-        load_rows(DataSource(lm_eval_task="no_such_task", lm_eval_include_path=INCLUDE, format="multiple_choice"))
+    with pytest.raises(
+        DataError, match=r"lm-eval task 'no_such_task' could not be loaded.*lm_eval_include_path"
+    ):
+        load_rows(
+            DataSource(
+                lm_eval_task="no_such_task", lm_eval_include_path=INCLUDE, format="multiple_choice"
+            )
+        )
 
 
 def test_local_tasks_are_indexed_without_lm_evals_own(in_repo, monkeypatch):
     local = task_manager([TASK], INCLUDE)
     assert local.all_tasks == [TASK]  # lm-eval's ~14,700 tasks left out
-    assert "quiz_group" in task_manager(["quiz_group"], FIXTURES).all_groups  # a local group is local too
+    assert (
+        "quiz_group" in task_manager(["quiz_group"], FIXTURES).all_groups
+    )  # a local group is local too
     # Any name that is not a task or group of the include path gets lm-eval's own tasks as well.
     made = []
 
@@ -342,7 +389,12 @@ def _config(**entry) -> dict:
     return {
         "model": {"init_config": TINY_LLAMA, "tokenizer": "examples/tiny-tokenizer"},
         "datasets": [
-            {"name": "math", "path": "tests/fixtures/metamath.jsonl", "role": "target", "format": "instruction"},
+            {
+                "name": "math",
+                "path": "tests/fixtures/metamath.jsonl",
+                "role": "target",
+                "format": "instruction",
+            },
             {"name": "quiz", "lm_eval_task": TASK, "lm_eval_include_path": INCLUDE, **entry},
         ],
     }
@@ -351,21 +403,40 @@ def _config(**entry) -> dict:
 def test_config_entries():
     config = RunConfig.from_dict(_config(role="constraint", metric="accuracy"))
     source = config.datasets[1].data_source()
-    assert (source.lm_eval_task, source.format, source.metric) == (TASK, "multiple_choice", "accuracy")
+    assert (source.lm_eval_task, source.format, source.metric) == (
+        TASK,
+        "multiple_choice",
+        "accuracy",
+    )
     # Trained on (the correct continuations) with metric loss.
     assert RunConfig.from_dict(_config(role="target", metric="loss")).datasets[1].role == "target"
-    with pytest.raises(ConfigError, match=r"quiz.*can only be a constraint: set role: constraint, or metric: loss"):
+    with pytest.raises(
+        ConfigError, match=r"quiz.*can only be a constraint: set role: constraint, or metric: loss"
+    ):
         RunConfig.from_dict(_config(role="target", metric="accuracy"))
-    with pytest.raises(ConfigError, match=r"quiz.*builds its rows with the task's own.*remove path, columns"):
+    with pytest.raises(
+        ConfigError, match=r"quiz.*builds its rows with the task's own.*remove path, columns"
+    ):
         RunConfig.from_dict(_config(role="constraint", path="x.jsonl", columns={"question": "q"}))
-    with pytest.raises(ConfigError, match=r"'quiz': lm_eval_include_path configure lm_eval_task; set lm_eval_task"):
+    with pytest.raises(
+        ConfigError, match=r"'quiz': lm_eval_include_path configure lm_eval_task; set lm_eval_task"
+    ):
         RunConfig.from_dict(_config(role="constraint", lm_eval_task=None))
-    with pytest.raises(ConfigError, match=r"lm_eval_metric, lm_eval_num_fewshot configure lm_eval_task"):
+    with pytest.raises(
+        ConfigError, match=r"lm_eval_metric, lm_eval_num_fewshot configure lm_eval_task"
+    ):
         RunConfig.from_dict(
-            _config(role="constraint", lm_eval_task=None, lm_eval_include_path=None, lm_eval_metric="acc_norm",
-                    lm_eval_num_fewshot=2)
+            _config(
+                role="constraint",
+                lm_eval_task=None,
+                lm_eval_include_path=None,
+                lm_eval_metric="acc_norm",
+                lm_eval_num_fewshot=2,
+            )
         )
-    with pytest.raises(ConfigError, match=r"lm_eval_metric='acc_norm' picks what metric='accuracy' scores.*remove"):
+    with pytest.raises(
+        ConfigError, match=r"lm_eval_metric='acc_norm' picks what metric='accuracy' scores.*remove"
+    ):
         RunConfig.from_dict(_config(role="constraint", metric="loss", lm_eval_metric="acc_norm"))
     with pytest.raises(ConfigError, match=r"lm_eval_metric"):
         RunConfig.from_dict(_config(role="constraint", lm_eval_metric="acc_bytes"))
@@ -385,12 +456,20 @@ def test_the_documented_tiny_mmlu_entry_runs_offline_from_the_fixtures(in_repo):
     # (lm-eval's tinyMMLU config over a few local rows) stands in for the hub's.
     entry = next(e for e in _docs_entries() if e["lm_eval_task"] == "tinyMMLU")
     assert entry["lm_eval_metric"] == "acc_norm"
-    config = RunConfig.from_dict(_config(**{**entry, "name": "quiz", "lm_eval_include_path": FIXTURES}))
+    config = RunConfig.from_dict(
+        _config(**{**entry, "name": "quiz", "lm_eval_include_path": FIXTURES})
+    )
     source = config.datasets[1].data_source()
-    examples = build_examples(load_rows(source), AutoTokenizer.from_pretrained("examples/tiny-tokenizer"), source,
-                              sequence_length=256)
+    examples = build_examples(
+        load_rows(source),
+        AutoTokenizer.from_pretrained("examples/tiny-tokenizer"),
+        source,
+        sequence_length=256,
+    )
     assert [e.answer_index for e in examples] == [1, 0, 2, 3, 1, 1]  # tinymmlu_test.jsonl's answers
-    assert all(e.score_divisors.tolist() == [1.0] * 4 for e in examples)  # the choices are the letters A-D
+    assert all(
+        e.score_divisors.tolist() == [1.0] * 4 for e in examples
+    )  # the choices are the letters A-D
 
 
 def test_lm_evals_own_tiny_mmlu_names_the_package_its_aggregation_needs(in_repo):
@@ -403,14 +482,23 @@ def test_lm_evals_own_tiny_mmlu_names_the_package_its_aggregation_needs(in_repo)
         format="multiple_choice",
         lm_eval_metric="acc_norm",
     )
-    with pytest.raises(DataError, match=r"'tinyMMLU' could not be loaded \(`tinyBenchmarks` is required.*pip install"):
+    with pytest.raises(
+        DataError,
+        match=r"'tinyMMLU' could not be loaded \(`tinyBenchmarks` is required.*pip install",
+    ):
         load_rows(source)
 
 
 def test_the_metric_asked_for_is_the_one_checked(in_repo):
-    with pytest.raises(DataError, match=r"task 'tinyMMLU' reports no 'acc' \(it reports \['acc_norm'\]\); set lm_eval_metric: acc_norm"):
+    with pytest.raises(
+        DataError,
+        match=r"task 'tinyMMLU' reports no 'acc' \(it reports \['acc_norm'\]\); set lm_eval_metric: acc_norm",
+    ):
         load_rows(_source("accuracy", "tinyMMLU"))
     # The loss of the correct continuation needs neither (the answer is acc_norm's).
     assert load_rows(_source("loss", "tinyMMLU"))["answer"] == [1, 0, 2, 3, 1, 1]
-    with pytest.raises(DataError, match=r"task 'quiz_spaces' reports no 'acc_norm' \(it reports \['acc'\]\); set lm_eval_metric: acc"):
+    with pytest.raises(
+        DataError,
+        match=r"task 'quiz_spaces' reports no 'acc_norm' \(it reports \['acc'\]\); set lm_eval_metric: acc",
+    ):
         load_rows(_source("accuracy", "quiz_spaces", "acc_norm"))

@@ -104,24 +104,35 @@ def test_unreadable_files_are_one_line_errors_naming_the_dataset(
     tmp_path: Path, text: str, message: str
 ) -> None:
     (tmp_path / "rows.jsonl").write_text(text)
-    with pytest.raises(DataError, match=f"^dataset 'wiki' \\(file .*rows\\.jsonl\\) {message}") as info:
+    with pytest.raises(
+        DataError, match=f"^dataset 'wiki' \\(file .*rows\\.jsonl\\) {message}"
+    ) as info:
         _load(tmp_path, path=str(tmp_path / "rows.jsonl"), name="wiki")
     assert "\n" not in str(info.value)
 
 
 def test_unknown_hub_dataset_offline_names_it(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"hub dataset no-such-org/nothing.*could not be found .* offline"):
+    with pytest.raises(
+        DataError, match=r"hub dataset no-such-org/nothing.*could not be found .* offline"
+    ):
         _load(tmp_path, hub_id="no-such-org/nothing")
 
 
 @pytest.mark.parametrize("stream_rows", [None, 5], ids=["read", "streamed"])
 def test_unknown_split_names_the_field(tmp_path: Path, stream_rows: int | None) -> None:
     with pytest.raises(DataError, match=r"split 'validation' cannot be read.*set split"):
-        _load(tmp_path, path=str(FIXTURES / "wikipedia.jsonl"), split="validation", stream_rows=stream_rows)
+        _load(
+            tmp_path,
+            path=str(FIXTURES / "wikipedia.jsonl"),
+            split="validation",
+            stream_rows=stream_rows,
+        )
 
 
 def test_a_named_source_gives_the_run_config_fix_for_a_missing_column(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"^dataset 'math' .*'prompt'.*columns\.prompt/columns\.response"):
+    with pytest.raises(
+        DataError, match=r"^dataset 'math' .*'prompt'.*columns\.prompt/columns\.response"
+    ):
         _load(tmp_path, path=str(FIXTURES / "metamath.jsonl"), format="instruction", name="math")
 
 
@@ -198,18 +209,26 @@ def test_fields_build_columns_from_templates_paths_and_lists(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"prompt": "{missing}"}, r"fields.prompt = '\{missing\}' reads 'missing', which row 0 does not have"),
+        (
+            {"prompt": "{missing}"},
+            r"fields.prompt = '\{missing\}' reads 'missing', which row 0 does not have",
+        ),
         ({"prompt": "a.b"}, r"fields.prompt = 'a.b' reads 'a.b'"),
     ],
 )
-def test_fields_naming_a_missing_column_are_clear(tmp_path: Path, fields: dict[str, Any], message: str) -> None:
+def test_fields_naming_a_missing_column_are_clear(
+    tmp_path: Path, fields: dict[str, Any], message: str
+) -> None:
     with pytest.raises(DataError, match=message):
         _load(tmp_path, path=str(FIXTURES / "wikipedia.jsonl"), fields=fields)
 
 
 @pytest.mark.parametrize(
     ("fields", "message"),
-    [({"prompt": 3}, "fields.prompt: give a template string"), ({"prompt": "{oops"}, "not a valid format string")],
+    [
+        ({"prompt": 3}, "fields.prompt: give a template string"),
+        ({"prompt": "{oops"}, "not a valid format string"),
+    ],
 )
 def test_malformed_fields_are_refused_up_front(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(DataError, match=message):
@@ -218,7 +237,11 @@ def test_malformed_fields_are_refused_up_front(fields: dict[str, Any], message: 
 
 def test_drop_empty_removes_rows_without_a_response(tmp_path: Path) -> None:
     path = tmp_path / "rows.jsonl"
-    lines = [{"prompt": "a", "response": "b"}, {"prompt": "c", "response": None}, {"prompt": "d", "response": ""}]
+    lines = [
+        {"prompt": "a", "response": "b"},
+        {"prompt": "c", "response": None},
+        {"prompt": "d", "response": ""},
+    ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     rows = _load(tmp_path, path=str(path), format="instruction", drop_empty=("response",))
     assert rows["prompt"] == ["a"]
@@ -226,7 +249,9 @@ def test_drop_empty_removes_rows_without_a_response(tmp_path: Path) -> None:
         _load(tmp_path, path=str(path), format="instruction", drop_empty=("answer",))
 
 
-def test_stream_rows_without_a_shuffle_buffer_reads_the_first_rows_of_a_stream_once(tmp_path: Path, load_dataset_calls: list[dict[str, Any]]) -> None:
+def test_stream_rows_without_a_shuffle_buffer_reads_the_first_rows_of_a_stream_once(
+    tmp_path: Path, load_dataset_calls: list[dict[str, Any]]
+) -> None:
     calls = load_dataset_calls
     path = tmp_path / "corpus.jsonl"
     path.write_text((FIXTURES / "wikipedia.jsonl").read_text())
@@ -235,11 +260,16 @@ def test_stream_rows_without_a_shuffle_buffer_reads_the_first_rows_of_a_stream_o
     first_four = [json.loads(line)["text"] for line in path.read_text().splitlines()[:4]]
     assert rows["text"] == first_four
     # A second read (another run, or another process) takes the rows from the disk cache...
-    assert _load(tmp_path, path=str(path), stream_rows=4, stream_shuffle_buffer=0)["text"] == first_four
+    assert (
+        _load(tmp_path, path=str(path), stream_rows=4, stream_shuffle_buffer=0)["text"]
+        == first_four
+    )
     assert len(calls) == 1
     # ...until the file changes.
     path.write_text("".join(json.dumps({"text": f"new {i}"}) + "\n" for i in range(5)))
-    assert _load(tmp_path, path=str(path), stream_rows=4, stream_shuffle_buffer=0)["text"] == [f"new {i}" for i in range(4)]
+    assert _load(tmp_path, path=str(path), stream_rows=4, stream_shuffle_buffer=0)["text"] == [
+        f"new {i}" for i in range(4)
+    ]
     assert len(calls) == 2
     with pytest.raises(DataError, match="stream_rows=0: use a positive row count"):
         DataSource(path="x.jsonl", stream_rows=0)
@@ -254,15 +284,31 @@ def test_a_streamed_folder_is_read_again_when_one_of_its_files_changes(
     data = folder / "part-0.jsonl"
     data.write_text("".join(json.dumps({"text": f"old {i}"}) + "\n" for i in range(5)))
     monkeypatch.chdir(tmp_path)  # a relative folder: its cache key is its absolute path
-    assert _load(tmp_path, path="corpus", stream_rows=3, stream_shuffle_buffer=0)["text"] == ["old 0", "old 1", "old 2"]
-    assert _load(tmp_path, path=str(folder), stream_rows=3, stream_shuffle_buffer=0)["text"] == ["old 0", "old 1", "old 2"]
+    assert _load(tmp_path, path="corpus", stream_rows=3, stream_shuffle_buffer=0)["text"] == [
+        "old 0",
+        "old 1",
+        "old 2",
+    ]
+    assert _load(tmp_path, path=str(folder), stream_rows=3, stream_shuffle_buffer=0)["text"] == [
+        "old 0",
+        "old 1",
+        "old 2",
+    ]
     assert len(calls) == 1  # the same folder, relative or absolute: read from the cache
     data.write_text("".join(json.dumps({"text": f"new {i}"}) + "\n" for i in range(5)))
-    assert _load(tmp_path, path="corpus", stream_rows=3, stream_shuffle_buffer=0)["text"] == ["new 0", "new 1", "new 2"]
+    assert _load(tmp_path, path="corpus", stream_rows=3, stream_shuffle_buffer=0)["text"] == [
+        "new 0",
+        "new 1",
+        "new 2",
+    ]
     assert len(calls) == 2
     # Other reading code reads the stream again.
     monkeypatch.setattr(loading_module, "LOADING_VERSION", "edited-code")
-    assert _load(tmp_path, path="corpus", stream_rows=3, stream_shuffle_buffer=0)["text"] == ["new 0", "new 1", "new 2"]
+    assert _load(tmp_path, path="corpus", stream_rows=3, stream_shuffle_buffer=0)["text"] == [
+        "new 0",
+        "new 1",
+        "new 2",
+    ]
     assert len(calls) == 3
 
 
@@ -273,7 +319,9 @@ def test_a_stream_is_shuffled_with_its_seed_before_its_rows_are_taken(
     path.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(200)))
 
     def take(seed: int, cache: str) -> list[str]:
-        source = DataSource(path=str(path), stream_rows=10, stream_seed=seed, stream_shuffle_buffer=50)
+        source = DataSource(
+            path=str(path), stream_rows=10, stream_seed=seed, stream_shuffle_buffer=50
+        )
         return list(load_rows(source, cache_dir=tmp_path / cache)["text"])
 
     first = take(0, "a")
@@ -293,7 +341,9 @@ def test_revision_and_data_files_go_to_load_dataset(
     # A folder holding the same rows as .csv and .jsonl, as a hub repository without configs.
     folder = tmp_path / "repo"
     folder.mkdir()
-    (folder / "rows.jsonl").write_text(json.dumps({"question": "q?", "standard_answer": "a"}) + "\n")
+    (folder / "rows.jsonl").write_text(
+        json.dumps({"question": "q?", "standard_answer": "a"}) + "\n"
+    )
     (folder / "rows.csv").write_text("question,standard_answer\nq?,a\n")
     rows = _load(
         tmp_path,
@@ -305,7 +355,9 @@ def test_revision_and_data_files_go_to_load_dataset(
     )
     assert load_dataset_calls[-1]["data_files"] == "rows.jsonl"
     assert rows.column_names == ["question", "standard_answer"] and len(rows) == 1
-    with pytest.raises(DataError, match=r"hub dataset org/absent, split train could not be found or loaded"):
+    with pytest.raises(
+        DataError, match=r"hub dataset org/absent, split train could not be found or loaded"
+    ):
         _load(tmp_path, hub_id="org/absent", revision="0123abcd", data_files="x.jsonl")
     assert load_dataset_calls[-1]["revision"] == "0123abcd"
     assert load_dataset_calls[-1]["data_files"] == "x.jsonl"
@@ -314,11 +366,20 @@ def test_revision_and_data_files_go_to_load_dataset(
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"path": "x.jsonl", "revision": "main"}, r"revision='main' pins a hub dataset's version; it needs hub_id="),
+        (
+            {"path": "x.jsonl", "revision": "main"},
+            r"revision='main' pins a hub dataset's version; it needs hub_id=",
+        ),
         ({"hub_id": "org/x", "revision": " "}, r"revision=' ': give a branch, tag or commit"),
-        ({"path": "x.jsonl", "data_files": "y.jsonl"}, r"data_files='y.jsonl' chooses files of a hub dataset or "),
+        (
+            {"path": "x.jsonl", "data_files": "y.jsonl"},
+            r"data_files='y.jsonl' chooses files of a hub dataset or ",
+        ),
         ({"hub_id": "org/x", "data_files": []}, r"data_files=\[\]: give a file path or glob"),
-        ({"hub_id": "org/x", "data_files": {"train": ""}}, r"give a file path or glob .*\{'train': 'data.jsonl'\}"),
+        (
+            {"hub_id": "org/x", "data_files": {"train": ""}},
+            r"give a file path or glob .*\{'train': 'data.jsonl'\}",
+        ),
     ],
 )
 def test_revision_and_data_files_are_checked(fields: dict[str, Any], message: str) -> None:
@@ -328,9 +389,15 @@ def test_revision_and_data_files_are_checked(fields: dict[str, Any], message: st
 
 def test_strip_strings_removes_a_control_token_from_every_string_column(tmp_path: Path) -> None:
     path = tmp_path / "rows.jsonl"
-    path.write_text(json.dumps({"system": "S <|endoftext|>", "chat": "A: hi <|endoftext|>\nB: ok", "n": 3}) + "\n")
+    path.write_text(
+        json.dumps({"system": "S <|endoftext|>", "chat": "A: hi <|endoftext|>\nB: ok", "n": 3})
+        + "\n"
+    )
     rows = _load(
-        tmp_path, path=str(path), fields={"text": "{system}\n{chat}"}, strip_strings=("<|endoftext|>",)
+        tmp_path,
+        path=str(path),
+        fields={"text": "{system}\n{chat}"},
+        strip_strings=("<|endoftext|>",),
     )
     assert rows[0] == {"system": "S ", "chat": "A: hi \nB: ok", "n": 3, "text": "S \nA: hi \nB: ok"}
 
@@ -341,8 +408,13 @@ def test_stream_stamp_has_every_file_of_a_folder_and_the_hub_revision(tmp_path: 
     (tmp_path / "sub" / "b.jsonl").write_text("{}\n{}\n")
     stamp = loading_module._stream_stamp(DataSource(path=str(tmp_path), stream_rows=1), {})
     assert stamp["path"] == str(tmp_path.resolve())
-    assert [(name, size) for name, size, _ in stamp["files"]] == [("a.jsonl", 3), ("sub/b.jsonl", 6)]
-    hub = loading_module._stream_stamp(DataSource(hub_id="org/corpus", stream_rows=1), {"revision": "abc123"})
+    assert [(name, size) for name, size, _ in stamp["files"]] == [
+        ("a.jsonl", 3),
+        ("sub/b.jsonl", 6),
+    ]
+    hub = loading_module._stream_stamp(
+        DataSource(hub_id="org/corpus", stream_rows=1), {"revision": "abc123"}
+    )
     assert hub["revision"] == "abc123" and "files" not in hub
 
 
@@ -359,12 +431,20 @@ def test_stream_stamp_has_every_file_of_a_folder_and_the_hub_revision(tmp_path: 
         ),
     ],
 )
-def test_fields_missing_or_null_in_a_later_row_name_the_row(tmp_path: Path, rows: list[dict[str, Any]], message: str) -> None:
+def test_fields_missing_or_null_in_a_later_row_name_the_row(
+    tmp_path: Path, rows: list[dict[str, Any]], message: str
+) -> None:
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     template = "{q} {c}" if rows[1]["c"] is None else "{q} {c[1]}"
     with pytest.raises(DataError, match=message) as raised:
-        _load(tmp_path, path=str(path), format="instruction", fields={"prompt": template}, response_column="q")
+        _load(
+            tmp_path,
+            path=str(path),
+            format="instruction",
+            fields={"prompt": template},
+            response_column="q",
+        )
     assert len(str(raised.value).splitlines()) == 1
 
 

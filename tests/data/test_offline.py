@@ -178,7 +178,9 @@ def test_sizes_are_validated() -> None:
         DomainSizes(quiz=0)
 
 
-def test_the_corpus_is_pinned_and_not_read_from_the_running_python(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_corpus_is_pinned_and_not_read_from_the_running_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     sources = stdlib_sources()
     assert [module for module, _ in sources] == list(STDLIB_MODULES)
     assert all(len(source) > 500 for _, source in sources)
@@ -187,7 +189,9 @@ def test_the_corpus_is_pinned_and_not_read_from_the_running_python(monkeypatch: 
     assert stdlib_sources() == sources
 
 
-def test_a_corpus_that_is_not_the_pinned_one_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_corpus_that_is_not_the_pinned_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     changed = tmp_path / "stdlib_corpus.json.gz"
     changed.write_bytes(offline.STDLIB_CORPUS.read_bytes() + b"\0")
     monkeypatch.setattr(offline, "STDLIB_CORPUS", changed)

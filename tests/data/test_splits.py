@@ -93,7 +93,9 @@ def test_budget_larger_than_the_data_is_a_clear_error() -> None:
 
 def test_a_trained_source_needs_training_rows_and_an_evaluated_one_held_out_rows() -> None:
     assert split_sizes(20, source(eval_size=10, test_size=10)) == (0, 10, 10)  # evaluation only
-    with pytest.raises(DataError, match=r"no training rows left after holding out 10 eval and 10 test"):
+    with pytest.raises(
+        DataError, match=r"no training rows left after holding out 10 eval and 10 test"
+    ):
         split_sizes(20, replace(source(eval_size=10, test_size=10), trained=True))
     assert split_sizes(20, source(eval_size=0, test_size=0)) == (20, 0, 0)  # training only
     with pytest.raises(DataError, match=r"leave 0 eval and 0 test rows of 20, but it is evaluated"):
@@ -136,23 +138,42 @@ def test_prepare_examples_end_to_end(tmp_path: Path) -> None:
     assert all(isinstance(e, ChoiceExample) for e in [*parts.eval, *parts.test])
 
 
-def test_tokenization_is_cached_on_disk_and_reused(tmp_path: Path, tokenized_rows: list[int]) -> None:
+def test_tokenization_is_cached_on_disk_and_reused(
+    tmp_path: Path, tokenized_rows: list[int]
+) -> None:
     """A second preparation of the same file with the same tokenizer settings (a new run, or
     another process on the machine) reads the tokens from datasets' cache instead of tokenizing."""
     calls = tokenized_rows
-    source = DataSource(path=str(FIXTURES / "metamath.jsonl"), format="instruction", prompt_column="query")
-    first = prepare_examples(source, tiny_tokenizer(), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path)
+    source = DataSource(
+        path=str(FIXTURES / "metamath.jsonl"), format="instruction", prompt_column="query"
+    )
+    first = prepare_examples(
+        source, tiny_tokenizer(), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path
+    )
     assert sum(calls) == 16  # every row tokenized once, train, eval and test parts together
     assert len(list(tmp_path.rglob("cache-*.arrow"))) == 3  # one tokenized file per part
-    again = prepare_examples(source, tiny_tokenizer(), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path)
+    again = prepare_examples(
+        source, tiny_tokenizer(), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path
+    )
     assert sum(calls) == 16
-    assert [e.input_ids.tolist() for e in again.train] == [e.input_ids.tolist() for e in first.train]
+    assert [e.input_ids.tolist() for e in again.train] == [
+        e.input_ids.tolist() for e in first.train
+    ]
     # Other settings are other tokens: a new tokenizer vocabulary tokenizes again.
-    prepare_examples(source, tiny_tokenizer(vocab_size=300), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path)
+    prepare_examples(
+        source,
+        tiny_tokenizer(vocab_size=300),
+        sequence_length=128,
+        packing=False,
+        seed=0,
+        cache_dir=tmp_path,
+    )
     assert sum(calls) == 32
 
 
-def test_an_evaluation_only_source_tokenizes_only_its_held_out_rows(tmp_path: Path, tokenized_rows: list[int]) -> None:
+def test_an_evaluation_only_source_tokenizes_only_its_held_out_rows(
+    tmp_path: Path, tokenized_rows: list[int]
+) -> None:
     calls = tokenized_rows
     constraint = DataSource(
         path=str(FIXTURES / "metamath.jsonl"),
@@ -162,6 +183,8 @@ def test_an_evaluation_only_source_tokenizes_only_its_held_out_rows(tmp_path: Pa
         eval_size=3,
         test_size=2,
     )
-    parts = prepare_examples(constraint, tiny_tokenizer(), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path)
+    parts = prepare_examples(
+        constraint, tiny_tokenizer(), sequence_length=128, packing=False, seed=0, cache_dir=tmp_path
+    )
     assert (len(parts.train), len(parts.eval), len(parts.test)) == (0, 3, 2)
     assert sorted(calls) == [2, 3]  # the 11 other rows of the file are never tokenized

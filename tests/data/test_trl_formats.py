@@ -29,7 +29,9 @@ from dynamics.engine.config import DatasetConfig
 from tests.fixtures.tiny_tokenizer import CHATML_TEMPLATE, FIXTURES, tiny_tokenizer
 
 TRL_FIXTURES = FIXTURES / "trl"
-QWEN3_TEMPLATE = (Path(trl.chat_template_utils.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+QWEN3_TEMPLATE = (
+    Path(trl.chat_template_utils.__file__).parent / "chat_templates" / "qwen3.jinja"
+).read_text()
 """Qwen3's chat template as Qwen3 ships it (TRL keeps a copy to recognise it): it renders the
 <think> block of the last assistant turn only, so earlier turns render differently once a
 later turn follows, and it has no {% generation %} blocks."""
@@ -93,7 +95,12 @@ def trl_examples(
         )
     )
     args = SFTConfig(
-        output_dir=str(tmp_path), max_length=None, report_to=[], use_cpu=True, bf16=False, **sft_config
+        output_dir=str(tmp_path),
+        max_length=None,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        **sft_config,
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer)
     # The labels TRL trains on: its collator's, one row at a time (so no padding).
@@ -277,9 +284,14 @@ def test_chat_template_kwargs_reach_the_template_as_in_trl(
     assert loss_text(plain, examples[0]) == response
 
 
-def test_a_tool_call_without_content_renders_as_an_empty_content(tokenizer: PreTrainedTokenizerFast) -> None:
+def test_a_tool_call_without_content_renders_as_an_empty_content(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
     row = rows_of("tool_calling.jsonl")[0]
-    null = {**row, "messages": [{**m, "content": None} if m.get("tool_calls") else m for m in row["messages"]]}
+    null = {
+        **row,
+        "messages": [{**m, "content": None} if m.get("tool_calls") else m for m in row["messages"]],
+    }
     source = {"loss_on": "all-assistant", "chat_template_path": str(QWEN3_STYLE)}
     (with_null,) = ours(datasets.Dataset.from_list([null]), tokenizer, **source)
     (with_empty,) = ours(datasets.Dataset.from_list([row]), tokenizer, **source)
@@ -306,7 +318,11 @@ def test_a_template_without_generation_blocks_that_trl_cannot_patch_is_refused()
 @pytest.mark.parametrize(
     ("fixture", "fields", "message"),
     [
-        ("tool_calling.jsonl", {}, r"row 0: its tools, reasoning_content, tool_calls need a chat template"),
+        (
+            "tool_calling.jsonl",
+            {},
+            r"row 0: its tools, reasoning_content, tool_calls need a chat template",
+        ),
         (
             "multi_turn.jsonl",
             {"chat_template_kwargs": {"enable_thinking": False}},
@@ -321,7 +337,9 @@ def test_what_the_fallback_template_cannot_render_is_refused(
         ours(rows_of(fixture), tiny_tokenizer(chat_template=None), **fields)
 
 
-def test_tools_that_are_not_a_list_of_schemas_name_the_row(tokenizer: PreTrainedTokenizerFast) -> None:
+def test_tools_that_are_not_a_list_of_schemas_name_the_row(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
     for tools, message in (
         ("[{", r"row 0: 'tools' is not valid JSON"),
@@ -334,9 +352,18 @@ def test_tools_that_are_not_a_list_of_schemas_name_the_row(tokenizer: PreTrained
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"chat_template_kwargs": {"tokenize": False}}, r"chat_template_kwargs sets tokenize, which the"),
-        ({"format": "text", "chat_template_kwargs": {"enable_thinking": False}}, r"format is 'text'"),
-        ({"chat_template_path": "missing.jinja"}, r"chat_template_path 'missing.jinja' is not a file"),
+        (
+            {"chat_template_kwargs": {"tokenize": False}},
+            r"chat_template_kwargs sets tokenize, which the",
+        ),
+        (
+            {"format": "text", "chat_template_kwargs": {"enable_thinking": False}},
+            r"format is 'text'",
+        ),
+        (
+            {"chat_template_path": "missing.jinja"},
+            r"chat_template_path 'missing.jinja' is not a file",
+        ),
     ],
 )
 def test_chat_template_fields_are_checked(fields: dict[str, Any], message: str) -> None:
@@ -375,4 +402,7 @@ def test_generation_blocks_without_the_end_of_turn_token_are_warned_about(
         ours(rows, tiny_tokenizer(chat_template=GENERATION_TEMPLATE), loss_on="all-assistant")
         assert "end-of-turn" not in caplog.text
         ours(rows, tiny_tokenizer(chat_template=before_end), loss_on="all-assistant")
-    assert "rows in memory: the chat template's {% generation %} blocks leave out the assistant's" in caplog.text
+    assert (
+        "rows in memory: the chat template's {% generation %} blocks leave out the assistant's"
+        in caplog.text
+    )

@@ -42,7 +42,9 @@ def sharded_learner(config: RunConfig, accelerator: Accelerator, data: RunData) 
     """A learner on a fresh model (sharded over the processes) with a fresh optimizer."""
     world, rank = accelerator.num_processes, accelerator.process_index
     set_seed(config.training.seed)
-    model = prepare_model(load_causal_lm(config.model), config.lora, config.training.gradient_checkpointing)
+    model = prepare_model(
+        load_causal_lm(config.model), config.lora, config.training.gradient_checkpointing
+    )
     if world > 1:
         mesh = init_device_mesh("cpu", (world,))
         for layer in [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]:
@@ -50,10 +52,18 @@ def sharded_learner(config: RunConfig, accelerator: Accelerator, data: RunData) 
         fully_shard(model, mesh=mesh)
     optimizer = build_optimizer(trainable_parameters(model), config.optimizer)
     scheduler = build_lr_scheduler(optimizer, config.optimizer, config.training.total_steps)
-    sampler = RankSlicedSampler(MixtureSampler(data.streams, seed=config.training.seed), rank, world)
+    sampler = RankSlicedSampler(
+        MixtureSampler(data.streams, seed=config.training.seed), rank, world
+    )
     return HFLearner.around(
-        model, optimizer, scheduler, sampler, data.dataset_names, data.domains,
-        accelerator=accelerator, max_grad_norm=1.0,
+        model,
+        optimizer,
+        scheduler,
+        sampler,
+        data.dataset_names,
+        data.domains,
+        accelerator=accelerator,
+        max_grad_norm=1.0,
     )
 
 
@@ -89,7 +99,9 @@ def main(config_path: str, out: str) -> None:
                 str(Path(out, "model.safetensors")),
             )
             # As dynamics run saves its best checkpoint.
-            accelerator.unwrap_model(learner.model).save_pretrained(Path(out, "saved"), state_dict=dict(model_state))
+            accelerator.unwrap_model(learner.model).save_pretrained(
+                Path(out, "saved"), state_dict=dict(model_state)
+            )
     accelerator.wait_for_everyone()
     learner.train(2, weights)
     evaluations["moved_on"] = learner.evaluate("eval")
@@ -104,7 +116,9 @@ def main(config_path: str, out: str) -> None:
     fresh.train(2, weights)
     evaluations["fresh_moved_on"] = fresh.evaluate("eval")
     result = {
-        "sharded_parameters": sum(type(p).__name__ == "DTensor" for p in learner.trainable_parameters),
+        "sharded_parameters": sum(
+            type(p).__name__ == "DTensor" for p in learner.trainable_parameters
+        ),
         "model_state_keys": None if model_state is None else list(model_state),
         **{name: evaluation.per_batch.tolist() for name, evaluation in evaluations.items()},
     }

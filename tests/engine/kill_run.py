@@ -55,14 +55,20 @@ def arm(point: str, n: int) -> None:
     if point == "probe":
         HFLearner.probe = counted(HFLearner.probe)
     elif point == "evaluate":
-        HFLearner.evaluate = counted(HFLearner.evaluate, when=lambda self, split, num_batches=None: num_batches is None)
+        HFLearner.evaluate = counted(
+            HFLearner.evaluate, when=lambda self, split, num_batches=None: num_batches is None
+        )
     elif point == "train":
         HFLearner.train = counted(HFLearner.train)
     elif point == "save":
         # Once every file of the new resume point is written and synced (the best
         # checkpoint's writes are synced by the same function, and not counted).
         rundir.fsync_tree = counted(
-            rundir.fsync_tree, when=lambda folder: folder.name.startswith(rundir.temporary_prefix(Path(run_state.RESUME_DIR))), after=True
+            rundir.fsync_tree,
+            when=lambda folder: folder.name.startswith(
+                rundir.temporary_prefix(Path(run_state.RESUME_DIR))
+            ),
+            after=True,
         )
     elif point == "swap":
         # The first of the save's two renames: last_checkpoint/ renamed to previous_checkpoint/.
@@ -72,7 +78,9 @@ def arm(point: str, n: int) -> None:
     elif point in ("best-new", "best-swap"):
         # The exchange of a new best checkpoint with the one before.
         rundir.exchange = counted(
-            rundir.exchange, when=lambda new, path: Path(path).name == rundir.CHECKPOINT_DIR, after=point == "best-swap"
+            rundir.exchange,
+            when=lambda new, path: Path(path).name == rundir.CHECKPOINT_DIR,
+            after=point == "best-swap",
         )
     else:
         raise SystemExit(f"unknown kill point {point!r}")

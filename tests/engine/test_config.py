@@ -19,8 +19,19 @@ def minimal(**extra) -> dict:
     data = {
         "model": {"name_or_path": "Qwen/Qwen2.5-3B"},
         "datasets": [
-            {"name": "math", "path": "math.jsonl", "role": "target", "format": "instruction", "budget": 2000},
-            {"name": "wiki", "hub_id": "wikimedia/wikipedia", "config_name": "20231101.en", "role": "non-target"},
+            {
+                "name": "math",
+                "path": "math.jsonl",
+                "role": "target",
+                "format": "instruction",
+                "budget": 2000,
+            },
+            {
+                "name": "wiki",
+                "hub_id": "wikimedia/wikipedia",
+                "config_name": "20231101.en",
+                "role": "non-target",
+            },
             {"name": "safety", "path": "safety.jsonl", "role": "constraint"},
         ],
     }
@@ -33,8 +44,16 @@ def test_defaults_follow_the_paper():
     assert config.model.trust_remote_code is False
     assert config.lora is not None and config.lora.rank == 32
     assert config.optimizer.lr_schedule == "constant" and config.optimizer.warmup_steps == 0
-    assert (config.training.total_steps, config.training.batch_size, config.training.sequence_length) == (2048, 8, 512)
-    assert (config.evaluation.interval, config.evaluation.batches, config.evaluation.reduced_batches) == (64, 200, 50)
+    assert (
+        config.training.total_steps,
+        config.training.batch_size,
+        config.training.sequence_length,
+    ) == (2048, 8, 512)
+    assert (
+        config.evaluation.interval,
+        config.evaluation.batches,
+        config.evaluation.reduced_batches,
+    ) == (64, 200, 50)
     assert config.method.schedule == "dense-warmup" and config.method.predictor == "linear"
     assert [d.name for d in config.training_datasets] == ["math", "wiki"]
     assert [d.name for d in config.evaluation_domains] == ["math", "safety"]
@@ -45,7 +64,13 @@ def test_defaults_follow_the_paper():
 
 def test_overrides_by_dotted_path_and_dataset_name():
     config = RunConfig.from_dict(
-        minimal(), ["training.total_steps=256", "datasets.math.budget=500", "lora=null", "method.schedule=fixed:64"]
+        minimal(),
+        [
+            "training.total_steps=256",
+            "datasets.math.budget=500",
+            "lora=null",
+            "method.schedule=fixed:64",
+        ],
     )
     assert config.training.total_steps == 256
     assert config.datasets[0].budget == 500
@@ -62,11 +87,23 @@ def test_overrides_by_dotted_path_and_dataset_name():
         ({"method": {"name": "fixed"}}, ["method.weights"]),
         ({"method": {"name": "fixed", "weights": {"math": 1}}}, ["missing ['wiki']"]),
         ({"optimiser": {}}, ["optimiser", "unknown field"]),
-        ({"model": {"name_or_path": "x", "init_config": {"model_type": "llama"}}}, ["set only one"]),
-        ({"method": {"name": "fixed", "weights": {"math": 1, "wiki": 1}, "backtrack": 2}}, ["method.backtrack"]),
-        ({"method": {"name": "gradient-alignment", "calibration": True}}, ["method.name: dynamics"]),
+        (
+            {"model": {"name_or_path": "x", "init_config": {"model_type": "llama"}}},
+            ["set only one"],
+        ),
+        (
+            {"method": {"name": "fixed", "weights": {"math": 1, "wiki": 1}, "backtrack": 2}},
+            ["method.backtrack"],
+        ),
+        (
+            {"method": {"name": "gradient-alignment", "calibration": True}},
+            ["method.name: dynamics"],
+        ),
         ({"method": {"backtrack": -1}}, ["method.backtrack"]),
-        ({"method": {"backtrack_patience": 2}}, ["method.backtrack_patience", "method.backtrack > 0"]),
+        (
+            {"method": {"backtrack_patience": 2}},
+            ["method.backtrack_patience", "method.backtrack > 0"],
+        ),
         ({"method": {"backtrack": 1, "backtrack_patience": 0}}, ["backtrack_patience"]),
     ],
 )
@@ -83,7 +120,12 @@ def test_dataset_errors():
     with pytest.raises(ConfigError, match="role 'target'"):
         RunConfig.from_dict(bad_role)
     mc_target = minimal()
-    mc_target["datasets"][0] = {"name": "mmlu", "path": "m.jsonl", "role": "target", "format": "multiple_choice"}
+    mc_target["datasets"][0] = {
+        "name": "mmlu",
+        "path": "m.jsonl",
+        "role": "target",
+        "format": "multiple_choice",
+    }
     with pytest.raises(ConfigError, match=r"only be a\s+constraint"):
         RunConfig.from_dict(mc_target)
     dupes = minimal()
@@ -118,19 +160,29 @@ def test_config_docs_are_in_sync():
     assert (ROOT / "docs" / "config.md").read_text() == config_reference_markdown(), (
         "docs/config.md is stale: regenerate it with "
         "python -c 'from dynamics.engine.config_docs import config_reference_markdown as m; "
-        "open(\"docs/config.md\", \"w\").write(m())'"
+        'open("docs/config.md", "w").write(m())\''
     )
 
 
 def test_multiple_choice_constraint_on_loss_reaches_the_data_source():
     config = minimal()
-    config["datasets"].append({"name": "mmlu", "path": "m.jsonl", "role": "constraint", "format": "multiple_choice"})
+    config["datasets"].append(
+        {"name": "mmlu", "path": "m.jsonl", "role": "constraint", "format": "multiple_choice"}
+    )
     source = RunConfig.from_dict(config).datasets[-1].data_source()
     assert (source.format, source.metric) == ("multiple_choice", "loss")
     # Other formats are scored by loss, and their source says so.
     text = RunConfig.from_dict(config).datasets[0].data_source()
     assert (text.format, text.metric) == ("instruction", "loss")
-    accuracy = RunConfig.from_dict({**config, "datasets": [*config["datasets"][:-1], {**config["datasets"][-1], "metric": "accuracy"}]})
+    accuracy = RunConfig.from_dict(
+        {
+            **config,
+            "datasets": [
+                *config["datasets"][:-1],
+                {**config["datasets"][-1], "metric": "accuracy"},
+            ],
+        }
+    )
     assert accuracy.datasets[-1].data_source().metric == "accuracy"
 
 
@@ -153,18 +205,29 @@ def test_revision_and_data_files_reach_the_data_source():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"path": "math.jsonl", "revision": "main"}, r"revision 'main' pins a hub dataset's version; set hub_id"),
+        (
+            {"path": "math.jsonl", "revision": "main"},
+            r"revision 'main' pins a hub dataset's version; set hub_id",
+        ),
         ({"hub_id": "org/x", "revision": ""}, r"datasets\.0\.revision"),
-        ({"path": "math.jsonl", "data_files": "a.jsonl"}, r"data_files='a.jsonl' chooses files of a hub dataset"),
+        (
+            {"path": "math.jsonl", "data_files": "a.jsonl"},
+            r"data_files='a.jsonl' chooses files of a hub dataset",
+        ),
         ({"hub_id": "org/x", "data_files": []}, r"data_files=\[\]: give a file path or glob"),
-        ({"hub_id": "org/x", "data_files": {"train": 3}}, r"datasets\.0\.data_files: .*data_files=\{'train': 3\}: give a file"),
+        (
+            {"hub_id": "org/x", "data_files": {"train": 3}},
+            r"datasets\.0\.data_files: .*data_files=\{'train': 3\}: give a file",
+        ),
         ({"hub_id": "org/x", "stream_shuffle_buffer": -1}, r"datasets\.0\.stream_shuffle_buffer"),
         ({"hub_id": "org/x", "loss_on": "every-turn"}, r"datasets\.0\.loss_on"),
     ],
 )
 def test_dataset_file_options_are_checked(change, message):
     config = minimal()
-    entry = {key: value for key, value in config["datasets"][0].items() if key not in ("path", "hub_id")}
+    entry = {
+        key: value for key, value in config["datasets"][0].items() if key not in ("path", "hub_id")
+    }
     config["datasets"][0] = {**entry, **change}
     with pytest.raises(ConfigError, match=message):
         RunConfig.from_dict(config)
@@ -172,7 +235,13 @@ def test_dataset_file_options_are_checked(change, message):
 
 def test_single_robustness_options_override_the_variant():
     config = minimal()
-    config["method"] = {"name": "dynamics", "variant": "robust", "target_noise": 2.0, "calibration": False, "target_floor": 0.05}
+    config["method"] = {
+        "name": "dynamics",
+        "variant": "robust",
+        "target_noise": 2.0,
+        "calibration": False,
+        "target_floor": 0.05,
+    }
     options = RunConfig.from_dict(config).method.robust_options()
     assert (options.target_noise, options.calibration, options.target_floor) == (2.0, False, 0.05)
     assert options.gain_exponent == VARIANTS["robust"].gain_exponent  # the rest from the variant
@@ -190,7 +259,15 @@ def test_every_setting_the_protocol_measures_is_a_valid_method_config():
         method = RunConfig.from_dict(config).method
         options = method.robust_options()
         for key, value in settings.items():
-            if key in ("variant", "schedule", "probe_cap", "probe_min", "min_weight", "backtrack", "backtrack_patience"):
+            if key in (
+                "variant",
+                "schedule",
+                "probe_cap",
+                "probe_min",
+                "min_weight",
+                "backtrack",
+                "backtrack_patience",
+            ):
                 assert getattr(method, key) == value, (label, key)
             else:
                 assert getattr(options, key) == value, (label, key)
@@ -203,7 +280,11 @@ def test_an_option_set_turns_off_the_variants_options_that_need_what_it_turns_of
     assert VARIANTS["robust"].answer_tolerance == 0.5 and VARIANTS["robust"].target_floor == 0.02
     config["method"] = {"name": "dynamics", "expected_accuracy": False}
     options = RunConfig.from_dict(config).method.robust_options()
-    assert (options.expected_accuracy, options.answer_tolerance, options.target_floor) == (False, 0.0, 0.02)
+    assert (options.expected_accuracy, options.answer_tolerance, options.target_floor) == (
+        False,
+        0.0,
+        0.02,
+    )
     config["method"] = {"name": "dynamics", "expected_accuracy": False, "answer_tolerance": 0.5}
     with pytest.raises(ConfigError, match=r"answer_tolerance .* expected_accuracy is off"):
         RunConfig.from_dict(config)
@@ -216,7 +297,9 @@ def test_the_direct_candidate_is_on_where_an_option_needs_it_and_never_turned_on
     config["method"] = {"name": "dynamics", "variant": "paper", "gain_exponent": 0.5}
     assert RunConfig.from_dict(config).method.robust_options().lp_candidate
     config["method"] = {"name": "dynamics", "lp_candidate": False, "target_noise": 1.0}
-    with pytest.raises(ConfigError, match=r"target_noise and gain_exponent act through the direct candidate"):
+    with pytest.raises(
+        ConfigError, match=r"target_noise and gain_exponent act through the direct candidate"
+    ):
         RunConfig.from_dict(config)
 
 
@@ -227,7 +310,9 @@ def test_dynamics_runs_the_default_variant_and_the_saved_config_names_it():
     assert parsed.method.variant == DEFAULT_VARIANT == "robust"
     assert parsed.method.robust_options() == VARIANTS["robust"]
     assert yaml.safe_load(parsed.to_yaml())["method"]["variant"] == "robust"
-    assert RunConfig.from_dict(yaml.safe_load(parsed.to_yaml())) == parsed  # what a resume reads back
+    assert (
+        RunConfig.from_dict(yaml.safe_load(parsed.to_yaml())) == parsed
+    )  # what a resume reads back
 
 
 def test_methods_without_probes_have_no_variant():

@@ -21,7 +21,10 @@ def untimed_rows(path):
 
 def test_the_same_config_and_seed_give_identical_records(tokenizer_dir, tmp_path):
     for name in ("a", "b"):
-        run(RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / name, variant="robust")), progress=False)
+        run(
+            RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / name, variant="robust")),
+            progress=False,
+        )
     for log in ("metrics.jsonl", "controller.jsonl"):
         assert untimed_rows(tmp_path / "a" / log) == untimed_rows(tmp_path / "b" / log)
 
@@ -31,7 +34,9 @@ def evaluation_rows(tokenizer_dir, tmp_path, **training):
     data["training"].update(training)
     built = build_run(RunConfig.from_dict(data))
     return {
-        domain.name: [batch["input_ids"].tolist() for batch in [*domain.eval_batches, *domain.test_batches]]
+        domain.name: [
+            batch["input_ids"].tolist() for batch in [*domain.eval_batches, *domain.test_batches]
+        ]
         for domain in built.learner.domains
     }, [p.detach().clone() for p in built.learner.trainable_parameters]
 

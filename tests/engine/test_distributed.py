@@ -32,28 +32,54 @@ def config(tokenizer_dir: Path, out: Path, batch_size: int, split_probes: bool =
         "optimizer": {"lr": 1e-2},
         # Packed text: every sequence has the same number of loss tokens, so the mean of
         # the two ranks' mean losses equals the one-process mean (DDP averages gradients).
-        "training": {"total_steps": 6, "batch_size": batch_size, "sequence_length": 32, "packing": True,
-                     "split_probes": split_probes},
+        "training": {
+            "total_steps": 6,
+            "batch_size": batch_size,
+            "sequence_length": 32,
+            "packing": True,
+            "split_probes": split_probes,
+        },
         # Three batches over two ranks: rank 0 evaluates two, rank 1 one (none of the
         # single reduced batch), and the gathered values must equal one process's.
         "evaluation": {"interval": 3, "batches": 3, "reduced_batches": 1, "batch_size": 4},
         "method": {"name": "dynamics", "schedule": [0, 2, 4]},
         "datasets": [
             {"name": "wiki", "path": str(FIXTURES / "wikipedia.jsonl"), "role": "target", **text},
-            {"name": "wikitxt", "path": str(FIXTURES / "wikipedia.txt"), "role": "non-target", **text},
-            {"name": "orca", "path": str(FIXTURES / "openorca.jsonl"), "role": "constraint",
-             "format": "instruction", "columns": {"prompt": "question"}},
+            {
+                "name": "wikitxt",
+                "path": str(FIXTURES / "wikipedia.txt"),
+                "role": "non-target",
+                **text,
+            },
+            {
+                "name": "orca",
+                "path": str(FIXTURES / "openorca.jsonl"),
+                "role": "constraint",
+                "format": "instruction",
+                "columns": {"prompt": "question"},
+            },
             # An accuracy constraint: its slopes come from the expected accuracy, which the
             # ranks must sum as they sum the measured values.
-            {"name": "mmlu", "path": str(FIXTURES / "tinymmlu.jsonl"), "role": "constraint",
-             "format": "multiple_choice", "metric": "accuracy", "eval_batch_size": 1},
+            {
+                "name": "mmlu",
+                "path": str(FIXTURES / "tinymmlu.jsonl"),
+                "role": "constraint",
+                "format": "multiple_choice",
+                "metric": "accuracy",
+                "eval_batch_size": 1,
+            },
         ],
         "output_dir": str(out),
     }
 
 
 def launch(
-    tmp_path: Path, name: str, nproc: int, batch_size: int, tokenizer_dir: Path, split_probes: bool = True,
+    tmp_path: Path,
+    name: str,
+    nproc: int,
+    batch_size: int,
+    tokenizer_dir: Path,
+    split_probes: bool = True,
     torchrun: bool = False,
 ) -> list[dict]:
     """The run as one process (this one), or as ``nproc`` processes: started by torchrun in
@@ -67,8 +93,16 @@ def launch(
         cli_here(*args)  # the reference, without a launcher
     elif torchrun:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                   "-m", "dynamics.cli", *args]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "dynamics.cli",
+            *args,
+        ]
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.stdout.count("run folder:") == 1  # the summary is printed once, not per rank
@@ -81,7 +115,9 @@ def launch(
 
 
 def evaluations(tmp_path: Path, name: str) -> list[dict]:
-    return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def probe_streams(tmp_path: Path, name: str) -> list[dict]:
@@ -95,9 +131,13 @@ def test_two_processes_match_one_process(tmp_path):
     tiny_tokenizer().save_pretrained(tokenizer_dir)
     single = launch(tmp_path, "single", nproc=1, batch_size=4, tokenizer_dir=tokenizer_dir)
     # Two datasets over two ranks: each rank probes one dataset on its own.
-    split = launch(tmp_path, "split", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir, torchrun=True)
+    split = launch(
+        tmp_path, "split", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir, torchrun=True
+    )
     # Both ranks take part in both probes, as data-parallel training does.
-    together = launch(tmp_path, "together", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir, split_probes=False)
+    together = launch(
+        tmp_path, "together", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir, split_probes=False
+    )
     assert [u["probe_ranks"] for u in single] == [[[0], [0]]] * 3
     assert [u["probe_ranks"] for u in split] == [[[0], [1]]] * 3
     assert [u["probe_ranks"] for u in together] == [[[0, 1], [0, 1]]] * 3
@@ -109,15 +149,21 @@ def test_two_processes_match_one_process(tmp_path):
     for name, double in (("split", split), ("together", together)):
         assert [u["step"] for u in single] == [u["step"] for u in double] == [0, 2, 4]
         for one, two in zip(single, double, strict=True):
-            np.testing.assert_allclose(two["slope_matrix"], one["slope_matrix"], rtol=1e-3, atol=1e-5)
+            np.testing.assert_allclose(
+                two["slope_matrix"], one["slope_matrix"], rtol=1e-3, atol=1e-5
+            )
             np.testing.assert_allclose(two["weights"], one["weights"], atol=1e-4)
             np.testing.assert_allclose(two["current_losses"], one["current_losses"], rtol=1e-5)
             assert all(seconds > 0 for seconds in two["dataset_probe_seconds"])
         # Rank 0 probed only the first dataset, yet saves both streams where one process has them.
         assert probe_streams(tmp_path, name) == probe_streams(tmp_path, "single")
-        for one, two in zip(evaluations(tmp_path, "single"), evaluations(tmp_path, name), strict=True):
+        for one, two in zip(
+            evaluations(tmp_path, "single"), evaluations(tmp_path, name), strict=True
+        ):
             for part in ("eval", "test"):
-                np.testing.assert_allclose(list(two[part].values()), list(one[part].values()), rtol=1e-5)
+                np.testing.assert_allclose(
+                    list(two[part].values()), list(one[part].values()), rtol=1e-5
+                )
 
 
 def free_port() -> int:
@@ -144,7 +190,10 @@ def start_ranks(module: str, args: list[str], nproc: int = 2) -> list[Child]:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
     }
-    return [Child(module, args, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in range(nproc)]
+    return [
+        Child(module, args, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+        for rank in range(nproc)
+    ]
 
 
 def finish(ranks: list[Child], timeout: float = 120, stop_on_failure: bool = False) -> list[int]:
@@ -157,20 +206,26 @@ def finish(ranks: list[Child], timeout: float = 120, stop_on_failure: bool = Fal
         if stop_on_failure and failed:
             for rank in ranks:
                 rank.kill()
-            pytest.fail(f"rank {failed[0]} exited with {ranks[failed[0]].poll()}: {ranks[failed[0]].stderr()[-3000:]}")
+            pytest.fail(
+                f"rank {failed[0]} exited with {ranks[failed[0]].poll()}: {ranks[failed[0]].stderr()[-3000:]}"
+            )
         time.sleep(0.05)
     codes = [rank.poll() for rank in ranks]
     if any(code is None for code in codes):
         for rank in ranks:
             rank.kill()
         tails = "; ".join(f"rank {i}: {rank.stderr()[-1000:]}" for i, rank in enumerate(ranks))
-        pytest.fail(f"a rank was still running after {timeout} s: it was left waiting for the others ({tails})")
+        pytest.fail(
+            f"a rank was still running after {timeout} s: it was left waiting for the others ({tails})"
+        )
     if stop_on_failure:
         assert codes == [0] * len(ranks), [rank.stderr()[-3000:] for rank in ranks]
     return [code for code in codes if code is not None]
 
 
-def run_ranks(module: str, args: list[str], nproc: int = 2, timeout: float = 120) -> list[tuple[int, str]]:
+def run_ranks(
+    module: str, args: list[str], nproc: int = 2, timeout: float = 120
+) -> list[tuple[int, str]]:
     """``python -m MODULE ARGS`` as ``nproc`` ranks: each rank's exit code and stderr."""
     ranks = start_ranks(module, args, nproc)
     return [(code, rank.stderr()) for code, rank in zip(finish(ranks, timeout), ranks, strict=True)]

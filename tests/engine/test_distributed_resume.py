@@ -44,7 +44,9 @@ def rank_rng(point: Path, rank: int) -> tuple[torch.Tensor, str]:
     name = run_state.rank_rng_name("learner", rank)
     tensors = safetensors.torch.load_file(str(point / run_state.RNG_DIR / f"{name}.safetensors"))
     meta = json.loads((point / run_state.RNG_DIR / f"{name}.json").read_text())
-    return tensors[meta["torch_cpu"]["__tensor__"]], json.dumps({k: meta[k] for k in ("python", "numpy")})
+    return tensors[meta["torch_cpu"]["__tensor__"]], json.dumps(
+        {k: meta[k] for k in ("python", "numpy")}
+    )
 
 
 def test_a_two_process_run_resumed_with_two_processes_gives_the_same_files(tmp_path, capsys):
@@ -73,14 +75,18 @@ def test_a_two_process_run_resumed_with_two_processes_gives_the_same_files(tmp_p
     assert (point / run_state.RNG_DIR / f"{run_state.rank_rng_name('feasible', 1)}.json").is_file()
 
     # One process cannot go on from two processes' resume point: one line, nothing changed.
-    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()}
+    before = {
+        p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()
+    }
     code = cli_main(["run", "--resume", str(out), "--no-progress"])  # in this process: one process
     stderr = capsys.readouterr().err
     lines = [line for line in stderr.splitlines() if line.startswith("dynamics run: error: ")]
     assert code == 2 and len(lines) == 1, stderr[-3000:]
     assert "was saved by 2 processes but this run has 1" in lines[0]
     assert "torchrun --nproc-per-node 2" in lines[0] and f"--resume {out}" in lines[0]
-    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()}
+    after = {
+        p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()
+    }
     assert after == before
 
     for code, err in ranks("run", "--resume", str(out), "--no-progress"):
@@ -102,5 +108,9 @@ def test_a_resume_under_another_number_of_processes_is_refused_on_every_rank(tmp
         (folder / run_state.LOOP_FILE).write_text(json.dumps(saved))
 
     run_state.write_resume_point(out, 4, write)
-    results = run_ranks("dynamics.cli", ["run", "--resume", str(out), "--no-progress"], timeout=TIMEOUT)
-    refused_everywhere(results, "was saved by 3 processes but this run has 2", "torchrun --nproc-per-node 3")
+    results = run_ranks(
+        "dynamics.cli", ["run", "--resume", str(out), "--no-progress"], timeout=TIMEOUT
+    )
+    refused_everywhere(
+        results, "was saved by 3 processes but this run has 2", "torchrun --nproc-per-node 3"
+    )

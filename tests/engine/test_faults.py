@@ -81,10 +81,14 @@ def test_a_full_disk_while_a_resume_point_is_written_stops_the_run_and_keeps_the
     calls: list[str] = []
     full = OSError(errno.ENOSPC, "No space left on device")
     # save_snapshot writes learner.safetensors with it: once per resume point (no backtracking).
-    monkeypatch.setattr(safetensors.torch, "save_file", fill_up_on(calls, 3, full, safetensors.torch.save_file))
+    monkeypatch.setattr(
+        safetensors.torch, "save_file", fill_up_on(calls, 3, full, safetensors.torch.save_file)
+    )
     assert cli_main(["run", str(config), "--out", str(out), "--no-progress"]) == 1
     err = one_line(capsys)
-    assert len(calls) == 3 and all("/.dynamics-tmp-last_checkpoint." in c for c in calls)  # the save of step 6
+    assert len(calls) == 3 and all(
+        "/.dynamics-tmp-last_checkpoint." in c for c in calls
+    )  # the save of step 6
     assert "no space left on the device while writing the resume point of step 6" in err
     assert str(out / "last_checkpoint") in err
     assert f"free space there, then continue the run with dynamics run --resume {out}" in err
@@ -95,7 +99,9 @@ def test_a_full_disk_while_a_resume_point_is_written_stops_the_run_and_keeps_the
     assert not (out / "summary.json").exists()
     assert run_state.check_resume_point(out / "last_checkpoint") == (4, None)
     assert not (out / "previous_checkpoint").exists()
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 2, 4, 6]
+    assert [
+        json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+    ] == [0, 2, 4, 6]
 
     monkeypatch.undo()
     assert cli_main(["run", "--resume", str(out), "--no-progress"]) == 0
@@ -116,7 +122,11 @@ def test_a_full_disk_while_the_best_checkpoint_is_written_keeps_the_one_before(
         'Error while serializing: I/O error: No space left on device (os error 28) at path "x"'
     )
     # PEFT saves the adapter with it: once per best checkpoint. Fail the second one.
-    monkeypatch.setattr(peft.peft_model, "safe_save_file", fill_up_on(calls, 2, full, peft.peft_model.safe_save_file))
+    monkeypatch.setattr(
+        peft.peft_model,
+        "safe_save_file",
+        fill_up_on(calls, 2, full, peft.peft_model.safe_save_file),
+    )
     assert cli_main(["run", str(config), "--out", str(out), "--no-progress"]) == 1
     err = one_line(capsys)
     assert len(calls) == 2 and all("/.dynamics-tmp-best_checkpoint." in c for c in calls)
@@ -159,12 +169,18 @@ def cut_in_half(path: Path) -> None:
 @pytest.mark.parametrize(
     ("file", "damage", "why"),
     [
-        ("learner.safetensors", flip_a_byte, "learner.safetensors does not match its SHA-256 in manifest.json"),
+        (
+            "learner.safetensors",
+            flip_a_byte,
+            "learner.safetensors does not match its SHA-256 in manifest.json",
+        ),
         ("loop.json", cut_in_half, "loop.json has"),
     ],
     ids=["flipped-safetensors", "truncated-json"],
 )
-def test_a_damaged_resume_point_is_passed_over_for_the_one_before(reference, tmp_path, caplog, file, damage, why):
+def test_a_damaged_resume_point_is_passed_over_for_the_one_before(
+    reference, tmp_path, caplog, file, damage, why
+):
     _, reference_folder, expected = reference
     out = stopped_copy(reference_folder, tmp_path / "run")
     damage(out / "last_checkpoint" / file)
@@ -178,11 +194,17 @@ def test_a_damaged_resume_point_is_passed_over_for_the_one_before(reference, tmp
     assert comparable(out) == expected
 
 
-def test_a_resume_keeps_a_users_hidden_folders_and_removes_only_the_runs_leftovers(reference, tmp_path):
+def test_a_resume_keeps_a_users_hidden_folders_and_removes_only_the_runs_leftovers(
+    reference, tmp_path
+):
     _, reference_folder, expected = reference
     out = stopped_copy(reference_folder, tmp_path / "run")
     # The run folder is a git repository of the user's, with an editor's folder beside it.
-    users = {".git/HEAD": b"ref: refs/heads/main\n", ".git/objects/ab/cdef": b"\x78\x01blob", ".idea/workspace.xml": b"<x/>"}
+    users = {
+        ".git/HEAD": b"ref: refs/heads/main\n",
+        ".git/objects/ab/cdef": b"\x78\x01blob",
+        ".idea/workspace.xml": b"<x/>",
+    }
     for name, data in users.items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_bytes(data)
@@ -211,7 +233,9 @@ def test_no_usable_resume_point_is_one_error_and_changes_nothing(reference, tmp_
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
-def test_report_of_a_run_still_writing_skips_only_an_unfinished_last_line(reference, tmp_path, capsys):
+def test_report_of_a_run_still_writing_skips_only_an_unfinished_last_line(
+    reference, tmp_path, capsys
+):
     _, reference_folder, _ = reference
     out = stopped_copy(reference_folder, tmp_path / "run")
     metrics = out / "metrics.jsonl"
@@ -225,7 +249,9 @@ def test_report_of_a_run_still_writing_skips_only_an_unfinished_last_line(refere
     assert "evaluated up to step 6 of 8 steps" in printed
     table = printed.split("feasible  weights")[1].split("\n\n")[0].strip().splitlines()
     assert [row.split()[0] for row in table] == ["0", "2", "4", "6"]
-    assert "note: metrics.jsonl: left out its unfinished last line (5), still being written" in printed
+    assert (
+        "note: metrics.jsonl: left out its unfinished last line (5), still being written" in printed
+    )
 
     # A damaged line that is not the last one is an error naming the file and the line.
     metrics.write_text("\n".join([lines[0], lines[1][:10], *lines[2:]]) + "\n")
@@ -242,14 +268,21 @@ def test_report_of_a_run_still_writing_skips_only_an_unfinished_last_line(refere
     assert f"controller.jsonl, line {len(updates)}: not valid JSON" in capsys.readouterr().err
 
 
-def test_report_of_a_run_before_its_first_evaluation_and_of_no_run_folder(reference, tmp_path, capsys):
+def test_report_of_a_run_before_its_first_evaluation_and_of_no_run_folder(
+    reference, tmp_path, capsys
+):
     _, reference_folder, _ = reference
     out = tmp_path / "run"
     out.mkdir()
     shutil.copy(reference_folder / "config.yaml", out / "config.yaml")  # set up, nothing logged yet
     assert cli_main(["report", str(out)]) == 0
-    assert "(0 mixture updates so far, no main evaluation yet of 8 steps)" in capsys.readouterr().out
+    assert (
+        "(0 mixture updates so far, no main evaluation yet of 8 steps)" in capsys.readouterr().out
+    )
     (out / "config.yaml").unlink()
     assert cli_main(["report", str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"{out / 'summary.json'} and {out / 'config.yaml'} are missing: is {out} a dynamics run folder?" in err
+    assert (
+        f"{out / 'summary.json'} and {out / 'config.yaml'} are missing: is {out} a dynamics run folder?"
+        in err
+    )

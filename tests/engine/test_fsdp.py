@@ -36,7 +36,11 @@ def launch(
         with one_thread():  # the unsharded reference, without a launcher
             fsdp_script.main(str(path), str(out))
     else:
-        finish(start_ranks("tests.engine.fsdp_script", [str(path), str(out)], nproc), timeout=600, stop_on_failure=True)
+        finish(
+            start_ranks("tests.engine.fsdp_script", [str(path), str(out)], nproc),
+            timeout=600,
+            stop_on_failure=True,
+        )
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]
 
 
@@ -105,7 +109,9 @@ def test_a_sharded_lora_adapter_is_saved_whole(tmp_path):
     that PEFT loads."""
     tokenizer_dir = tmp_path / "tokenizer"
     tiny_tokenizer().save_pretrained(tokenizer_dir)
-    sharded = launch(tmp_path, "lora", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir, lora=True)
+    sharded = launch(
+        tmp_path, "lora", nproc=2, batch_size=2, tokenizer_dir=tokenizer_dir, lora=True
+    )
     for rank in sharded:
         assert rank["sharded_parameters"] == 8  # lora_A and lora_B of q_proj and v_proj, 2 layers
         assert rank["restored"] == rank["before"] and rank["reloaded"] == rank["retrained"]

@@ -42,9 +42,15 @@ def _run_folder(tmp_path, model_dir, lora: bool, quantization: dict | None = Non
     run = tmp_path / ("lora" if lora else "full")
     config = RunConfig.from_dict(
         {
-            "model": {"name_or_path": str(model_dir), "dtype": "float32", "quantization": quantization},
+            "model": {
+                "name_or_path": str(model_dir),
+                "dtype": "float32",
+                "quantization": quantization,
+            },
             "lora": {"rank": 4, "alpha": 8} if lora else None,
-            "datasets": [{"name": "math", "path": "tests/fixtures/metamath.jsonl", "role": "target"}],
+            "datasets": [
+                {"name": "math", "path": "tests/fixtures/metamath.jsonl", "role": "target"}
+            ],
             "output_dir": str(run),
         }
     )
@@ -54,7 +60,10 @@ def _run_folder(tmp_path, model_dir, lora: bool, quantization: dict | None = Non
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     if lora:
         model = get_peft_model(
-            model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+            model,
+            LoraConfig(
+                r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+            ),
         )
     else:
         with torch.no_grad():
@@ -66,29 +75,57 @@ def _run_folder(tmp_path, model_dir, lora: bool, quantization: dict | None = Non
 
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
-def test_eval_compares_the_base_model_and_the_best_checkpoint(tmp_path, model_dir, in_repo, lora, capsys):  # noqa: F811
+def test_eval_compares_the_base_model_and_the_best_checkpoint(
+    tmp_path,
+    model_dir,  # noqa: F811
+    in_repo,  # noqa: F811
+    lora,
+    capsys,
+):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run, tuned = _run_folder(tmp_path, model_dir, lora)
-    code = cli_main(["eval", str(run), "--tasks", TASK, "--include-path", INCLUDE, "--batch-size", "4", "--device", "cpu"])
+    code = cli_main(
+        [
+            "eval",
+            str(run),
+            "--tasks",
+            TASK,
+            "--include-path",
+            INCLUDE,
+            "--batch-size",
+            "4",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0
     record = json.loads((run / "lm_eval.json").read_text())
     assert record["tasks"] == [TASK] and record["lm_eval_version"] == "0.4.13"
     args = record["models"]["best_checkpoint"]["model_args"]
     assert (args.get("peft"), args["pretrained"]) == (
-        (str(run / "best_checkpoint"), str(model_dir)) if lora else (None, str(run / "best_checkpoint"))
+        (str(run / "best_checkpoint"), str(model_dir))
+        if lora
+        else (None, str(run / "best_checkpoint"))
     )
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    base_accuracy, base_scores = _accuracy_and_scores(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer)
+    base_accuracy, base_scores = _accuracy_and_scores(
+        AutoModelForCausalLM.from_pretrained(model_dir), tokenizer
+    )
     tuned_accuracy, tuned_scores = _accuracy_and_scores(tuned, tokenizer)
-    assert not torch.allclose(base_scores, tuned_scores, atol=1e-3)  # the checkpoint is another model
+    assert not torch.allclose(
+        base_scores, tuned_scores, atol=1e-3
+    )  # the checkpoint is another model
     assert record["models"]["base"]["results"][TASK]["acc,none"] == base_accuracy
     assert record["models"]["best_checkpoint"]["results"][TASK]["acc,none"] == tuned_accuracy
     assert isinstance(record["models"]["base"]["results"][TASK]["acc_stderr,none"], float)
     # lm-eval's task versions and configs: what was evaluated.
     assert record["models"]["base"]["versions"][TASK] == 1.0
-    assert record["models"]["base"]["configs"][TASK]["doc_to_text"] == "Question: {{question}}\nAnswer:"
+    assert (
+        record["models"]["base"]["configs"][TASK]["doc_to_text"]
+        == "Question: {{question}}\nAnswer:"
+    )
 
     table = lm_eval_table(read_lm_eval(run))
     row = next(line for line in table if line.startswith(TASK))
@@ -102,8 +139,13 @@ def test_eval_refuses_a_run_without_a_named_base_model(tmp_path, capsys):
     run.mkdir()
     config = RunConfig.from_dict(
         {
-            "model": {"init_config": {"model_type": "llama"}, "tokenizer": "examples/tiny-tokenizer"},
-            "datasets": [{"name": "math", "path": "tests/fixtures/metamath.jsonl", "role": "target"}],
+            "model": {
+                "init_config": {"model_type": "llama"},
+                "tokenizer": "examples/tiny-tokenizer",
+            },
+            "datasets": [
+                {"name": "math", "path": "tests/fixtures/metamath.jsonl", "role": "target"}
+            ],
         }
     )
     (run / "config.yaml").write_text(config.to_yaml())
@@ -120,8 +162,22 @@ def test_eval_passes_prompt_options_as_simple_evaluate_takes_them(tmp_path, mode
     run, tuned = _run_folder(tmp_path, model_dir, lora=True)
     instruction = "Answer the question."
     code = cli_main(
-        ["eval", str(run), "--tasks", TASK, "--include-path", INCLUDE, "--batch-size", "4", "--device", "cpu",
-         "--num-fewshot", "3", "--system-instruction", instruction]
+        [
+            "eval",
+            str(run),
+            "--tasks",
+            TASK,
+            "--include-path",
+            INCLUDE,
+            "--batch-size",
+            "4",
+            "--device",
+            "cpu",
+            "--num-fewshot",
+            "3",
+            "--system-instruction",
+            instruction,
+        ]
     )
     assert code == 0
     record = json.loads((run / "lm_eval.json").read_text())
@@ -130,7 +186,9 @@ def test_eval_passes_prompt_options_as_simple_evaluate_takes_them(tmp_path, mode
     # The same prompts as a dataset with the same options: the same acc.
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     options = {"lm_eval_num_fewshot": 3, "lm_eval_system_instruction": instruction}
-    base_accuracy, _ = _accuracy_and_scores(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer, **options)
+    base_accuracy, _ = _accuracy_and_scores(
+        AutoModelForCausalLM.from_pretrained(model_dir), tokenizer, **options
+    )
     tuned_accuracy, _ = _accuracy_and_scores(tuned, tokenizer, **options)
     assert record["models"]["base"]["results"][TASK]["acc,none"] == base_accuracy
     assert record["models"]["best_checkpoint"]["results"][TASK]["acc,none"] == tuned_accuracy
@@ -143,7 +201,10 @@ def test_chat_options_reach_simple_evaluate_by_its_names():
 
     parser = argparse.ArgumentParser()
     eval_command.add_arguments(parser)
-    parse = lambda *extra: eval_command._prompt_options(parser.parse_args(["runs/x", "--tasks", TASK, *extra]))  # noqa: E731
+
+    def parse(*extra):
+        return eval_command._prompt_options(parser.parse_args(["runs/x", "--tasks", TASK, *extra]))
+
     assert parse() == {}
     assert parse("--apply-chat-template", "--no-fewshot-as-multiturn") == {
         "apply_chat_template": True,
@@ -151,7 +212,9 @@ def test_chat_options_reach_simple_evaluate_by_its_names():
     }
     from dynamics.commands.errors import UsageError
 
-    with pytest.raises(UsageError, match="--fewshot-as-multiturn shapes a chat: give --apply-chat-template"):
+    with pytest.raises(
+        UsageError, match="--fewshot-as-multiturn shapes a chat: give --apply-chat-template"
+    ):
         parse("--fewshot-as-multiturn")
 
 
@@ -172,11 +235,20 @@ def test_a_quantized_run_is_evaluated_quantized(tmp_path, model_dir, in_repo, mo
 
     monkeypatch.setattr(model_module, "AutoModelForCausalLM", Recording)
     run, tuned = _run_folder(tmp_path, model_dir, lora=True, quantization={"bits": 4})
-    code = cli_main(["eval", str(run), "--tasks", TASK, "--include-path", INCLUDE, "--batch-size", "4"])
+    code = cli_main(
+        ["eval", str(run), "--tasks", TASK, "--include-path", INCLUDE, "--batch-size", "4"]
+    )
     assert code == 0
-    assert [name for name, _, _ in loads] == [str(model_dir), str(model_dir)]  # the base, then under the adapter
+    assert [name for name, _, _ in loads] == [
+        str(model_dir),
+        str(model_dir),
+    ]  # the base, then under the adapter
     for _, quantized, device_map in loads:
-        assert quantized.load_in_4bit and quantized.bnb_4bit_quant_type == "nf4" and quantized.bnb_4bit_use_double_quant
+        assert (
+            quantized.load_in_4bit
+            and quantized.bnb_4bit_quant_type == "nf4"
+            and quantized.bnb_4bit_use_double_quant
+        )
         assert device_map == {"": 0}
     record = json.loads((run / "lm_eval.json").read_text())
     assert record["models"]["best_checkpoint"]["quantization"] == {"bits": 4}

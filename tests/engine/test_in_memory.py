@@ -26,7 +26,9 @@ def in_memory(data: dict) -> tuple[dict, dict[str, datasets.Dataset]]:
     return data, rows
 
 
-def test_a_run_from_python_objects_equals_the_run_from_files(tokenizer_dir, tmp_path, single_thread):
+def test_a_run_from_python_objects_equals_the_run_from_files(
+    tokenizer_dir, tmp_path, single_thread
+):
     # Full fine-tuning: LoRA's initialisation would draw from the RNG after the model's in the
     # file run but not in the notebook's, whose model exists before dynamics.run seeds.
     files = {**tiny_config(tokenizer_dir, tmp_path / "files"), "lora": None}
@@ -38,14 +40,22 @@ def test_a_run_from_python_objects_equals_the_run_from_files(tokenizer_dir, tmp_
     model_config = dynamics.RunConfig.from_dict(files).model
     set_seed(config.training.seed)  # the notebook's own seeding before it builds its model
     summary = dynamics.run(
-        config, progress=False, model=load_causal_lm(model_config), tokenizer=load_tokenizer(model_config), data=rows
+        config,
+        progress=False,
+        model=load_causal_lm(model_config),
+        tokenizer=load_tokenizer(model_config),
+        data=rows,
     )
 
     a, b = read_run(tmp_path / "files"), read_run(tmp_path / "objects")
     for mine, theirs in zip(b.updates, a.updates, strict=True):
-        np.testing.assert_allclose(mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(
+            mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-9, atol=1e-12
+        )
         np.testing.assert_allclose(mine["weights"], theirs["weights"], atol=1e-12)
-    assert summary["constrained_ppl_reduction"] == pytest.approx(a.summary["constrained_ppl_reduction"], rel=1e-9)
+    assert summary["constrained_ppl_reduction"] == pytest.approx(
+        a.summary["constrained_ppl_reduction"], rel=1e-9
+    )
 
 
 def test_the_callback_takes_rows_from_python_too(tokenizer_dir, tmp_path):
@@ -59,22 +69,31 @@ def test_the_callback_takes_rows_from_python_too(tokenizer_dir, tmp_path):
 def test_missing_unknown_or_doubled_rows_are_refused_by_name(tokenizer_dir, tmp_path):
     data, rows = in_memory(tiny_config(tokenizer_dir, tmp_path / "run"))
     config = dynamics.RunConfig.from_dict(data)
-    with pytest.raises(DataError, match=r"dataset 'wiki' has no path or hub_id.*data=\{'wiki': rows\}"):
+    with pytest.raises(
+        DataError, match=r"dataset 'wiki' has no path or hub_id.*data=\{'wiki': rows\}"
+    ):
         dynamics.run(config, progress=False, data={k: v for k, v in rows.items() if k != "wiki"})
     with pytest.raises(RunSetupError, match=r"data= names \['wikipedia'\]"):
         dynamics.run(config, progress=False, data={**rows, "wikipedia": rows["wiki"]})
     files = dynamics.RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "run"))
-    with pytest.raises(RunSetupError, match="dataset 'math' has a path in the config and rows in data="):
+    with pytest.raises(
+        RunSetupError, match="dataset 'math' has a path in the config and rows in data="
+    ):
         dynamics.run(files, progress=False, data={"math": rows["math"]})
     assert not Path(tmp_path / "run").exists()
 
 
-def test_a_model_without_its_tokenizer_and_a_config_without_a_model_are_refused(tokenizer_dir, tmp_path):
+def test_a_model_without_its_tokenizer_and_a_config_without_a_model_are_refused(
+    tokenizer_dir, tmp_path
+):
     data = tiny_config(tokenizer_dir, tmp_path / "run")
     config = dynamics.RunConfig.from_dict(data)
     with pytest.raises(RunSetupError, match="pass model= and tokenizer= together"):
         dynamics.run(config, progress=False, model=load_causal_lm(config.model))
     del data["model"]
-    with pytest.raises(RunSetupError, match=r"names no model.*model\.name_or_path.*model=model, tokenizer=tokenizer"):
+    with pytest.raises(
+        RunSetupError,
+        match=r"names no model.*model\.name_or_path.*model=model, tokenizer=tokenizer",
+    ):
         dynamics.run(dynamics.RunConfig.from_dict(data), progress=False)
     assert not Path(tmp_path / "run").exists()

@@ -125,7 +125,9 @@ def test_probes_read_their_own_streams_which_are_not_rolled_back(make_learner):
     learner.restore(snapshot)
     assert learner.sampler.state_dict()["probe_streams"] == [0, 2]
     learner.probe(2, 1)  # the same probe again continues the stream: other batches, other weights
-    assert any(not torch.equal(a, b) for a, b in zip(first, learner.trainable_parameters, strict=True))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(first, learner.trainable_parameters, strict=True)
+    )
     learner.restore(snapshot)
     assert learner.sampler.state_dict()["cursors"] == [0, 0]  # the main order never moved
     with pytest.raises(ValueError, match="dataset index"):
@@ -315,7 +317,9 @@ def test_accuracy_is_letter_restricted_argmax_at_the_last_real_token():
     # the letters' logits (C at 5 after token 5, A at 3 after token 6, the other letters at 0).
     p5, p3 = math.exp(5) / (math.exp(5) + 3), math.exp(3) / (math.exp(3) + 3)
     half = (p5 + p3 + (1 - p5) / 3 + (1 - p3) / 3) / 4
-    np.testing.assert_allclose(learner.evaluate("eval").expected, [[-half, -(p5 + p3) / 2]], rtol=1e-6)
+    np.testing.assert_allclose(
+        learner.evaluate("eval").expected, [[-half, -(p5 + p3) / 2]], rtol=1e-6
+    )
     # The controller learns the metric and the questions per batch (its binomial noise).
     assert learner.domain_kinds == [DomainKind("accuracy", 4)]
 

@@ -28,7 +28,10 @@ def test_defaults_leave_the_paper_alone():
     [
         ("method.min_weight=-0.1", ["method.min_weight", "greater than or equal to 0"]),
         # two training datasets (math, wiki): at most 0.5 each
-        ("method.min_weight=0.6", ["method.min_weight (0.6)", "2 training datasets", "at most 0.5"]),
+        (
+            "method.min_weight=0.6",
+            ["method.min_weight (0.6)", "2 training datasets", "at most 0.5"],
+        ),
         ("training.sampling=rows", ["training.sampling", "'batches' or 'tokens'"]),
     ],
 )
@@ -56,7 +59,9 @@ def test_half_each_for_two_datasets_is_allowed():
 
 def test_fixed_weights_are_checked_against_the_floor():
     fixed = {"name": "fixed", "weights": {"math": 3, "wiki": 1}}  # 0.75 and 0.25 once normalised
-    assert RunConfig.from_dict(minimal(method={**fixed, "min_weight": 0.25})).method.min_weight == 0.25
+    assert (
+        RunConfig.from_dict(minimal(method={**fixed, "min_weight": 0.25})).method.min_weight == 0.25
+    )
     with pytest.raises(ConfigError) as err:
         RunConfig.from_dict(minimal(method={**fixed, "min_weight": 0.3}))
     assert "method.weights give ['wiki'] less than method.min_weight (0.3)" in str(err.value)
@@ -81,7 +86,9 @@ def test_fixed_token_shares_are_checked_against_the_floor_as_batch_shares():
 
 @pytest.mark.parametrize("name", ["dynamics", "gradient-alignment"])
 def test_the_policy_gets_the_floor_and_the_unit(name: str):
-    config = RunConfig.from_dict(minimal(method={"name": name, "min_weight": 0.2, "alignment_batches": 10}))
+    config = RunConfig.from_dict(
+        minimal(method={"name": name, "min_weight": 0.2, "alignment_batches": 10})
+    )
     unit = TokenShares(np.array([64.0, 256.0]))
     policy = build_policy(config, ["math", "wiki"], unit)
     assert isinstance(policy, DynamicsPolicy | GradientAlignmentPolicy)
@@ -89,19 +96,27 @@ def test_the_policy_gets_the_floor_and_the_unit(name: str):
     assert policy.unit is unit
 
 
-def test_a_run_by_tokens_records_token_shares_and_the_batch_shares_it_trains(tokenizer_dir, tmp_path):
+def test_a_run_by_tokens_records_token_shares_and_the_batch_shares_it_trains(
+    tokenizer_dir, tmp_path
+):
     data = tiny_config(tokenizer_dir, tmp_path / "run")
     data["training"]["sampling"] = "tokens"
     config = RunConfig.from_dict(data)
     run(config, progress=False)
     streams = build_data(config, load_tokenizer(config.model)).streams
     unit = TokenShares(np.array([stream.mean_tokens_per_batch for stream in streams]))
-    assert unit.tokens_per_batch[1] > 1.05 * unit.tokens_per_batch[0]  # math's rows are shorter than wiki's
+    assert (
+        unit.tokens_per_batch[1] > 1.05 * unit.tokens_per_batch[0]
+    )  # math's rows are shorter than wiki's
     records = read_run(tmp_path / "run")
     assert len(records.updates) == 3
     for update in records.updates:
         batch_shares = np.array(update["extra"]["batch_shares"])
         assert update["weights"] == pytest.approx(unit.weights_of(batch_shares), abs=1e-12)
     in_force = {row["step"]: row["weights"] for row in records.evaluations}
-    assert [in_force[0][name] for name in ("math", "wiki")] == pytest.approx(records.updates[0]["weights"], abs=0)
-    assert [in_force[4][name] for name in ("math", "wiki")] == pytest.approx(records.updates[2]["weights"], abs=0)
+    assert [in_force[0][name] for name in ("math", "wiki")] == pytest.approx(
+        records.updates[0]["weights"], abs=0
+    )
+    assert [in_force[4][name] for name in ("math", "wiki")] == pytest.approx(
+        records.updates[2]["weights"], abs=0
+    )

@@ -29,21 +29,31 @@ def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tupl
     with torch.no_grad():
         logits = model(**model_inputs(batch)).logits[:, :-1].float()
     labels = batch["labels"][:, 1:]
-    total = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    total = F.cross_entropy(
+        logits.transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="sum"
+    )
     return float(total), int((labels != IGNORE_INDEX).sum())
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_documents_packed_per_document_score_as_unpacked(attention):
     torch.manual_seed(0)
-    model = load_causal_lm(ModelConfig(init_config=TINY_LLAMA, tokenizer="unused", attn_implementation=attention))
+    model = load_causal_lm(
+        ModelConfig(init_config=TINY_LLAMA, tokenizer="unused", attn_implementation=attention)
+    )
     model.eval()
     tokenizer = tiny_tokenizer()
     rows = datasets.Dataset.from_dict({"text": DOCUMENTS})
     pad = pad_token_id(tokenizer)
 
     def examples(packing, sequence_length):
-        return build_examples(rows, tokenizer, DataSource(format="text"), sequence_length=sequence_length, packing=packing)
+        return build_examples(
+            rows,
+            tokenizer,
+            DataSource(format="text"),
+            sequence_length=sequence_length,
+            packing=packing,
+        )
 
     alone = examples(False, 256)
     lengths = [len(e) for e in alone]
@@ -78,7 +88,9 @@ def test_a_run_trains_on_blocks_packed_per_document(tokenizer_dir, tmp_path):
     from dynamics.engine.config import RunConfig, apply_overrides
     from tests.engine.test_run import tiny_config
 
-    data = apply_overrides(tiny_config(tokenizer_dir, tmp_path / "run"), ["training.packing=per-document"])
+    data = apply_overrides(
+        tiny_config(tokenizer_dir, tmp_path / "run"), ["training.packing=per-document"]
+    )
     built = build_run(RunConfig.from_dict(data))
     learner = built.learner
     weights = np.array([0.5, 0.5])

@@ -20,9 +20,15 @@ from tests.engine.test_run import tiny_config
 HUB_MODEL = "some-org/some-model"  # never loaded: every refusal comes before the model is read
 
 
-def quantized_config(tokenizer_dir: Path, out: Path, bits: int = 4, **changes: Any) -> dict[str, Any]:
+def quantized_config(
+    tokenizer_dir: Path, out: Path, bits: int = 4, **changes: Any
+) -> dict[str, Any]:
     data = tiny_config(tokenizer_dir, out)
-    data["model"] = {"name_or_path": HUB_MODEL, "tokenizer": str(tokenizer_dir), "quantization": {"bits": bits}}
+    data["model"] = {
+        "name_or_path": HUB_MODEL,
+        "tokenizer": str(tokenizer_dir),
+        "quantization": {"bits": bits},
+    }
     data.update(changes)
     return data
 
@@ -60,9 +66,13 @@ def test_the_config_takes_bits_4_or_8_and_saves_them(tokenizer_dir, tmp_path):
     for bits in (4, 8):
         config = RunConfig.from_dict(quantized_config(tokenizer_dir, tmp_path / "run", bits=bits))
         assert config.model.quantization == QuantizationConfig(bits=bits)
-        again = RunConfig.model_validate(yaml.safe_load(yaml.safe_dump(config.model_dump(mode="json"))))
+        again = RunConfig.model_validate(
+            yaml.safe_load(yaml.safe_dump(config.model_dump(mode="json")))
+        )
         assert again == config
-    assert RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "run")).model.quantization is None
+    assert (
+        RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "run")).model.quantization is None
+    )
 
 
 @pytest.mark.parametrize(
@@ -85,7 +95,9 @@ def test_bad_quantization_settings_name_the_field(quantization, expect, tokenize
 def test_quantization_of_a_randomly_initialised_model_is_refused(tokenizer_dir, tmp_path):
     data = tiny_config(tokenizer_dir, tmp_path / "run")
     data["model"]["quantization"] = {"bits": 4}
-    with pytest.raises(ConfigError, match=r"model.quantization .* model.init_config .* remove model.quantization"):
+    with pytest.raises(
+        ConfigError, match=r"model.quantization .* model.init_config .* remove model.quantization"
+    ):
         RunConfig.from_dict(data)
 
 
@@ -97,7 +109,9 @@ def test_without_cuda_the_run_is_refused_at_start(tokenizer_dir, tmp_path, capsy
     )
 
 
-def test_without_bitsandbytes_the_run_is_refused_at_start(tokenizer_dir, tmp_path, capsys, monkeypatch):
+def test_without_bitsandbytes_the_run_is_refused_at_start(
+    tokenizer_dir, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setattr(preflight_module, "_cuda_available", lambda: True)
     real_find_spec = preflight_module.importlib.util.find_spec
     monkeypatch.setattr(
@@ -106,17 +120,23 @@ def test_without_bitsandbytes_the_run_is_refused_at_start(tokenizer_dir, tmp_pat
         lambda name, *args: None if name == "bitsandbytes" else real_find_spec(name, *args),
     )
     message = refusal(quantized_config(tokenizer_dir, tmp_path / "run", bits=8), tmp_path, capsys)
-    assert message.startswith("model.quantization needs the bitsandbytes package, which is not installed")
+    assert message.startswith(
+        "model.quantization needs the bitsandbytes package, which is not installed"
+    )
     assert "pip install 'dynamics[qlora]'" in message and "remove model.quantization" in message
 
 
 def test_full_fine_tuning_of_a_quantized_model_is_refused(tokenizer_dir, tmp_path, capsys):
-    message = refusal(quantized_config(tokenizer_dir, tmp_path / "run", lora=None), tmp_path, capsys)
+    message = refusal(
+        quantized_config(tokenizer_dir, tmp_path / "run", lora=None), tmp_path, capsys
+    )
     assert message.startswith("model.quantization (bits: 4) with lora: null")
     assert "set lora" in message and "remove model.quantization" in message
 
 
-def test_a_sharded_launch_of_a_quantized_model_is_refused(tokenizer_dir, tmp_path, capsys, monkeypatch):
+def test_a_sharded_launch_of_a_quantized_model_is_refused(
+    tokenizer_dir, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
     message = refusal(quantized_config(tokenizer_dir, tmp_path / "run"), tmp_path, capsys)

@@ -54,14 +54,22 @@ def comparable(run_folder: Path) -> dict:
 
     def rows(name: str) -> list[dict]:
         lines = (run_folder / name).read_text().splitlines()
-        return [{k: v for k, v in json.loads(line).items() if not k.endswith("_seconds")} for line in lines]
+        return [
+            {k: v for k, v in json.loads(line).items() if not k.endswith("_seconds")}
+            for line in lines
+        ]
 
     summary = json.loads((run_folder / "summary.json").read_text())
-    adapter = safetensors.torch.load_file(str(run_folder / "best_checkpoint" / "adapter_model.safetensors"))
+    adapter = safetensors.torch.load_file(
+        str(run_folder / "best_checkpoint" / "adapter_model.safetensors")
+    )
     return {
         "metrics": rows("metrics.jsonl"),
         "controller": rows("controller.jsonl"),
-        "summary": {k: summary[k] for k in ("feasible", "constrained_ppl_reduction", "best_checkpoint", "backtracks")},
+        "summary": {
+            k: summary[k]
+            for k in ("feasible", "constrained_ppl_reduction", "best_checkpoint", "backtracks")
+        },
         "adapter": {k: v.tolist() for k, v in adapter.items()},
     }
 
@@ -69,9 +77,13 @@ def comparable(run_folder: Path) -> dict:
 def _started_until_first_resume_point(base: Path, out: Path) -> tuple[Child, float]:
     """``dynamics run`` of the reference config in a process of its own, returned once its
     first resume point exists, with the time that happened."""
-    child = Child("dynamics.cli", ["run", str(base / "config.yaml"), "--out", str(out), "--no-progress"])
+    child = Child(
+        "dynamics.cli", ["run", str(base / "config.yaml"), "--out", str(out), "--no-progress"]
+    )
     while not (out / run_state.RESUME_DIR).exists():
-        assert child.poll() is None, f"the run ended before its first resume point: {child.stderr()[-3000:]}"
+        assert child.poll() is None, (
+            f"the run ended before its first resume point: {child.stderr()[-3000:]}"
+        )
         time.sleep(0.01)
     return child, time.perf_counter()
 
@@ -88,7 +100,9 @@ def reference(tmp_path_factory) -> tuple[Path, dict, float]:
     config.write_text(yaml.safe_dump(resumable_config(base / "tokenizer", base / "reference")))
     process, since = _started_until_first_resume_point(base, base / "reference")
     while not (base / "reference" / "summary.json").exists():
-        assert process.poll() is None, f"the reference run ended without a summary: {process.stderr()[-3000:]}"
+        assert process.poll() is None, (
+            f"the reference run ended without a summary: {process.stderr()[-3000:]}"
+        )
         time.sleep(0.01)
     remaining = time.perf_counter() - since
     assert process.wait(timeout=600) == 0, process.stderr()[-3000:]
@@ -114,7 +128,9 @@ def killed_runs(reference) -> dict[tuple[str, int], tuple[Path, tuple[int | None
 
     def killed(kill: tuple[str, int]) -> tuple[Path, tuple[int | None, str]]:
         out = base / f"killed-{kill[0]}-{kill[1]}"
-        return out, killed_run("run", str(base / "config.yaml"), "--out", str(out), "--no-progress", kill=kill)
+        return out, killed_run(
+            "run", str(base / "config.yaml"), "--out", str(out), "--no-progress", kill=kill
+        )
 
     kills = KILL_POINTS + BEST_SWAP_KILLS
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -135,19 +151,25 @@ def test_a_killed_run_resumes_to_the_same_files(reference, killed_runs, kill):
 
 
 @pytest.mark.parametrize("kill", BEST_SWAP_KILLS, ids=lambda k: k[0])
-def test_a_run_killed_while_its_best_checkpoint_is_swapped_keeps_one_that_loads(reference, killed_runs, kill):
+def test_a_run_killed_while_its_best_checkpoint_is_swapped_keeps_one_that_loads(
+    reference, killed_runs, kill
+):
     base, expected, _ = reference
     out, (code, stderr) = killed_runs[kill]
     assert code == -9, stderr
     # The kill came in the main evaluation that found the new best (its row is written).
-    evaluated = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [
+        json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+    ]
     assert evaluated[-1] == 8
     best = out / "best_checkpoint"
     saved = int((best / "step.txt").read_text())
     assert saved == (4 if kill[0] == "best-new" else 8)
     # Whole, and what dynamics eval and push read: the adapter (its tensors load), its
     # config, the tokenizer, every file of the uninterrupted run's.
-    assert {p.name for p in best.iterdir()} == {p.name for p in (base / "reference" / "best_checkpoint").iterdir()}
+    assert {p.name for p in best.iterdir()} == {
+        p.name for p in (base / "reference" / "best_checkpoint").iterdir()
+    }
     adapter = safetensors.torch.load_file(str(best / "adapter_model.safetensors"))
     assert adapter.keys() == expected["adapter"].keys()
     assert json.loads((best / "adapter_config.json").read_text())["r"] == 4
@@ -179,7 +201,10 @@ def test_resuming_a_finished_run_says_so(reference, capsys):
     assert cli_main(["run", "--resume", str(base / "reference")]) == 0
     assert "already finished" in capsys.readouterr().out
     # The other form, CONFIG --out DIR --resume, says the same.
-    assert cli_main(["run", str(base / "config.yaml"), "--out", str(base / "reference"), "--resume"]) == 0
+    assert (
+        cli_main(["run", str(base / "config.yaml"), "--out", str(base / "reference"), "--resume"])
+        == 0
+    )
     assert "already finished" in capsys.readouterr().out
 
 
@@ -190,7 +215,9 @@ def test_resuming_with_another_config_is_refused(reference, capsys):
     out = shutil.copytree(base / "reference", base / "unfinished-for-config")
     (out / "summary.json").unlink()
     assert run_state.find_resume_point(out) is not None
-    code = cli_main(["run", str(base / "config.yaml"), "--out", str(out), "--resume", "optimizer.lr=0.5"])
+    code = cli_main(
+        ["run", str(base / "config.yaml"), "--out", str(out), "--resume", "optimizer.lr=0.5"]
+    )
     error = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in error
     assert "optimizer" in error and "dynamics run --resume" in error
@@ -200,10 +227,15 @@ def test_a_torn_resume_point_is_detected_and_the_previous_one_used(tmp_path):
     run_folder = tmp_path / "run"
     run_folder.mkdir()
     for step in (2, 4, 6):
-        run_state.write_resume_point(run_folder, step, lambda f, s=step: (f / "loop.json").write_text(f'{{"step": {s}}}'))
+        run_state.write_resume_point(
+            run_folder, step, lambda f, s=step: (f / "loop.json").write_text(f'{{"step": {s}}}')
+        )
     assert run_state.find_resume_point(run_folder) == run_folder / "last_checkpoint"
     # Two are kept: the last and the one before it (step 2's was deleted by the save of 6).
-    assert sorted(p.name for p in run_folder.iterdir()) == ["last_checkpoint", "previous_checkpoint"]
+    assert sorted(p.name for p in run_folder.iterdir()) == [
+        "last_checkpoint",
+        "previous_checkpoint",
+    ]
     assert run_state.check_resume_point(run_folder / "previous_checkpoint") == (4, None)
     # A crash between the two renames of the next save: only the renamed one is left.
     os.replace(run_folder / "last_checkpoint", tmp_path / "gone")
@@ -212,7 +244,12 @@ def test_a_torn_resume_point_is_detected_and_the_previous_one_used(tmp_path):
     (run_folder / "previous_checkpoint" / "loop.json").write_text('{"step": 9}')
     choice = run_state.choose_resume_point(run_folder)
     assert choice.path is None
-    assert choice.damaged == [(run_folder / "previous_checkpoint", "loop.json does not match its SHA-256 in manifest.json")]
+    assert choice.damaged == [
+        (
+            run_folder / "previous_checkpoint",
+            "loop.json does not match its SHA-256 in manifest.json",
+        )
+    ]
 
 
 def test_saved_training_state_loads_without_unpickling(tmp_path):
@@ -236,4 +273,7 @@ def test_saved_training_state_loads_without_unpickling(tmp_path):
     assert loaded.lr_scheduler == snapshot.lr_scheduler and loaded.sampler == snapshot.sampler
     assert torch.equal(loaded.rng.torch_cpu, snapshot.rng.torch_cpu)
     assert loaded.rng.python == snapshot.rng.python
-    assert loaded.rng.numpy[0] == snapshot.rng.numpy[0] and (loaded.rng.numpy[1] == snapshot.rng.numpy[1]).all()
+    assert (
+        loaded.rng.numpy[0] == snapshot.rng.numpy[0]
+        and (loaded.rng.numpy[1] == snapshot.rng.numpy[1]).all()
+    )

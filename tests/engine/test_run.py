@@ -96,7 +96,9 @@ def test_dynamics_run_writes_a_complete_run_folder(tokenizer_dir, tmp_path):
 
     # The core metrics read the folder back and agree with the summary.
     points = records.eval_points()
-    reduction = metrics.constrained_perplexity_reduction(points, records.targets, records.constraints)
+    reduction = metrics.constrained_perplexity_reduction(
+        points, records.targets, records.constraints
+    )
     assert summary["constrained_ppl_reduction"] == pytest.approx(reduction)
     assert summary["feasible"] == metrics.run_feasible(points, records.targets, records.constraints)
     # This tiny run (seed 0, on CPU) keeps its constraints, so a best checkpoint exists.
@@ -165,7 +167,9 @@ def test_bad_config_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_gradient_alignment_run(tokenizer_dir, tmp_path):
-    data = tiny_config(tokenizer_dir, tmp_path / "ga", name="gradient-alignment", alignment_batches=2)
+    data = tiny_config(
+        tokenizer_dir, tmp_path / "ga", name="gradient-alignment", alignment_batches=2
+    )
     # Gradient-alignment slopes are not accuracy changes: the config refuses accuracy constraints.
     data["datasets"] = [d for d in data["datasets"] if d.get("metric") != "accuracy"]
     summary = run(RunConfig.from_dict(data), progress=False)
@@ -175,12 +179,18 @@ def test_gradient_alignment_run(tokenizer_dir, tmp_path):
     for update in records.updates:
         assert update["policy"] == "gradient-alignment"
         slopes = np.array(update["slope_matrix"])
-        assert slopes.shape == (2, 2) and np.isfinite(slopes).all() and abs(sum(update["weights"]) - 1) < 1e-9
+        assert (
+            slopes.shape == (2, 2)
+            and np.isfinite(slopes).all()
+            and abs(sum(update["weights"]) - 1) < 1e-9
+        )
     # The cost counts the alignment gradients, 3 updates x (2 domains + 2 datasets) x 2 batches
     # at a training step's cost, and the anchor of step 2 (2 domains x 2 reduced batches), over
     # 8 training steps and 3 evaluations of 2 domains x (3 eval + 3 test) batches.
     fixed_run = 8 * 3.0 + 3 * 2 * 6
-    assert summary["predicted_cost"] == pytest.approx((fixed_run + 3 * 4 * 2 * 3.0 + 2 * 2) / fixed_run)
+    assert summary["predicted_cost"] == pytest.approx(
+        (fixed_run + 3 * 4 * 2 * 3.0 + 2 * 2) / fixed_run
+    )
 
 
 def test_missing_tracker_is_a_clear_error(tokenizer_dir, tmp_path, monkeypatch):
@@ -221,7 +231,9 @@ def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(
     work = 8 + backtrack["retrained_steps"]
     assert backtrack["retrained_steps"] > 0 and f"{work}/{work}" in capsys.readouterr().err
     marked = [row["step"] for row in records.evaluations if row["backtracked"]]
-    assert marked == [backtrack["from_step"]] and not any(r["feasible"] for r in records.evaluations if r["backtracked"])
+    assert marked == [backtrack["from_step"]] and not any(
+        r["feasible"] for r in records.evaluations if r["backtracked"]
+    )
     assert [p.step for p in records.eval_points()] == [0, 4, 8]
     abandoned = [u for u in records.updates if u["extra"].get("abandoned")]
     redecided = [u for u in records.updates if "backtrack" in u["extra"]]
@@ -263,15 +275,22 @@ def scripted_orca(monkeypatch, broken_steps: set[int]) -> None:
     monkeypatch.setattr(HFLearner, "evaluate", scripted)
 
 
-def test_backtrack_patience_returns_only_after_broken_evaluations_in_a_row(tokenizer_dir, tmp_path, monkeypatch):
+def test_backtrack_patience_returns_only_after_broken_evaluations_in_a_row(
+    tokenizer_dir, tmp_path, monkeypatch
+):
     # Evaluations every 4 steps, orca (the one constraint) broken at step 8 and kept again at
     # step 12: with patience 2 that costs no return.
-    data = orca_only(tiny_config(tokenizer_dir, tmp_path / "once", backtrack=1, backtrack_patience=2))
+    data = orca_only(
+        tiny_config(tokenizer_dir, tmp_path / "once", backtrack=1, backtrack_patience=2)
+    )
     data["training"]["total_steps"] = 12
     with monkeypatch.context() as patch:
         scripted_orca(patch, broken_steps={8})
         assert not run(RunConfig.from_dict(data), progress=False)["backtracks"]
-    slack = {row["step"]: row["constraint_slack"]["orca"] for row in read_run(tmp_path / "once").evaluations}
+    slack = {
+        row["step"]: row["constraint_slack"]["orca"]
+        for row in read_run(tmp_path / "once").evaluations
+    }
     assert slack[8] == pytest.approx(-0.01) and slack[12] == pytest.approx(0.01)
     # Every 2 steps, broken at steps 8 and 10: the run returns to step 6 after both, both
     # rows of metrics.jsonl say they were left behind, and the steps trained again keep it.
@@ -281,10 +300,16 @@ def test_backtrack_patience_returns_only_after_broken_evaluations_in_a_row(token
         scripted_orca(patch, broken_steps={8, 10})
         (backtrack,) = run(RunConfig.from_dict(data), progress=False)["backtracks"]
     records = read_run(tmp_path / "twice")
-    assert (backtrack["from_step"], backtrack["to_step"], backtrack["retrained_steps"]) == (10, 6, 4)
+    assert (backtrack["from_step"], backtrack["to_step"], backtrack["retrained_steps"]) == (
+        10,
+        6,
+        4,
+    )
     assert [row["step"] for row in records.evaluations if row["backtracked"]] == [8, 10]
     assert not any(row["feasible"] for row in records.evaluations if row["backtracked"])
-    assert all(row["feasible"] for row in records.evaluations if row["step"] > 0 and not row["backtracked"])
+    assert all(
+        row["feasible"] for row in records.evaluations if row["step"] > 0 and not row["backtracked"]
+    )
     assert [p.step for p in records.eval_points()] == list(range(0, 13, 2))
 
 
@@ -301,8 +326,14 @@ def test_under_sharding_every_rank_makes_rank_0s_gathering_calls_in_the_same_ord
     calls: dict[str, list[str]] = {"rank 0": [], "other ranks": []}
     side = ["rank 0"]
     gathered = HFLearner.gathered
-    monkeypatch.setattr(HFLearner, "gathered", lambda self, snapshot: calls[side[0]].append("gathered") or gathered(self, snapshot))
-    monkeypatch.setattr(HFLearner, "gathered_model_state", lambda self: calls[side[0]].append("model") or None)
+    monkeypatch.setattr(
+        HFLearner,
+        "gathered",
+        lambda self, snapshot: calls[side[0]].append("gathered") or gathered(self, snapshot),
+    )
+    monkeypatch.setattr(
+        HFLearner, "gathered_model_state", lambda self: calls[side[0]].append("model") or None
+    )
 
     def both(name: str):
         original = getattr(run_folder.RunFolderWriter, name)
@@ -391,8 +422,12 @@ def test_too_many_nan_steps_stop_the_run_with_one_line(tokenizer_dir, tmp_path, 
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
 
 
-def test_a_diverging_probe_is_discarded_and_its_dataset_left_out(tokenizer_dir, tmp_path, monkeypatch):
-    poison_losses(monkeypatch, "probe", lambda n, steps, dataset: dataset == 1, float("inf"))  # every "wiki" probe
+def test_a_diverging_probe_is_discarded_and_its_dataset_left_out(
+    tokenizer_dir, tmp_path, monkeypatch
+):
+    poison_losses(
+        monkeypatch, "probe", lambda n, steps, dataset: dataset == 1, float("inf")
+    )  # every "wiki" probe
     summary = run(RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "run")), progress=False)
     records = read_run(tmp_path / "run")
     assert [u["extra"]["unreliable_datasets"] for u in records.updates] == [["wiki"]] * 3
@@ -437,10 +472,14 @@ def test_the_best_checkpoint_with_a_margin_is_the_one_the_records_select(tokeniz
     for p in points:
         assert p.eval_batches is not None and p.eval_batches.shape == (3, 3)
         np.testing.assert_allclose(p.eval_batches.mean(axis=1), p.eval)
-    best = metrics.best_feasible_checkpoint(points, records.targets, records.constraints, margin=2.0)
+    best = metrics.best_feasible_checkpoint(
+        points, records.targets, records.constraints, margin=2.0
+    )
     assert best is not None and summary["best_checkpoint"]["step"] == best.step
     assert (out / "best_checkpoint" / "step.txt").read_text().strip() == str(best.step)
-    reduction = metrics.constrained_perplexity_reduction(points, records.targets, records.constraints, margin=2.0)
+    reduction = metrics.constrained_perplexity_reduction(
+        points, records.targets, records.constraints, margin=2.0
+    )
     assert summary["constrained_ppl_reduction"] == pytest.approx(reduction)
 
 
@@ -449,7 +488,13 @@ def test_the_running_best_checkpoint_puts_those_clearing_the_margin_first():
 
     def record(step: int, target: float, batches: list[float]) -> EvaluationRecord:
         per_batch = np.array([[target] * 4, batches])
-        return EvaluationRecord(step, per_batch.mean(axis=1), per_batch.mean(axis=1), np.array([0.5, 0.5]), eval_batches=per_batch)
+        return EvaluationRecord(
+            step,
+            per_batch.mean(axis=1),
+            per_batch.mean(axis=1),
+            np.array([0.5, 0.5]),
+            eval_batches=per_batch,
+        )
 
     history.evaluations.append(record(0, 2.0, [1.0] * 4))
     edge = record(64, 1.5, [0.99, 1.0, 0.97, 1.02])  # feasible, slack 0.005 within its error
@@ -475,7 +520,10 @@ def test_probe_min_lengthens_the_probes_of_short_updates(tokenizer_dir, tmp_path
         return original(self, steps, dataset)
 
     monkeypatch.setattr(HFLearner, "probe", counted)
-    run(RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "run", probe_cap=4, probe_min=3)), progress=False)
+    run(
+        RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "run", probe_cap=4, probe_min=3)),
+        progress=False,
+    )
     records = read_run(tmp_path / "run")
     assert [(u["horizon"], u["probe_budget"]) for u in records.updates] == [(2, 3), (2, 3), (4, 4)]
     assert probed == [3, 3, 3, 3, 4, 4]  # two datasets at each update

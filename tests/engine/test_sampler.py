@@ -202,12 +202,18 @@ def varied_pool(n: int, tag: int, lengths: tuple[int, int], seed: int) -> list[L
 
 
 def token_sampler(sampling: str, seed: int = 0) -> MixtureSampler:
-    pools = [varied_pool(40, 0, (2, 6), 1), varied_pool(25, 1, (10, 30), 2), varied_pool(60, 2, (1, 3), 3)]
+    pools = [
+        varied_pool(40, 0, (2, 6), 1),
+        varied_pool(25, 1, (10, 30), 2),
+        varied_pool(60, 2, (1, 3), 3),
+    ]
     streams = [DatasetStream(p, batch_size=4, pad_id=PAD, seed=20 + j) for j, p in enumerate(pools)]
     return MixtureSampler(streams, seed=seed, sampling=sampling)
 
 
-def token_shares(s: MixtureSampler, weights: np.ndarray, draws: int) -> tuple[np.ndarray, np.ndarray]:
+def token_shares(
+    s: MixtureSampler, weights: np.ndarray, draws: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Each dataset's share of the non-padding tokens and of the batches drawn."""
     tokens, batches = np.zeros(3), np.zeros(3)
     for _ in range(draws):
@@ -220,7 +226,9 @@ def token_shares(s: MixtureSampler, weights: np.ndarray, draws: int) -> tuple[np
 def test_mean_tokens_per_batch_is_the_batch_size_times_the_mean_example_length() -> None:
     examples = varied_pool(25, 1, (10, 30), 2)
     s = DatasetStream(examples, batch_size=4, pad_id=PAD, seed=0)
-    assert s.mean_tokens_per_batch == pytest.approx(4 * np.mean([len(e) for e in examples]), rel=1e-12)
+    assert s.mean_tokens_per_batch == pytest.approx(
+        4 * np.mean([len(e) for e in examples]), rel=1e-12
+    )
     assert s.state_dict() == DatasetStream(examples, batch_size=4, pad_id=PAD, seed=0).state_dict()
 
 
@@ -255,7 +263,10 @@ def test_by_tokens_a_zero_weight_is_never_drawn_and_the_state_round_trips() -> N
 def fixed_length_pool(n: int, tag: int, length: int) -> list[LMExample]:
     """``n`` examples of ``tag``, each ``length`` tokens long."""
     return [
-        LMExample(input_ids=np.full(length, tag * 1000 + i, dtype=np.int32), labels=np.full(length, 1, dtype=np.int32))
+        LMExample(
+            input_ids=np.full(length, tag * 1000 + i, dtype=np.int32),
+            labels=np.full(length, 1, dtype=np.int32),
+        )
         for i in range(n)
     ]
 
@@ -292,8 +303,11 @@ def test_by_tokens_the_draws_train_the_solved_batch_shares_and_the_recorded_toke
 def test_batches_is_the_default_and_unknown_sampling_is_refused() -> None:
     streams = [stream(12, 0, seed=10), stream(7, 1, seed=11), stream(30, 2, seed=12)]
     default = MixtureSampler(streams, seed=3)
-    explicit = MixtureSampler([stream(12, 0, seed=10), stream(7, 1, seed=11), stream(30, 2, seed=12)], seed=3,
-                              sampling="batches")
+    explicit = MixtureSampler(
+        [stream(12, 0, seed=10), stream(7, 1, seed=11), stream(30, 2, seed=12)],
+        seed=3,
+        sampling="batches",
+    )
     assert run(default, 30) == run(explicit, 30)
     with pytest.raises(ValueError, match="sampling"):
         MixtureSampler(streams, seed=0, sampling="rows")

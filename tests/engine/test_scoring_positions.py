@@ -58,7 +58,9 @@ def _lm_head_rows(model: nn.Module, score, batch: dict) -> int:
     """How many hidden states ``score`` projected onto the vocabulary."""
     seen: list[int] = []
     head = model.get_output_embeddings()
-    handle = head.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0][..., 0].numel()))
+    handle = head.register_forward_hook(
+        lambda module, inputs, output: seen.append(inputs[0][..., 0].numel())
+    )
     try:
         score(model, batch)
     finally:
@@ -86,10 +88,14 @@ class _IntOnlyLogitsToKeep(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int = 0):
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int = 0
+    ):
         if not isinstance(logits_to_keep, int):
             raise TypeError("logits_to_keep must be an int")
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep)
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep
+        )
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -98,12 +104,20 @@ def test_scores_equal_the_full_logits_ones(arch, lora):
     model = tiny_model(arch).eval()
     if lora:
         model = get_peft_model(
-            model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+            model,
+            LoraConfig(
+                r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+            ),
         ).eval()
     generator = torch.Generator().manual_seed(0)
-    letters, continuations = choice_batch(generator, batch_size=6, length=12), _continuation_batch(generator)
+    letters, continuations = (
+        choice_batch(generator, batch_size=6, length=12),
+        _continuation_batch(generator),
+    )
     with torch.no_grad():
-        torch.testing.assert_close(choice_logits(model, letters), _full_letter_scores(model, letters))
+        torch.testing.assert_close(
+            choice_logits(model, letters), _full_letter_scores(model, letters)
+        )
         scores = continuation_scores(model, continuations)
         torch.testing.assert_close(scores, _full_continuation_scores(model, continuations))
     assert torch.isinf(scores[2, 2]) and torch.isfinite(scores[:, :2]).all()
@@ -112,11 +126,18 @@ def test_scores_equal_the_full_logits_ones(arch, lora):
 def test_only_the_scored_positions_reach_the_vocabulary():
     model = tiny_model("llama").eval()
     generator = torch.Generator().manual_seed(1)
-    letters, continuations = choice_batch(generator, batch_size=6, length=12), _continuation_batch(generator)
+    letters, continuations = (
+        choice_batch(generator, batch_size=6, length=12),
+        _continuation_batch(generator),
+    )
     with torch.no_grad():
         assert _lm_head_rows(model, choice_logits, letters) == 6
         scored = int((continuations["labels"][:, 1:] != IGNORE_INDEX).sum())
-        assert _lm_head_rows(model, continuation_scores, continuations) == scored < continuations["input_ids"].numel()
+        assert (
+            _lm_head_rows(model, continuation_scores, continuations)
+            == scored
+            < continuations["input_ids"].numel()
+        )
 
 
 @pytest.mark.parametrize(
@@ -128,10 +149,19 @@ def test_a_model_that_cannot_take_positions_is_scored_from_every_logit(wrapper, 
     inner = tiny_model("llama").eval()
     model = wrapper(inner)
     generator = torch.Generator().manual_seed(2)
-    letters, continuations = choice_batch(generator, batch_size=batch_size, length=11), _continuation_batch(generator)
+    letters, continuations = (
+        choice_batch(generator, batch_size=batch_size, length=11),
+        _continuation_batch(generator),
+    )
     with torch.no_grad():
-        torch.testing.assert_close(choice_logits(model, letters), _full_letter_scores(inner, letters))
         torch.testing.assert_close(
-            continuation_scores(model, continuations), _full_continuation_scores(inner, continuations)
+            choice_logits(model, letters), _full_letter_scores(inner, letters)
         )
-        assert _lm_head_rows(inner, lambda m, b: choice_logits(model, b), letters) == letters["input_ids"].numel()
+        torch.testing.assert_close(
+            continuation_scores(model, continuations),
+            _full_continuation_scores(inner, continuations),
+        )
+        assert (
+            _lm_head_rows(inner, lambda m, b: choice_logits(model, b), letters)
+            == letters["input_ids"].numel()
+        )

@@ -20,7 +20,9 @@ def scalars(folder) -> dict[str, dict[int, float]]:
     return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
 
 
-def test_trackers_receive_evaluations_updates_probe_times_loss_and_lr(tokenizer_dir, tmp_path, capsys):
+def test_trackers_receive_evaluations_updates_probe_times_loss_and_lr(
+    tokenizer_dir, tmp_path, capsys
+):
     data = tiny_config(tokenizer_dir, tmp_path / "run")
     data["trackers"] = ["tensorboard"]
     data["tracker_project"] = "mixtures"
@@ -28,11 +30,18 @@ def test_trackers_receive_evaluations_updates_probe_times_loss_and_lr(tokenizer_
     run(RunConfig.from_dict(data), progress=True)
     # The progress bar names each phase, not only training steps.
     shown = capsys.readouterr().err
-    assert all(f"dynamics · {phase}" in shown for phase in ("evaluation", "probing + solving", "training"))
+    assert all(
+        f"dynamics · {phase}" in shown for phase in ("evaluation", "probing + solving", "training")
+    )
 
     logged = scalars(tmp_path / "run" / "mixtures")  # TensorBoard writes under the project's name
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    updates = [json.loads(line) for line in (tmp_path / "run" / "controller.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    updates = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "controller.jsonl").read_text().splitlines()
+    ]
     assert [row["step"] for row in rows] == [0, 4, 8]
     for row in rows:
         step = row["step"]
@@ -42,7 +51,9 @@ def test_trackers_receive_evaluations_updates_probe_times_loss_and_lr(tokenizer_
             assert logged[f"test/{domain}"][step] == pytest.approx(value, rel=1e-6)
         for constraint, value in row["constraint_slack"].items():
             assert logged[f"slack/{constraint}"][step] == pytest.approx(value, rel=1e-6, abs=1e-7)
-        assert logged["worst_slack"][step] == pytest.approx(min(row["constraint_slack"].values()), abs=1e-7)
+        assert logged["worst_slack"][step] == pytest.approx(
+            min(row["constraint_slack"].values()), abs=1e-7
+        )
         assert logged["feasible"][step] == float(row["feasible"])
         assert logged["target_loss_sum"][step] == pytest.approx(row["target_loss_sum"], rel=1e-6)
         assert logged["evaluation_seconds"][step] == pytest.approx(row["wall_seconds"], rel=1e-6)

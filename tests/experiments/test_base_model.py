@@ -176,9 +176,13 @@ def test_the_default_base_model_is_installed_from_the_shipped_weights(
     assert ensure_base_model(tmp_path, progress=False) == folder
 
 
-def test_pretrain_builds_the_default_base_model_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pretrain_builds_the_default_base_model_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     built: list[Path] = []
-    monkeypatch.setattr(base_model, "build_base_model", lambda folder, spec, progress: built.append(folder))
+    monkeypatch.setattr(
+        base_model, "build_base_model", lambda folder, spec, progress: built.append(folder)
+    )
     folder = ensure_base_model(tmp_path, progress=False, pretrain=True)
     assert folder == tmp_path / DEFAULT_SPEC.cache_key() and folder.is_dir() and len(built) == 1
 

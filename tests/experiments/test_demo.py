@@ -17,7 +17,9 @@ from tests.engine.test_run import tiny_config
 
 pytestmark = pytest.mark.slow
 
-SMALL = DemoSettings(quick=True, base_spec=QUICK_SPEC, total_steps=16, eval_batches=2, target_budgets=(8, 4))
+SMALL = DemoSettings(
+    quick=True, base_spec=QUICK_SPEC, total_steps=16, eval_batches=2, target_budgets=(8, 4)
+)
 
 
 def test_fixed_sweep_is_the_paper_grid_plus_fine_masses():
@@ -55,26 +57,46 @@ def test_demo_writes_table_report_and_figures(small_demo):
 
     # The table's numbers are the run folders' numbers, and the report names the base model.
     summary = json.loads((out / "demo.json").read_text())
-    assert summary["base_model"].startswith("weights SHA-256 ") and f"- base model: {summary['base_model']};" in report
+    assert (
+        summary["base_model"].startswith("weights SHA-256 ")
+        and f"- base model: {summary['base_model']};" in report
+    )
     rows = {row["label"]: row for row in summary["rows"]}
-    assert set(rows) == {"DynaMiCS", "DynaMiCS (paper)", "fixed-uniform-w0.05", "fixed-uniform-w0.2"}
+    assert set(rows) == {
+        "DynaMiCS",
+        "DynaMiCS (paper)",
+        "fixed-uniform-w0.05",
+        "fixed-uniform-w0.2",
+    }
     # The headline run is the default variant, the paper's method its reference row.
     paper = read_run(out / "runs" / "dynamics-paper")
-    assert rows["DynaMiCS (paper)"]["ppl_reduction"] == pytest.approx(paper.summary["constrained_ppl_reduction"])
+    assert rows["DynaMiCS (paper)"]["ppl_reduction"] == pytest.approx(
+        paper.summary["constrained_ppl_reduction"]
+    )
     assert yaml.safe_load((paper.path / "config.yaml").read_text())["method"]["variant"] == "paper"
     assert all("robust" not in u["extra"] for u in paper.updates)
     assert "The paper's method (method.variant: paper, the reference): " in result["verdict"]
     dynamics = read_run(out / "runs" / "dynamics")
-    assert yaml.safe_load((dynamics.path / "config.yaml").read_text())["method"]["variant"] == "robust"
+    assert (
+        yaml.safe_load((dynamics.path / "config.yaml").read_text())["method"]["variant"] == "robust"
+    )
     assert all(u["extra"]["robust"]["lp_candidate"] for u in dynamics.updates)
     assert result["verdict"].startswith("DynaMiCS (method.variant: robust): ")
-    assert rows["DynaMiCS"]["ppl_reduction"] == pytest.approx(dynamics.summary["constrained_ppl_reduction"])
+    assert rows["DynaMiCS"]["ppl_reduction"] == pytest.approx(
+        dynamics.summary["constrained_ppl_reduction"]
+    )
     # Cost is the cost model's count, which one fixed run sets to 1; wall time only beside it.
     assert rows["DynaMiCS"]["cost"] == pytest.approx(dynamics.summary["predicted_cost"])
     assert rows["DynaMiCS"]["cost"] > 1.5
     assert rows["fixed-uniform-w0.05"]["cost"] == pytest.approx(1.0)
     assert "Wall time: the training loop's seconds" in report
-    assert dynamics.domain_names == ["arithmetic", "toolcall", "code-heldout", "prose-heldout", "quiz"]
+    assert dynamics.domain_names == [
+        "arithmetic",
+        "toolcall",
+        "code-heldout",
+        "prose-heldout",
+        "quiz",
+    ]
     assert dynamics.summary["domain_metrics"][-1] == "accuracy"
 
     # The report lists where DynaMiCS broke each constraint, as the metrics file has it.
@@ -94,20 +116,32 @@ def test_the_numbers_do_not_depend_on_how_many_runs_train_at_once(small_demo, tm
     alone = run_demo(tmp_path / "demo", SMALL, progress=False, jobs=1)
 
     def numbers(result):
-        return [{k: v for k, v in row.items() if k not in ("wall_seconds", "wall_ratio")} for row in result["rows"]]
+        return [
+            {k: v for k, v in row.items() if k not in ("wall_seconds", "wall_ratio")}
+            for row in result["rows"]
+        ]
 
     assert numbers(alone) == numbers(together)
     for label in ("dynamics", "dynamics-paper", "fixed-uniform-w0.05"):
-        one, two = read_run(tmp_path / "demo" / "runs" / label), read_run(root / "demo" / "runs" / label)
-        assert [(e["eval"], e["test"]) for e in one.evaluations] == [(e["eval"], e["test"]) for e in two.evaluations]
+        one, two = (
+            read_run(tmp_path / "demo" / "runs" / label),
+            read_run(root / "demo" / "runs" / label),
+        )
+        assert [(e["eval"], e["test"]) for e in one.evaluations] == [
+            (e["eval"], e["test"]) for e in two.evaluations
+        ]
         assert [u["weights"] for u in one.updates] == [u["weights"] for u in two.updates]
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_failed_run_is_named_and_no_further_run_starts(tmp_path, tokenizer_dir, jobs):
-    bad = {"datasets": [{"name": "math", "path": str(tmp_path / "missing.jsonl"), "role": "target"}]}
+    bad = {
+        "datasets": [{"name": "math", "path": str(tmp_path / "missing.jsonl"), "role": "target"}]
+    }
     configs = {f"bad-{i}": {**bad, "output_dir": str(tmp_path / f"bad-{i}")} for i in range(2)}
-    configs.update({f"good-{i}": tiny_config(tokenizer_dir, tmp_path / f"good-{i}") for i in range(2)})
+    configs.update(
+        {f"good-{i}": tiny_config(tokenizer_dir, tmp_path / f"good-{i}") for i in range(2)}
+    )
     with pytest.raises(DataError, match=r"missing\.jsonl") as failure:
         train_all(configs, jobs=jobs, progress=False)
     assert any(re.fullmatch(r"in demo run 'bad-[01]'", note) for note in failure.value.__notes__)

@@ -25,7 +25,11 @@ HEADLINE = DemoSettings(fixed_labels=("uniform-w0", "uniform-w0.2"), paper_refer
 def test_dynamics_learns_the_targets_where_the_paper_grid_cannot(tmp_path):
     result = run_demo(tmp_path / "demo", HEADLINE, progress=False, jobs=2)
     rows = {row["label"]: row for row in result["rows"]}
-    dynamics, general_only, smallest = rows["DynaMiCS"], rows["fixed-uniform-w0"], rows["fixed-uniform-w0.2"]
+    dynamics, general_only, smallest = (
+        rows["DynaMiCS"],
+        rows["fixed-uniform-w0"],
+        rows["fixed-uniform-w0.2"],
+    )
 
     assert result["verdict"].startswith("DynaMiCS (method.variant: robust): ")
     # One DynaMiCS run keeps every constraint and learns the new skills ...

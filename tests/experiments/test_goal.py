@@ -55,7 +55,10 @@ def sweep(w0: float, w05: float, w1: float | None, *, seconds: float = 10.0) -> 
 def test_each_condition_reads_its_scenarios(tmp_path, monkeypatch):
     outcomes = {
         # Above the oracle, and 2.5x one fixed run: on the cost goal's edge, which it meets.
-        "demo": {f"seed{s}": {**sweep(0.02, 0.60, None), "robust": result(True, 0.62, 25.0)} for s in range(3)},
+        "demo": {
+            f"seed{s}": {**sweep(0.02, 0.60, None), "robust": result(True, 0.62, 25.0)}
+            for s in range(3)
+        },
         # 5 points below the oracle; one of three runs broke a constraint; 3x one fixed run.
         "conflict": {
             "seed0": {**sweep(0.05, 0.50, None), "robust": result(True, 0.45, 30.0)},
@@ -63,7 +66,10 @@ def test_each_condition_reads_its_scenarios(tmp_path, monkeypatch):
             "seed2": {**sweep(0.05, 0.50, None), "robust": result(True, 0.45, 30.0)},
         },
         # Nothing binds: training on the targets alone (0.90) is the bar, and 0.4 points short fails it.
-        "unconstrained": {f"seed{s}": {**sweep(0.1, 0.7, 0.90), "robust": result(True, 0.896, 20.0)} for s in range(3)},
+        "unconstrained": {
+            f"seed{s}": {**sweep(0.1, 0.7, 0.90), "robust": result(True, 0.896, 20.0)}
+            for s in range(3)
+        },
         # No fixed mixture feasible: the least violating on eval is w0 (0.010); the method's 0.012 fails.
         "nothing_feasible": {
             f"seed{s}": {
@@ -74,10 +80,15 @@ def test_each_condition_reads_its_scenarios(tmp_path, monkeypatch):
             for s in range(3)
         },
     }
-    rows = {row.scenario: row for row in scenario_rows(report_of(tmp_path, monkeypatch, outcomes), "robust")}
+    rows = {
+        row.scenario: row
+        for row in scenario_rows(report_of(tmp_path, monkeypatch, outcomes), "robust")
+    }
 
     assert (rows["conflict"].runs, rows["conflict"].feasible) == (3, 2)
-    assert rows["conflict"].oracle == pytest.approx(0.50) and rows["conflict"].cost == pytest.approx(3.0)
+    assert rows["conflict"].oracle == pytest.approx(0.50) and rows[
+        "conflict"
+    ].cost == pytest.approx(3.0)
     assert rows["unconstrained"].targets_alone == pytest.approx(0.90)
     assert rows["demo"].targets_alone is None  # w1 broke a constraint there
     assert rows["nothing_feasible"].runs == 0 and rows["nothing_feasible"].median is None
@@ -85,18 +96,30 @@ def test_each_condition_reads_its_scenarios(tmp_path, monkeypatch):
     assert rows["nothing_feasible"].least_violating == pytest.approx(0.010)
 
     conditions = {c.name: c for c in goal_conditions(list(rows.values()))}
-    assert conditions["feasible"].holds is False and conditions["feasible"].measured.startswith("8 of 9 runs")
+    assert conditions["feasible"].holds is False and conditions["feasible"].measured.startswith(
+        "8 of 9 runs"
+    )
     assert conditions["nothing feasible"].holds is False
     assert conditions["equal cost"].holds is True
     # demo above its oracle, unconstrained 0.4 points below its (w1, 0.90), conflict 5 below.
-    assert conditions["oracle"].holds is False and conditions["oracle"].measured.startswith("2 of 3 scenarios")
+    assert conditions["oracle"].holds is False and conditions["oracle"].measured.startswith(
+        "2 of 3 scenarios"
+    )
     assert conditions["targets alone"].holds is False
-    assert conditions["cost"].holds is False and conditions["cost"].measured.startswith("3 of 4 scenarios")
+    assert conditions["cost"].holds is False and conditions["cost"].measured.startswith(
+        "3 of 4 scenarios"
+    )
 
 
 def test_the_goal_holds_when_every_condition_does(tmp_path, monkeypatch):
     outcomes = {
-        name: {f"seed{s}": {**sweep(0.02, 0.60, 0.70 if name == "open" else None), "robust": result(True, 0.70, 20.0)} for s in range(2)}
+        name: {
+            f"seed{s}": {
+                **sweep(0.02, 0.60, 0.70 if name == "open" else None),
+                "robust": result(True, 0.70, 20.0),
+            }
+            for s in range(2)
+        }
         for name in ("demo", "conflict", "large_quiz", "four_targets", "open")
     }
     outcomes = {("unconstrained" if k == "open" else k): v for k, v in outcomes.items()}
@@ -116,7 +139,9 @@ def test_the_goal_holds_when_every_condition_does(tmp_path, monkeypatch):
     assert goal_markdown(report, "paper") == "`paper` has no runs in this report."
 
 
-def test_a_seed_without_the_fixed_sweep_counts_for_feasibility_not_for_the_comparisons(tmp_path, monkeypatch):
+def test_a_seed_without_the_fixed_sweep_counts_for_feasibility_not_for_the_comparisons(
+    tmp_path, monkeypatch
+):
     outcomes = {
         "demo": {
             "seed0": {**sweep(0.02, 0.60, None), "robust": result(True, 0.62, 20.0)},
@@ -129,12 +154,28 @@ def test_a_seed_without_the_fixed_sweep_counts_for_feasibility_not_for_the_compa
 
 
 def test_the_benchmark_prints_the_goal_for_each_method_asked(tmp_path, monkeypatch, capsys):
-    spec = importlib.util.spec_from_file_location("beyond_the_paper", ROOT / "benchmarks" / "beyond_the_paper.py")
+    spec = importlib.util.spec_from_file_location(
+        "beyond_the_paper", ROOT / "benchmarks" / "beyond_the_paper.py"
+    )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    outcomes = {"demo": {"seed0": {**sweep(0.02, 0.60, None), "robust": result(True, 0.62, 25.0), "paper": result(True, 0.5, 25.0)}}}
+    outcomes = {
+        "demo": {
+            "seed0": {
+                **sweep(0.02, 0.60, None),
+                "robust": result(True, 0.62, 25.0),
+                "paper": result(True, 0.5, 25.0),
+            }
+        }
+    }
     report_of(tmp_path / "runs", monkeypatch, outcomes)  # the folders, and run_outcome patched
-    args = ["--out", str(tmp_path / "runs"), "--report-only", "--json", str(tmp_path / "report.json")]
+    args = [
+        "--out",
+        str(tmp_path / "runs"),
+        "--report-only",
+        "--json",
+        str(tmp_path / "report.json"),
+    ]
     assert script.main([*args, "--goal", "robust", "--goal", "paper"]) == 0
     printed = capsys.readouterr().out
     assert "The goal for `robust`" in printed and "The goal for `paper`" in printed
@@ -156,17 +197,26 @@ def test_the_oracle_is_read_over_the_seeds_the_method_ran_on(tmp_path, monkeypat
     [row] = scenario_rows(report_of(tmp_path, monkeypatch, outcomes), "robust")
     assert row.oracle == pytest.approx(0.60)
     oracle = {c.name: c for c in goal_conditions([row])}["oracle"]
-    assert oracle.measured.startswith("1 of 1 scenarios within 3 points")  # 0.90 would put it 32 below
+    assert oracle.measured.startswith(
+        "1 of 1 scenarios within 3 points"
+    )  # 0.90 would put it 32 below
 
 
 def test_combined_reports_are_summarized_over_every_seed(tmp_path, monkeypatch):
     first = report_of(
-        tmp_path / "a", monkeypatch, {"demo": {"seed0": {**sweep(0.02, 0.60, None), "robust": result(True, 0.70, 25.0)}}}
+        tmp_path / "a",
+        monkeypatch,
+        {"demo": {"seed0": {**sweep(0.02, 0.60, None), "robust": result(True, 0.70, 25.0)}}},
     )
     second = report_of(
         tmp_path / "b",
         monkeypatch,
-        {"demo": {f"seed{s}": {**sweep(0.02, 0.50, None), "robust": result(True, 0.40, 20.0)} for s in (1, 2)}},
+        {
+            "demo": {
+                f"seed{s}": {**sweep(0.02, 0.50, None), "robust": result(True, 0.40, 20.0)}
+                for s in (1, 2)
+            }
+        },
     )
     # A seed whose fixed sweep came from an earlier occasion keeps no cost when combined.
     second["demo"]["fixed_sweep_from_earlier_report"] = ["seed2"]
@@ -182,16 +232,22 @@ def test_combined_reports_are_summarized_over_every_seed(tmp_path, monkeypatch):
 
 
 def test_the_benchmark_combines_reports_without_training(tmp_path, monkeypatch, capsys):
-    spec = importlib.util.spec_from_file_location("beyond_the_paper", ROOT / "benchmarks" / "beyond_the_paper.py")
+    spec = importlib.util.spec_from_file_location(
+        "beyond_the_paper", ROOT / "benchmarks" / "beyond_the_paper.py"
+    )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     paths = []
     for seed in (0, 1):
-        outcomes = {"demo": {f"seed{seed}": {**sweep(0.02, 0.60, None), "robust": result(True, 0.62, 25.0)}}}
+        outcomes = {
+            "demo": {f"seed{seed}": {**sweep(0.02, 0.60, None), "robust": result(True, 0.62, 25.0)}}
+        }
         report = report_of(tmp_path / f"runs{seed}", monkeypatch, outcomes)
         paths.append(tmp_path / f"report{seed}.json")
         paths[-1].write_text(json.dumps(report))
-    monkeypatch.setattr(script, "ensure_base_model", lambda **_: pytest.fail("--combine trains nothing"))
+    monkeypatch.setattr(
+        script, "ensure_base_model", lambda **_: pytest.fail("--combine trains nothing")
+    )
     out = tmp_path / "combined.json"
     assert script.main(["--combine", *map(str, paths), "--json", str(out), "--goal", "robust"]) == 0
     assert sorted(json.loads(out.read_text())["demo"]["runs"]) == ["seed0", "seed1"]

@@ -48,7 +48,12 @@ def tiny_overrides(tokenizer_dir: Path, out: Path, method: str = "dynamics") -> 
         f"output_dir={out}",
     ]
     if method == "dynamics":
-        overrides += ["method.schedule=[0]", "method.probe_cap=1", "method.grid.lambdas=[1.0]", "method.grid.epsilons=[0.0]"]
+        overrides += [
+            "method.schedule=[0]",
+            "method.probe_cap=1",
+            "method.grid.lambdas=[1.0]",
+            "method.grid.epsilons=[0.0]",
+        ]
     return overrides
 
 
@@ -78,7 +83,8 @@ def test_every_scenario_builds_from_the_hub_and_from_local_files(
     # (GSM8K's 7,473 against GS(10k), BillSum's 18,949 against BS(20k)): every row.
     beyond_the_split = {("GS", 10_000), ("BS", 20_000)}
     expected_budgets = [
-        (d.abbrev, None if (d.abbrev, d.budget) in beyond_the_split else d.budget) for d in scenario.fine_tuning_datasets
+        (d.abbrev, None if (d.abbrev, d.budget) in beyond_the_split else d.budget)
+        for d in scenario.fine_tuning_datasets
     ]
     assert [(d.name, d.budget) for d in hub.datasets if d.role != "constraint"] == expected_budgets
     # The fixtures hold a few rows each: every one of them is used.
@@ -89,18 +95,38 @@ def test_every_scenario_builds_from_the_hub_and_from_local_files(
 
 def test_the_papers_settings_and_learning_rate_by_model(caplog: pytest.LogCaptureFixture) -> None:
     config = scenario_config("paper/s28")
-    assert (config.training.total_steps, config.training.batch_size, config.training.sequence_length) == (2048, 8, 512)
-    assert (config.evaluation.interval, config.evaluation.batches, config.evaluation.reduced_batches) == (64, 200, 50)
+    assert (
+        config.training.total_steps,
+        config.training.batch_size,
+        config.training.sequence_length,
+    ) == (2048, 8, 512)
+    assert (
+        config.evaluation.interval,
+        config.evaluation.batches,
+        config.evaluation.reduced_batches,
+    ) == (64, 200, 50)
     assert (config.model.name_or_path, config.lora and config.lora.rank, config.optimizer.lr) == (
         "Qwen/Qwen2.5-3B",
         32,
         1e-4,
     )
-    assert (config.optimizer.warmup_steps, config.method.name, config.method.schedule) == (0, "dynamics", "dense-warmup")
+    assert (config.optimizer.warmup_steps, config.method.name, config.method.schedule) == (
+        0,
+        "dynamics",
+        "dense-warmup",
+    )
     assert config.output_dir == "runs/paper-s28"
     assert scenario_config("paper/s28", ["model.name_or_path=Qwen/Qwen3-8B"]).optimizer.lr == 5e-5
-    assert scenario_config("paper/s28", ["model.name_or_path=google/gemma-3-12b-pt"]).optimizer.lr == 5e-5
-    assert scenario_config("paper/s28", ["model.name_or_path=Qwen/Qwen3-8B", "optimizer.lr=3e-4"]).optimizer.lr == 3e-4
+    assert (
+        scenario_config("paper/s28", ["model.name_or_path=google/gemma-3-12b-pt"]).optimizer.lr
+        == 5e-5
+    )
+    assert (
+        scenario_config(
+            "paper/s28", ["model.name_or_path=Qwen/Qwen3-8B", "optimizer.lr=3e-4"]
+        ).optimizer.lr
+        == 3e-4
+    )
     with caplog.at_level(logging.WARNING):
         assert scenario_config("paper/s28", ["model.name_or_path=my/model"]).optimizer.lr == 1e-4
     assert "my/model is not one of the paper's models" in caplog.text
@@ -109,18 +135,27 @@ def test_the_papers_settings_and_learning_rate_by_model(caplog: pytest.LogCaptur
 def test_any_method_schedule_or_predictor_can_be_chosen() -> None:
     fixed = scenario_config("paper/s28", ["method.name=fixed"])
     assert fixed.method.weights == {d.name: 1.0 for d in fixed.training_datasets}
-    chosen = scenario_config("paper/s28", ["method.schedule=no-warmup", "method.predictor=curve", "datasets.NM.budget=100"])
+    chosen = scenario_config(
+        "paper/s28",
+        ["method.schedule=no-warmup", "method.predictor=curve", "datasets.NM.budget=100"],
+    )
     assert (chosen.method.schedule, chosen.method.predictor) == ("no-warmup", "curve")
     assert next(d for d in chosen.datasets if d.name == "NM").budget == 100
-    with pytest.raises(ValueError, match=r"paper/s51: .*gradient-alignment cannot keep accuracy constraints"):
+    with pytest.raises(
+        ValueError, match=r"paper/s51: .*gradient-alignment cannot keep accuracy constraints"
+    ):
         scenario_config("paper/s51", ["method.name=gradient-alignment"])
 
 
 def test_scenarios_config_prints_the_resolved_yaml(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["scenarios", "config", "paper/s51", "training.total_steps=256"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert RunConfig.model_validate(printed) == scenario_config("paper/s51", ["training.total_steps=256"])
-    assert [d["hub_id"] for d in printed["datasets"]] == [PAPER_DATASETS[d["name"]].hub_id for d in printed["datasets"]]
+    assert RunConfig.model_validate(printed) == scenario_config(
+        "paper/s51", ["training.total_steps=256"]
+    )
+    assert [d["hub_id"] for d in printed["datasets"]] == [
+        PAPER_DATASETS[d["name"]].hub_id for d in printed["datasets"]
+    ]
     assert cli_main(["scenarios", "config", "paper/s51", "--data-root", str(PAPER_FIXTURES)]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert all(Path(d["path"]).parent == PAPER_FIXTURES for d in printed["datasets"])
@@ -130,7 +165,10 @@ def test_scenarios_config_prints_the_resolved_yaml(capsys: pytest.CaptureFixture
     ("argv", "message"),
     [
         (["scenarios", "config", "paper/s99"], "unknown scenario 'paper/s99'"),
-        (["scenarios", "config", "paper/s1", "--data-root", "/nonexistent"], "no file for dataset MM"),
+        (
+            ["scenarios", "config", "paper/s1", "--data-root", "/nonexistent"],
+            "no file for dataset MM",
+        ),
         (["scenarios", "config", "paper/s1", "training.total_steps=0"], "training.total_steps"),
         (["run", "--scenario", "paper/s1", "cfg.yaml"], "either a run config or --scenario"),
         (["run", "cfg.yaml", "--data-root", "x"], "--data-root points a --scenario's datasets"),
@@ -163,7 +201,9 @@ def run_scenario(name: str, tokenizer_dir: Path, out: Path, method: str) -> dict
     [("paper/s1", "dynamics"), ("paper/s54", "dynamics"), ("paper/s28", "fixed")],
     ids=["s1-loss-benchmarks", "s54-accuracy-and-loss", "s28-fixed"],
 )
-def test_a_sample_of_scenarios_trains(name: str, method: str, tokenizer_dir: Path, tmp_path: Path) -> None:
+def test_a_sample_of_scenarios_trains(
+    name: str, method: str, tokenizer_dir: Path, tmp_path: Path
+) -> None:
     summary = run_scenario(name, tokenizer_dir, tmp_path / "run", method)
     # One mixture decision at step 0 (the schedule [0]; fixed weights are recorded once too).
     assert (summary["method"], summary["num_updates"], summary["total_steps"]) == (method, 1, 2)

@@ -12,7 +12,14 @@ from dynamics.experiments.robustness import prediction_errors
 NAMES = ["target", "held-out", "quiz"]
 
 
-def update(step: int, horizon: int, losses: list[float], slopes: list[list[float]], weights: list[float], **extra):
+def update(
+    step: int,
+    horizon: int,
+    losses: list[float],
+    slopes: list[list[float]],
+    weights: list[float],
+    **extra,
+):
     return {
         "step": step,
         "horizon": horizon,
@@ -30,7 +37,9 @@ def test_each_long_horizon_is_scored_against_the_next_anchor_and_against_no_chan
     updates = [
         update(0, 8, [3.0, 1.0, -0.5], SLOPES, [1.0, 0.0]),  # too short: a warmup update
         update(8, 32, [2.9, 1.0, -0.5], SLOPES, [0.5, 0.5]),  # predicts held-out 0, quiz +0.032
-        update(40, 64, [2.5, 1.02, -0.52], SLOPES, [1.0, 0.0]),  # predicts held-out +0.064, quiz +0.128
+        update(
+            40, 64, [2.5, 1.02, -0.52], SLOPES, [1.0, 0.0]
+        ),  # predicts held-out +0.064, quiz +0.128
         update(104, 64, [2.0, 1.05, -0.4], SLOPES, [1.0, 0.0]),  # its horizon never finished
     ]
     errors = prediction_errors([(updates, NAMES, [1, 2])])

@@ -20,4 +20,6 @@ def test_each_trainer_example_writes_a_run_folder(tmp_path, script):
     assert f"run folder: {out}" in example.stdout()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trainer"] is True and summary["total_steps"] == 32
-    assert (out / "controller.jsonl").read_text().count("\n") == 6  # dense warmup over 32 steps: 0, 1, 2, 4, 8, 16
+    assert (out / "controller.jsonl").read_text().count(
+        "\n"
+    ) == 6  # dense warmup over 32 steps: 0, 1, 2, 4, 8, 16

@@ -47,7 +47,10 @@ def stripped(path: Path) -> str:
             return [strip(v) for v in value]
         return value
 
-    return "".join(json.dumps(strip(json.loads(line)), sort_keys=True) + "\n" for line in path.read_text().splitlines())
+    return "".join(
+        json.dumps(strip(json.loads(line)), sort_keys=True) + "\n"
+        for line in path.read_text().splitlines()
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -111,7 +114,10 @@ def resumed(tokenizer_dir: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def trainer(tokenizer_dir: Path, out: Path) -> None:
-    train_with_callback(RunConfig.from_dict(float64_config(tokenizer_dir, out, variant="paper")), out.parent / f"{out.name}-hf")
+    train_with_callback(
+        RunConfig.from_dict(float64_config(tokenizer_dir, out, variant="paper")),
+        out.parent / f"{out.name}-hf",
+    )
 
 
 CASES: dict[str, Callable[..., None]] = {
@@ -124,7 +130,9 @@ CASES: dict[str, Callable[..., None]] = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_run_files_match_the_golden_records(case: str, tokenizer_dir: Path, tmp_path: Path, monkeypatch) -> None:
+def test_run_files_match_the_golden_records(
+    case: str, tokenizer_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
     out = tmp_path / case
     make = CASES[case]
     if case == "resumed":
@@ -137,8 +145,12 @@ def test_run_files_match_the_golden_records(case: str, tokenizer_dir: Path, tmp_
         if WRITE:
             golden.parent.mkdir(parents=True, exist_ok=True)
             golden.write_text(written)
-        differences = list(_differences(_records(written), _records(golden.read_text()), f"{case}/{name}"))
-        assert not differences, f"{case}/{name} differs from its golden record: " + "; ".join(differences[:5])
+        differences = list(
+            _differences(_records(written), _records(golden.read_text()), f"{case}/{name}")
+        )
+        assert not differences, f"{case}/{name} differs from its golden record: " + "; ".join(
+            differences[:5]
+        )
 
 
 def _records(text: str) -> list:

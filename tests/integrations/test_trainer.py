@@ -74,7 +74,9 @@ def train_with_callback(config: RunConfig, hf_out: Path, **changes) -> DynamicsC
 
 
 @pytest.mark.parametrize("method", [{"variant": "paper"}, {}])
-def test_the_trainer_with_the_callback_makes_the_same_run_as_dynamics_run(tokenizer_dir, tmp_path, method, single_thread):
+def test_the_trainer_with_the_callback_makes_the_same_run_as_dynamics_run(
+    tokenizer_dir, tmp_path, method, single_thread
+):
     data = tiny_config(tokenizer_dir, tmp_path / "engine", **method)
     run(RunConfig.from_dict(data), progress=False)
     data["output_dir"] = str(tmp_path / "trainer")
@@ -86,18 +88,24 @@ def test_the_trainer_with_the_callback_makes_the_same_run_as_dynamics_run(tokeni
     # The same batches, probes, optimizer steps and evaluations: on CPU the two runs agree to
     # the last bit; the tolerance leaves room for float reduction order elsewhere.
     for mine, theirs in zip(trainer.updates, engine.updates, strict=True):
-        np.testing.assert_allclose(mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(
+            mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-6, atol=1e-9
+        )
         np.testing.assert_allclose(mine["weights"], theirs["weights"], atol=1e-6)
     for mine, theirs in zip(trainer.evaluations, engine.evaluations, strict=True):
         for split in ("eval", "test"):
-            np.testing.assert_allclose(list(mine[split].values()), list(theirs[split].values()), rtol=1e-6)
+            np.testing.assert_allclose(
+                list(mine[split].values()), list(theirs[split].values()), rtol=1e-6
+            )
     assert callback.summary is not None
     assert callback.summary["constrained_ppl_reduction"] == pytest.approx(
         read_run(tmp_path / "engine").summary["constrained_ppl_reduction"], rel=1e-6
     )
 
 
-def test_the_callbacks_run_folder_is_complete_and_its_adapter_loads(tokenizer_dir, tmp_path, single_thread):
+def test_the_callbacks_run_folder_is_complete_and_its_adapter_loads(
+    tokenizer_dir, tmp_path, single_thread
+):
     data = tiny_config(tokenizer_dir, tmp_path / "trainer")
     config = RunConfig.from_dict(data)
     out = tmp_path / "trainer"
@@ -112,10 +120,15 @@ def test_the_callbacks_run_folder_is_complete_and_its_adapter_loads(tokenizer_di
     base = load_causal_lm(config.model)
     adapted = PeftModel.from_pretrained(base, out / "best_checkpoint")
     assert any("lora_" in name for name, _ in adapted.named_parameters())
-    assert callback.history is not None and callback.history.evaluations[-1].step == config.training.total_steps
+    assert (
+        callback.history is not None
+        and callback.history.evaluations[-1].step == config.training.total_steps
+    )
 
 
-def test_trl_sft_trainer_with_lora_and_the_callback_writes_a_loadable_adapter(tokenizer_dir, tmp_path):
+def test_trl_sft_trainer_with_lora_and_the_callback_writes_a_loadable_adapter(
+    tokenizer_dir, tmp_path
+):
     from peft import LoraConfig as PeftLoraConfig
     from trl import SFTConfig, SFTTrainer
 
@@ -138,9 +151,14 @@ def test_trl_sft_trainer_with_lora_and_the_callback_writes_a_loadable_adapter(to
     records = read_run(out)
     assert [u["step"] for u in records.updates] == [0, 2, 4]
     assert callback.source.drawn == config.training.total_steps
-    assert records.summary["feasible"] and (out / "best_checkpoint" / "adapter_model.safetensors").is_file()
+    assert (
+        records.summary["feasible"]
+        and (out / "best_checkpoint" / "adapter_model.safetensors").is_file()
+    )
     adapted = PeftModel.from_pretrained(load_causal_lm(config.model), out / "best_checkpoint")
-    assert sum("lora_" in name for name, _ in adapted.named_parameters()) == 2 * 2 * 2  # A, B x q, v x 2 layers
+    assert (
+        sum("lora_" in name for name, _ in adapted.named_parameters()) == 2 * 2 * 2
+    )  # A, B x q, v x 2 layers
 
 
 class StopAt(TrainerCallback):
@@ -154,7 +172,9 @@ class StopAt(TrainerCallback):
             control.should_training_stop = True
 
 
-def resumable_trainer(config: RunConfig, hf_out: Path, extra_callbacks=()) -> tuple[Trainer, DynamicsCallback]:
+def resumable_trainer(
+    config: RunConfig, hf_out: Path, extra_callbacks=()
+) -> tuple[Trainer, DynamicsCallback]:
     set_seed(config.training.seed)
     tokenizer = load_tokenizer(config.model)
     model = prepare_model(load_causal_lm(config.model), config.lora, False)
@@ -170,8 +190,12 @@ def resumable_trainer(config: RunConfig, hf_out: Path, extra_callbacks=()) -> tu
     return trainer, callback
 
 
-def test_resuming_the_trainer_from_its_checkpoint_continues_the_mixture(tokenizer_dir, tmp_path, single_thread):
-    data = tiny_config(tokenizer_dir, tmp_path / "whole", variant="robust")  # calibration state crosses the save
+def test_resuming_the_trainer_from_its_checkpoint_continues_the_mixture(
+    tokenizer_dir, tmp_path, single_thread
+):
+    data = tiny_config(
+        tokenizer_dir, tmp_path / "whole", variant="robust"
+    )  # calibration state crosses the save
     whole_trainer, whole = resumable_trainer(RunConfig.from_dict(data), tmp_path / "whole" / "hf")
     whole_trainer.train()
 
@@ -188,12 +212,20 @@ def test_resuming_the_trainer_from_its_checkpoint_continues_the_mixture(tokenize
     assert [u["step"] for u in a.updates] == [u["step"] for u in b.updates] == [0, 2, 4]
     for mine, theirs in zip(b.updates, a.updates, strict=True):
         np.testing.assert_allclose(mine["weights"], theirs["weights"], atol=1e-9)
-        np.testing.assert_allclose(mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(
+            mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-6, atol=1e-9
+        )
     for mine, theirs in zip(b.evaluations, a.evaluations, strict=True):
-        np.testing.assert_allclose(list(mine["eval"].values()), list(theirs["eval"].values()), rtol=1e-6)
-    assert resumed.sampler.state_dict() == whole.sampler.state_dict()  # same data position at the end
+        np.testing.assert_allclose(
+            list(mine["eval"].values()), list(theirs["eval"].values()), rtol=1e-6
+        )
+    assert (
+        resumed.sampler.state_dict() == whole.sampler.state_dict()
+    )  # same data position at the end
     assert resumed.source.drawn == whole.source.drawn == 8
-    assert b.summary["constrained_ppl_reduction"] == pytest.approx(a.summary["constrained_ppl_reduction"])
+    assert b.summary["constrained_ppl_reduction"] == pytest.approx(
+        a.summary["constrained_ppl_reduction"]
+    )
 
 
 def test_resuming_a_checkpoint_without_mixture_state_is_refused(tokenizer_dir, tmp_path):
@@ -208,7 +240,9 @@ def test_resuming_a_checkpoint_without_mixture_state_is_refused(tokenizer_dir, t
         second.train(resume_from_checkpoint=str(checkpoint))
 
 
-def test_gradient_alignment_through_the_callback_matches_dynamics_run(tokenizer_dir, tmp_path, single_thread):
+def test_gradient_alignment_through_the_callback_matches_dynamics_run(
+    tokenizer_dir, tmp_path, single_thread
+):
     data = tiny_config(tokenizer_dir, tmp_path / "engine")
     data["datasets"] = [d for d in data["datasets"] if d["name"] != "mmlu"]  # loss constraints only
     data["method"] = {"name": "gradient-alignment", "schedule": [0, 2, 4], "alignment_batches": 2}
@@ -218,7 +252,9 @@ def test_gradient_alignment_through_the_callback_matches_dynamics_run(tokenizer_
     engine, trainer = read_run(tmp_path / "engine"), read_run(tmp_path / "trainer")
     assert [u["step"] for u in trainer.updates] == [0, 2, 4]
     for mine, theirs in zip(trainer.updates, engine.updates, strict=True):
-        np.testing.assert_allclose(mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-6, atol=1e-12)
+        np.testing.assert_allclose(
+            mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-6, atol=1e-12
+        )
         np.testing.assert_allclose(mine["weights"], theirs["weights"], atol=1e-6)
 
 
@@ -233,7 +269,9 @@ class Recorder(TrainerCallback):
 
 
 @pytest.mark.parametrize("moved", [False, True])
-def test_the_mixture_reaches_the_trainers_log_and_its_trackers_once_moved_first(tokenizer_dir, tmp_path, moved):
+def test_the_mixture_reaches_the_trainers_log_and_its_trackers_once_moved_first(
+    tokenizer_dir, tmp_path, moved
+):
     config = RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "run"))
     set_seed(config.training.seed)
     tokenizer = load_tokenizer(config.model)
@@ -253,7 +291,12 @@ def test_the_mixture_reaches_the_trainers_log_and_its_trackers_once_moved_first(
     assert len(step_logs) == 2  # steps 4 and 8
     last = read_run(tmp_path / "run").updates[-1]
     for log in step_logs:
-        assert {"dynamics/weight/math", "dynamics/weight/wiki", "dynamics/worst_slack", "dynamics/feasible"} <= set(log)
+        assert {
+            "dynamics/weight/math",
+            "dynamics/weight/wiki",
+            "dynamics/worst_slack",
+            "dynamics/feasible",
+        } <= set(log)
     assert step_logs[-1]["dynamics/weight/math"] == pytest.approx(last["weights"][0])
     tracked = [log for log in tracker.logs if "loss" in log]
     assert len(tracked) == 2
@@ -274,11 +317,19 @@ def test_fixed_weights_through_the_callback_draw_only_the_weighted_dataset(token
     ("changes", "needles"),
     [
         ({"max_steps": 6}, ("max_steps is 6", "training.total_steps is 8")),
-        ({"per_device_train_batch_size": 3}, ("per_device_train_batch_size is 3", "training.batch_size is 2")),
-        ({"gradient_accumulation_steps": 2}, ("gradient_accumulation_steps is 2", "training.gradient_accumulation")),
+        (
+            {"per_device_train_batch_size": 3},
+            ("per_device_train_batch_size is 3", "training.batch_size is 2"),
+        ),
+        (
+            {"gradient_accumulation_steps": 2},
+            ("gradient_accumulation_steps is 2", "training.gradient_accumulation"),
+        ),
     ],
 )
-def test_a_trainer_that_disagrees_with_the_config_is_refused_naming_both_fields(tokenizer_dir, tmp_path, changes, needles):
+def test_a_trainer_that_disagrees_with_the_config_is_refused_naming_both_fields(
+    tokenizer_dir, tmp_path, changes, needles
+):
     data = tiny_config(tokenizer_dir, tmp_path / "trainer")
     with pytest.raises(RunSetupError) as error:
         train_with_callback(RunConfig.from_dict(data), tmp_path / "hf", **changes)
@@ -294,12 +345,17 @@ def test_sharded_training_is_refused_by_the_callback(tokenizer_dir, tmp_path, mo
 
     config = RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "trainer"))
     callback = DynamicsCallback(config, load_tokenizer(config.model))
-    with pytest.raises(RunSetupError, match=r"sharded training .*TrainingArguments\.fsdp.*plain data parallelism"):
+    with pytest.raises(
+        RunSetupError, match=r"sharded training .*TrainingArguments\.fsdp.*plain data parallelism"
+    ):
         callback._check_trainer(trainer_args(tmp_path / "hf", config, fsdp=True), TrainerState())
     # accelerate launch --use_fsdp shards the Trainer's model without TrainingArguments.fsdp.
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
-    with pytest.raises(RunSetupError, match=r"launched under FSDP \(ACCELERATE_USE_FSDP=true\).*plain data parallelism"):
+    with pytest.raises(
+        RunSetupError,
+        match=r"launched under FSDP \(ACCELERATE_USE_FSDP=true\).*plain data parallelism",
+    ):
         callback._check_trainer(trainer_args(tmp_path / "hf", config), TrainerState())
 
 
@@ -321,7 +377,9 @@ def test_the_data_without_the_callback_says_what_is_missing(tokenizer_dir, tmp_p
 def test_the_callback_samples_by_tokens_when_the_config_says_so(tokenizer_dir, tmp_path):
     data = tiny_config(tokenizer_dir, tmp_path / "trainer")
     data["training"]["sampling"] = "tokens"
-    callback = DynamicsCallback(RunConfig.from_dict(data), load_tokenizer(RunConfig.from_dict(data).model))
+    callback = DynamicsCallback(
+        RunConfig.from_dict(data), load_tokenizer(RunConfig.from_dict(data).model)
+    )
     assert callback.sampler.sampler.sampling == "tokens"
     # The policy records its solved batch shares as the token shares this sampler draws them by.
     assert callback.policy.unit is callback.sampler.sampler.unit
@@ -332,7 +390,9 @@ HANG_SECONDS = 240
 takes 10-60 s)."""
 
 
-def launch_past_teardown_hangs(command: list[str], env: dict[str, str], out: Path) -> subprocess.CompletedProcess:
+def launch_past_teardown_hangs(
+    command: list[str], env: dict[str, str], out: Path
+) -> subprocess.CompletedProcess:
     """``command`` run once more, from an empty run folder, if it hangs after the run finished
     (``summary.json`` written): torch.distributed's teardown hangs in one process now and then
     (pytorch/pytorch#75097), outside the callback. A second hang, or a hang before the run
@@ -343,7 +403,10 @@ def launch_past_teardown_hangs(command: list[str], env: dict[str, str], out: Pat
         return result
     if not (out / "summary.json").is_file():
         raise AssertionError(f"the two-process run hung before it finished; its stacks:\n{stacks}")
-    warnings.warn(f"the two-process run hung after it finished and runs again; its stacks:\n{stacks}", stacklevel=2)
+    warnings.warn(
+        f"the two-process run hung after it finished and runs again; its stacks:\n{stacks}",
+        stacklevel=2,
+    )
     for folder in (out, out.with_name(f"{out.name}-hf")):
         shutil.rmtree(folder, ignore_errors=True)
     result, stacks = _run_or_hang(command, env)
@@ -352,11 +415,19 @@ def launch_past_teardown_hangs(command: list[str], env: dict[str, str], out: Pat
     return result
 
 
-def _run_or_hang(command: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess | None, str]:
+def _run_or_hang(
+    command: list[str], env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess | None, str]:
     """The finished process, or None and the end of its stderr if it ran past the limit (then
     it is killed with every process it started: it runs in a session of its own)."""
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = process.communicate(timeout=HANG_SECONDS + 60)
     except subprocess.TimeoutExpired:
@@ -384,21 +455,30 @@ def test_two_processes_under_the_trainer_match_one_process(tmp_path):
     updates = {}
     for name, nproc, batch_size in (("single", 1, 4), ("double", 2, 2)):
         path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(distributed_config(tokenizer_dir, tmp_path / name, batch_size)))
+        path.write_text(
+            yaml.safe_dump(distributed_config(tokenizer_dir, tmp_path / name, batch_size))
+        )
         if nproc == 1:
             with one_thread():  # the reference, without a launcher
                 trainer_script.main(str(path))
         else:
             command = [
-                sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                str(Path(__file__).with_name("trainer_script.py")), str(path),
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={nproc}",
+                str(Path(__file__).with_name("trainer_script.py")),
+                str(path),
             ]
             result = launch_past_teardown_hangs(command, env, tmp_path / name)
             assert result.returncode == 0, result.stderr[-3000:]
         updates[name] = read_run(tmp_path / name).updates
     single, double = updates["single"], updates["double"]
     assert [u["step"] for u in single] == [u["step"] for u in double] == [0, 2, 4]
-    assert [u["probe_ranks"] for u in double] == [[[0], [1]]] * 3  # each rank probed one dataset alone
+    assert [u["probe_ranks"] for u in double] == [
+        [[0], [1]]
+    ] * 3  # each rank probed one dataset alone
     for one, two in zip(single, double, strict=True):
         np.testing.assert_allclose(two["slope_matrix"], one["slope_matrix"], rtol=1e-3, atol=1e-5)
         np.testing.assert_allclose(two["weights"], one["weights"], atol=1e-4)

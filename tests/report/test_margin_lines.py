@@ -33,7 +33,14 @@ BASE = _row(0, {"math": [2.0] * 4, "code-heldout": [1.0] * 4, "quiz": [-0.5] * 4
 def test_a_constraint_within_two_errors_of_its_reference_is_named():
     # code-heldout: -0.005 on average, per batch -0.01, 0, -0.03, +0.02 (error 0.0104): 0.5
     # errors; the quiz gained one answer in one batch of four.
-    later = _row(8, {"math": [1.5] * 4, "code-heldout": [0.99, 1.0, 0.97, 1.02], "quiz": [-0.75, -0.5, -0.5, -0.5]})
+    later = _row(
+        8,
+        {
+            "math": [1.5] * 4,
+            "code-heldout": [0.99, 1.0, 0.97, 1.02],
+            "quiz": [-0.75, -0.5, -0.5, -0.5],
+        },
+    )
     first, note = margin_lines(_records([BASE, later]), 8)
     assert first == (
         "its slack on the eval split, in standard errors of the change: "
@@ -44,11 +51,18 @@ def test_a_constraint_within_two_errors_of_its_reference_is_named():
 
 
 def test_a_constraint_with_room_or_unchanged_is_not_named():
-    later = _row(8, {"math": [1.5] * 4, "code-heldout": [0.95, 0.96, 0.95, 0.94], "quiz": [-0.5] * 4})
+    later = _row(
+        8, {"math": [1.5] * 4, "code-heldout": [0.95, 0.96, 0.95, 0.94], "quiz": [-0.5] * 4}
+    )
     (line,) = margin_lines(_records([BASE, later]), 8)
-    assert line.endswith("code-heldout +0.0500 (+12.2 errors), quiz +0.0000 (unchanged on every batch)")
+    assert line.endswith(
+        "code-heldout +0.0500 (+12.2 errors), quiz +0.0000 (unchanged on every batch)"
+    )
 
 
 def test_a_run_without_per_batch_values_says_nothing_of_them():
-    rows = [{k: v for k, v in row.items() if k != "eval_batches"} for row in (BASE, _row(8, BASE["eval_batches"]))]
+    rows = [
+        {k: v for k, v in row.items() if k != "eval_batches"}
+        for row in (BASE, _row(8, BASE["eval_batches"]))
+    ]
     assert margin_lines(_records(rows), 8) == []

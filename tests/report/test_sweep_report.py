@@ -25,8 +25,15 @@ from dynamics.runs.rundir import RunRecords
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def result(scenario: str, method: str, mixture: str, seed: int, reduction: float, violation: float,
-           constraints: int) -> RunResult:
+def result(
+    scenario: str,
+    method: str,
+    mixture: str,
+    seed: int,
+    reduction: float,
+    violation: float,
+    constraints: int,
+) -> RunResult:
     path = Path("/sweep") / scenario / (method if method != "fixed" else mixture) / f"seed{seed}"
     records = RunRecords(
         path=path,
@@ -35,9 +42,18 @@ def result(scenario: str, method: str, mixture: str, seed: int, reduction: float
         updates=[{"step": 0, "weights": [0.5, 0.5]}, {"step": 4, "weights": [0.9, 0.1]}],
     )
     return RunResult(
-        path=path, scenario_key=scenario, method=method, mixture=mixture, seed=seed, feasible=reduction > 0,
-        reduction=reduction, predicted_cost=1.5 if method != "fixed" else 1.0, train_seconds=10.0,
-        num_constraints=constraints, max_violation=violation, records=records,
+        path=path,
+        scenario_key=scenario,
+        method=method,
+        mixture=mixture,
+        seed=seed,
+        feasible=reduction > 0,
+        reduction=reduction,
+        predicted_cost=1.5 if method != "fixed" else 1.0,
+        train_seconds=10.0,
+        num_constraints=constraints,
+        max_violation=violation,
+        records=records,
     )
 
 
@@ -63,7 +79,9 @@ RESULTS = [
 def test_oracle_best_at_k_feasible_at_k_and_violations_follow_the_paper():
     numbers = aggregate(RESULTS)
     a, b = numbers["scenarios"]["A"], numbers["scenarios"]["B"]
-    assert a["fixed"]["oracle_reduction"] == pytest.approx((0.15 + 0.12) / 2)  # best mixture per seed, then mean
+    assert a["fixed"]["oracle_reduction"] == pytest.approx(
+        (0.15 + 0.12) / 2
+    )  # best mixture per seed, then mean
     assert b["fixed"]["oracle_reduction"] == 0.0
     assert a["methods"][DYN]["reduction"] == pytest.approx(0.15)
     assert numbers["methods"][DYN] == {
@@ -76,7 +94,9 @@ def test_oracle_best_at_k_feasible_at_k_and_violations_follow_the_paper():
         "median_predicted_cost": 1.5,
     }
     pools = [[0.05, 0.0, 0.15, 0.12], [0.0] * 4]
-    assert numbers["fixed"]["best_at_k"]["3"] == pytest.approx((metrics.best_at_k(pools[0], 3) + 0.0) / 2)
+    assert numbers["fixed"]["best_at_k"]["3"] == pytest.approx(
+        (metrics.best_at_k(pools[0], 3) + 0.0) / 2
+    )
     assert numbers["fixed"]["feasible_at_k"]["1"] == pytest.approx((0.75 + 0.0) / 2)
     assert numbers["fixed"]["feasible_at_k"]["2"] == pytest.approx((1 - 0.25**2) / 2)
     assert numbers["fixed"]["mixtures"] == 2
@@ -85,7 +105,9 @@ def test_oracle_best_at_k_feasible_at_k_and_violations_follow_the_paper():
         "3": {DYN: [0.0], FIXED: [0.0]},
     }
     # Only B is jointly infeasible; the baselines' value is their least violating mixture (w2).
-    assert numbers["violation_jointly_infeasible"] == {DYN: {"B": {"method": pytest.approx(0.2), "fixed": pytest.approx(0.3)}}}
+    assert numbers["violation_jointly_infeasible"] == {
+        DYN: {"B": {"method": pytest.approx(0.2), "fixed": pytest.approx(0.3)}}
+    }
 
 
 def test_sweep_figures_are_written(tmp_path):
@@ -98,8 +120,19 @@ def test_sweep_figures_are_written(tmp_path):
 @pytest.mark.parametrize(
     ("method", "label"),
     [
-        ({"name": "dynamics", "schedule": "dense-warmup", "variant": "paper", "predictor": "linear"}, "dynamics-dense-warmup"),
-        ({"name": "dynamics", "schedule": "fixed:8", "variant": "robust", "predictor": "curve"}, "dynamics-fixed8-robust-curve"),
+        (
+            {
+                "name": "dynamics",
+                "schedule": "dense-warmup",
+                "variant": "paper",
+                "predictor": "linear",
+            },
+            "dynamics-dense-warmup",
+        ),
+        (
+            {"name": "dynamics", "schedule": "fixed:8", "variant": "robust", "predictor": "curve"},
+            "dynamics-fixed8-robust-curve",
+        ),
         ({"name": "dynamics", "schedule": [0, 4]}, "dynamics-steps0-4"),
         ({"name": "gradient-alignment", "schedule": "no-warmup"}, "gradient-alignment-no-warmup"),
         ({"name": "fixed", "weights": {"a": 1.0}, "schedule": [0]}, "fixed"),
@@ -112,10 +145,14 @@ def test_method_labels(method, label):
 @pytest.mark.parametrize("index", [0, 2])  # a DynaMiCS run, a fixed mixture
 def test_the_same_run_twice_is_refused_instead_of_overwriting_a_seed(index):
     # What two sweep folders of one sweep file give: same scenario, method and seed, other paths.
-    again = dataclasses.replace(RESULTS[index], path=Path("/other-sweep") / RESULTS[index].path.relative_to("/sweep"))
+    again = dataclasses.replace(
+        RESULTS[index], path=Path("/other-sweep") / RESULTS[index].path.relative_to("/sweep")
+    )
     what = f"method {DYN}" if index == 0 else "fixed mixture w1"
-    message = (f"{RESULTS[index].path} and {again.path} are the same run (the same config, {what}, seed 0): "
-               "report them separately (one dynamics report each), or leave one of them out")
+    message = (
+        f"{RESULTS[index].path} and {again.path} are the same run (the same config, {what}, seed 0): "
+        "report them separately (one dynamics report each), or leave one of them out"
+    )
     with pytest.raises(rundir.RunDirError, match=re.escape(message)):
         aggregate([*RESULTS, again])
 
@@ -125,7 +162,10 @@ def test_a_run_folder_given_twice_is_read_once(tmp_path):
     run.mkdir(parents=True)
     (run / rundir.CONFIG_FILE).write_text("{}")
     (run / rundir.SUMMARY_FILE).write_text("{}")
-    assert find_run_folders([tmp_path / "sweep", run]) == ([tmp_path / "sweep" / "c" / "m" / "seed0"], [])
+    assert find_run_folders([tmp_path / "sweep", run]) == (
+        [tmp_path / "sweep" / "c" / "m" / "seed0"],
+        [],
+    )
 
 
 def test_a_failed_save_leaves_no_file_and_closes_the_figure(tmp_path):
@@ -149,7 +189,10 @@ def test_weight_lines_cycle_through_the_dashes_past_four_datasets():
         path=Path("/run"),
         summary={"total_steps": 8, "dataset_names": names},
         evaluations=[],
-        updates=[{"step": 0, "weights": [0.2] * 5}, {"step": 4, "weights": [0.6, 0.1, 0.1, 0.1, 0.1]}],
+        updates=[
+            {"step": 0, "weights": [0.2] * 5},
+            {"step": 4, "weights": [0.6, 0.1, 0.1, 0.1, 0.1]},
+        ],
     )
     fig, ax = pyplot().subplots()
     plot_weights(ax, records)

@@ -15,7 +15,13 @@ DATASETS = ["math", "code", "prose", "chat"]
 
 
 def _update(step: int, horizon: int, weights: list[float], feasible: bool = True, **extra) -> dict:
-    return {"step": step, "horizon": horizon, "weights": weights, "solver": {"feasible": feasible}, "extra": extra}
+    return {
+        "step": step,
+        "horizon": horizon,
+        "weights": weights,
+        "solver": {"feasible": feasible},
+        "extra": extra,
+    }
 
 
 def _base_updates() -> list[dict]:
@@ -30,7 +36,9 @@ def _base_updates() -> list[dict]:
     ]
 
 
-def _records(updates: list[dict], *, kept: bool = True, constraints: tuple[int, ...] = (2,)) -> RunRecords:
+def _records(
+    updates: list[dict], *, kept: bool = True, constraints: tuple[int, ...] = (2,)
+) -> RunRecords:
     summary = {
         "method": "dynamics",
         "dataset_names": DATASETS,
@@ -49,7 +57,9 @@ def test_each_update_counts_until_the_next_one_and_the_run_ends():
     assert lines[0] == (
         "target data: 15.6% of the 64 steps (math 9.4%, chat 6.2%); none from step 16 to the end (48 steps)"
     )
-    assert lines[1].startswith("no mixture was predicted to keep every constraint at 1 of 4 updates (steps 16):")
+    assert lines[1].startswith(
+        "no mixture was predicted to keep every constraint at 1 of 4 updates (steps 16):"
+    )
     assert lines[2].startswith("hint: ") and "method.target_floor: 0.02" in lines[2]
     assert len(lines) == 3
     # Target data in the last update counts to the run's end (32 steps), not its horizon.
@@ -90,7 +100,11 @@ def test_the_robust_verdict_decides_and_a_floor_already_set_gets_no_hint():
 def test_the_hint_needs_a_quarter_of_the_run_dry_and_a_checkpoint_that_kept_the_constraints():
     def dry_from(step: int) -> list[dict]:
         first = _base_updates()[:2]
-        return [*first, _update(16, 32, [0.5, 0.5, 0.0, 0.0], feasible=False), _update(step, 64, [0.0, 1.0, 0.0, 0.0])]
+        return [
+            *first,
+            _update(16, 32, [0.5, 0.5, 0.0, 0.0], feasible=False),
+            _update(step, 64, [0.0, 1.0, 0.0, 0.0]),
+        ]
 
     assert target_data_lines(_records(dry_from(48)))[-1].startswith("hint: ")  # 16 of 64 steps
     assert not target_data_lines(_records(dry_from(52)))[-1].startswith("hint")  # 12 of 64
@@ -105,17 +119,34 @@ def test_without_constraints_only_the_share_is_reported():
 
 
 def test_a_fixed_mixture_and_a_run_without_target_data_get_no_account():
-    fixed = [{"step": 0, "horizon": TOTAL_STEPS, "weights": [0.1, 0.45, 0.45, 0.0], "solver": None, "extra": {}}]
+    fixed = [
+        {
+            "step": 0,
+            "horizon": TOTAL_STEPS,
+            "weights": [0.1, 0.45, 0.45, 0.0],
+            "solver": None,
+            "extra": {},
+        }
+    ]
     assert target_data_lines(_records(fixed)) == []
     records = _records(_base_updates())
-    records.summary["dataset_names"] = ["algebra", "code", "prose", "dialogue"]  # none named like a target
+    records.summary["dataset_names"] = [
+        "algebra",
+        "code",
+        "prose",
+        "dialogue",
+    ]  # none named like a target
     assert target_data_lines(records) == []
 
 
 def test_the_report_of_a_finished_run_carries_the_account():
     records = _records(_base_updates())
     records.summary.update(
-        num_updates=4, train_seconds=1.0, predicted_cost=2.0, cost_assumption="",
-        domain_metrics=["loss", "loss", "loss"], constrained_ppl_reduction=0.1,
+        num_updates=4,
+        train_seconds=1.0,
+        predicted_cost=2.0,
+        cost_assumption="",
+        domain_metrics=["loss", "loss", "loss"],
+        constrained_ppl_reduction=0.1,
     )
     assert "\n".join(target_data_lines(records)) in run_report(records)

@@ -122,7 +122,9 @@ def test_a_kill_during_the_best_checkpoints_swap_leaves_one_whole_best_checkpoin
     assert read_checkpoint(tmp_path / "best_checkpoint") == 3
 
 
-def test_the_swap_without_an_exchange_replaces_the_best_checkpoint_and_leaves_nothing(tmp_path, monkeypatch):
+def test_the_swap_without_an_exchange_replaces_the_best_checkpoint_and_leaves_nothing(
+    tmp_path, monkeypatch
+):
     # NFS and most cluster file systems cannot exchange two folders: two renames instead.
     monkeypatch.setattr(rundir, "exchange", lambda new, path: False)
     for step in (1, 2):
@@ -146,7 +148,9 @@ def test_the_exchange_swaps_two_folders_on_this_file_system(tmp_path):
 # --- synced to disk ---------------------------------------------------------------------------
 
 
-def test_a_best_checkpoint_is_synced_files_then_folders_then_the_parent_after_the_swap(tmp_path, monkeypatch):
+def test_a_best_checkpoint_is_synced_files_then_folders_then_the_parent_after_the_swap(
+    tmp_path, monkeypatch
+):
     run_folder = tmp_path / "run"
     run_folder.mkdir()
     best = run_folder / "best_checkpoint"
@@ -210,10 +214,14 @@ def test_a_resume_point_is_synced_before_it_is_swapped_in(tmp_path, monkeypatch)
 # --- what a resume removes ----------------------------------------------------------------------
 
 
-def test_clearing_before_a_resume_removes_the_runs_leftovers_and_keeps_a_users_hidden_files(tmp_path):
+def test_clearing_before_a_resume_removes_the_runs_leftovers_and_keeps_a_users_hidden_files(
+    tmp_path,
+):
     run_folder = tmp_path / "run"
     run_folder.mkdir()
-    run_state.write_resume_point(run_folder, 2, lambda folder: (folder / "loop.json").write_text("{}"))
+    run_state.write_resume_point(
+        run_folder, 2, lambda folder: (folder / "loop.json").write_text("{}")
+    )
     keep = run_folder / "last_checkpoint"
     # A user's own: a git repository, an editor's folder, a hidden file.
     users = {

@@ -85,8 +85,13 @@ def test_the_card_describes_the_run_from_its_files(run_folder):
         assert f"| {update['step']} | {weights} |" in text
     # The final mixture, and the one trained on at the chosen step.
     last = read_jsonl(run_folder / "controller.jsonl")[-1]
-    final = ", ".join(f"{name} {w:.3f}" for name, w in zip(summary["dataset_names"], last["weights"], strict=True))
-    assert f"Final mixture (update at step {last['step']}, in force to the end of the run): {final}." in text
+    final = ", ".join(
+        f"{name} {w:.3f}" for name, w in zip(summary["dataset_names"], last["weights"], strict=True)
+    )
+    assert (
+        f"Final mixture (update at step {last['step']}, in force to the end of the run): {final}."
+        in text
+    )
     # The reduction and each constraint's slack at the chosen step, the worst named.
     assert f"step {step} of {summary['total_steps']}" in text
     assert f"{100 * summary['constrained_ppl_reduction']:.1f}%" in text
@@ -95,7 +100,10 @@ def test_the_card_describes_the_run_from_its_files(run_folder):
     assert f"Mixture trained on at the chosen step {step}: {chosen}." in text
     for name, slack in row["constraint_slack"].items():
         shown = f"{slack:+.3f} accuracy" if name == "mmlu" else f"{slack:+.4f} nats"
-        assert any(line.startswith(f"| {name} |") and line.endswith(f"| {shown} |") for line in text.splitlines())
+        assert any(
+            line.startswith(f"| {name} |") and line.endswith(f"| {shown} |")
+            for line in text.splitlines()
+        )
     worst = min(row["constraint_slack"], key=row["constraint_slack"].get)
     assert f"Worst constraint slack at step {step}: {worst}," in text
     # How to load it, and how it was trained.
@@ -106,7 +114,11 @@ def test_the_card_describes_the_run_from_its_files(run_folder):
 
 def test_hub_names_reach_the_metadata_and_the_loading_snippet(run_folder):
     config = yaml.safe_load((run_folder / "config.yaml").read_text())
-    config["model"] = {**config["model"], "name_or_path": "some-org/base-model", "init_config": None}
+    config["model"] = {
+        **config["model"],
+        "name_or_path": "some-org/base-model",
+        "init_config": None,
+    }
     config["model"]["quantization"] = {"bits": 4}
     config["datasets"][1].update(path=None, hub_id="some-org/wiki-data")
     (run_folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -129,7 +141,12 @@ def _base_card(folder: Path, front: str) -> Path:
 
 def _name_base(run_folder: Path, name_or_path: str, revision: str | None = None) -> None:
     config = yaml.safe_load((run_folder / "config.yaml").read_text())
-    config["model"] = {**config["model"], "name_or_path": name_or_path, "revision": revision, "init_config": None}
+    config["model"] = {
+        **config["model"],
+        "name_or_path": name_or_path,
+        "revision": revision,
+        "init_config": None,
+    }
     (run_folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
@@ -162,9 +179,13 @@ def test_the_license_is_the_one_of_a_base_in_the_hub_cache(run_folder, tmp_path,
 
     assert meta["base_model"] == "some-org/base-model"
     assert (meta["license"], meta["license_name"], meta["license_link"]) == (
-        "other", "base-model-license", "https://example.org/LICENSE"
+        "other",
+        "base-model-license",
+        "https://example.org/LICENSE",
     )
-    _name_base(run_folder, "some-org/base-model", revision="v2")  # another revision: its card is not cached
+    _name_base(
+        run_folder, "some-org/base-model", revision="v2"
+    )  # another revision: its card is not cached
     assert "license" not in front_matter(write_model_card(run_folder).read_text())
 
 
@@ -188,7 +209,8 @@ def test_lm_eval_results_reach_the_model_index_and_the_body(run_folder):
         ("tinyGSM8k", "exact_match (flexible-extract)"): 0.15,
     }
     assert {r["dataset"]["type"]: r["dataset"]["args"] for r in entry["results"]} == {
-        "tinyArc": {"num_few_shot": 25}, "tinyGSM8k": {"num_few_shot": 5}
+        "tinyArc": {"num_few_shot": 25},
+        "tinyGSM8k": {"num_few_shot": 5},
     }
     card = ModelCard.load(path)  # the Hub's parser reads the model-index back as evaluation results
     assert sorted(r.metric_value for r in card.data.eval_results) == [0.1, 0.15, 0.4387]
@@ -197,7 +219,9 @@ def test_lm_eval_results_reach_the_model_index_and_the_body(run_folder):
     assert "at most 20 documents per task" in card.text
 
 
-@pytest.mark.parametrize(("limit", "scope"), [(None, "every document of each task"), (0.25, "the first 25% of each")])
+@pytest.mark.parametrize(
+    ("limit", "scope"), [(None, "every document of each task"), (0.25, "the first 25% of each")]
+)
 def test_the_lm_eval_section_says_how_many_documents_were_evaluated(run_folder, limit, scope):
     record = json.loads((FIXTURES / "lm_eval.json").read_text())
     (run_folder / "lm_eval.json").write_text(json.dumps({**record, "limit": limit}))
@@ -241,7 +265,10 @@ def test_push_dry_run_writes_the_card_and_lists_the_files(run_folder, capsys):
     assert 'PeftModel.from_pretrained(base, "my-org/my-model")' in card.read_text()
     listed = [line.strip() for line in out.splitlines() if line.startswith("  ")]
     assert listed == CHECKPOINT_FILES
-    assert "would upload 7 files" in out and "my-org/my-model (the Hub's visibility for a new repository)" in out
+    assert (
+        "would upload 7 files" in out
+        and "my-org/my-model (the Hub's visibility for a new repository)" in out
+    )
 
 
 class RecordingApi:
@@ -302,7 +329,10 @@ def test_push_creates_the_repo_and_uploads_the_checkpoint_with_its_card(run_fold
     assert code == 0, err
     (create, created), _, (upload, uploaded) = hub.calls
     assert create == "create_repo" and created == {
-        "repo_id": "my-org/my-model", "private": True, "exist_ok": True, "repo_type": "model"
+        "repo_id": "my-org/my-model",
+        "private": True,
+        "exist_ok": True,
+        "repo_type": "model",
     }
     assert upload == "upload_folder"
     assert uploaded["repo_id"] == "my-org/my-model" and uploaded["repo_type"] == "model"
@@ -310,7 +340,9 @@ def test_push_creates_the_repo_and_uploads_the_checkpoint_with_its_card(run_fold
     assert uploaded["allow_patterns"] == CHECKPOINT_FILES
     assert hub.repos == {"my-org/my-model": True} and out.rstrip().endswith("(private)")
     text = (run_folder / "best_checkpoint" / "README.md").read_text()
-    assert 'AutoPeftModelForCausalLM' not in text  # the tiny base has no hub id: PeftModel on a built base
+    assert (
+        "AutoPeftModelForCausalLM" not in text
+    )  # the tiny base has no hub id: PeftModel on a built base
     assert MARKER in text
 
 
@@ -322,7 +354,11 @@ def test_push_private_makes_an_existing_public_repo_private(run_folder, capsys, 
     out, err = capsys.readouterr()
     assert code == 0, err
     assert [name for name, _ in hub.calls] == [
-        "create_repo", "repo_info", "update_repo_settings", "repo_info", "upload_folder"
+        "create_repo",
+        "repo_info",
+        "update_repo_settings",
+        "repo_info",
+        "upload_folder",
     ]
     assert hub.calls[2][1] == {"repo_id": "my-org/my-model", "private": True, "repo_type": "model"}
     assert hub.repos == {"my-org/my-model": True} and out.rstrip().endswith("(private)")
@@ -335,26 +371,36 @@ def test_push_private_refuses_a_public_repo_it_cannot_make_private(run_folder, c
     assert cli_main(["push", str(run_folder), "my-org/my-model", "--private"]) == 2
 
     out, err = capsys.readouterr()
-    assert "upload_folder" not in [name for name, _ in hub.calls]  # nothing reached a public repository
+    assert "upload_folder" not in [
+        name for name, _ in hub.calls
+    ]  # nothing reached a public repository
     assert "(private)" not in out
     err = err.rstrip("\n")
-    assert "\n" not in err and err.startswith("dynamics push: error: --private: my-org/my-model exists and is public")
+    assert "\n" not in err and err.startswith(
+        "dynamics push: error: --private: my-org/my-model exists and is public"
+    )
 
 
 def test_push_without_private_reports_the_repos_own_visibility(run_folder, capsys, hub):
-    hub.repos["my-org/my-model"] = True  # made private on the Hub: pushing without --private keeps it so
+    hub.repos["my-org/my-model"] = (
+        True  # made private on the Hub: pushing without --private keeps it so
+    )
 
     assert cli_main(["push", str(run_folder), "my-org/my-model"]) == 0
 
     assert "update_repo_settings" not in [name for name, _ in hub.calls]
-    assert hub.repos == {"my-org/my-model": True} and capsys.readouterr().out.rstrip().endswith("(private)")
+    assert hub.repos == {"my-org/my-model": True} and capsys.readouterr().out.rstrip().endswith(
+        "(private)"
+    )
 
 
 def test_push_without_private_leaves_a_new_repos_visibility_to_the_hub(run_folder, hub):
     assert cli_main(["push", str(run_folder), "my-org/my-model"]) == 0
 
     create = next(kwargs for name, kwargs in hub.calls if name == "create_repo")
-    assert create["private"] is None  # an organisation that makes new repositories private keeps them so
+    assert (
+        create["private"] is None
+    )  # an organisation that makes new repositories private keeps them so
 
 
 def test_push_keeps_a_card_written_by_hand(run_folder, capsys):
@@ -370,12 +416,17 @@ def test_push_keeps_a_card_written_by_hand(run_folder, capsys):
     [
         (["push", "RUN", "not a repo id!"], "REPO_ID 'not a repo id!' is not a Hub repository id"),
         (["push", "NOWHERE", "my-org/my-model"], "summary.json is missing"),
-        (["push", "RUN", "my-org/my-model", "--merge"], "(model.init_config, or a model passed in Python): give --base"),
+        (
+            ["push", "RUN", "my-org/my-model", "--merge"],
+            "(model.init_config, or a model passed in Python): give --base",
+        ),
         (["push", "RUN", "my-org/my-model", "--base", "some-org/base"], "give it with --merge"),
     ],
 )
 def test_push_refuses_bad_input_in_one_line(argv, expect, run_folder, tmp_path, capsys):
-    argv = [a.replace("RUN", str(run_folder)).replace("NOWHERE", str(tmp_path / "none")) for a in argv]
+    argv = [
+        a.replace("RUN", str(run_folder)).replace("NOWHERE", str(tmp_path / "none")) for a in argv
+    ]
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.rstrip("\n")
     assert "\n" not in err and err.startswith("dynamics push: error: ") and expect in err
@@ -387,7 +438,11 @@ def test_an_update_a_backtrack_abandoned_is_marked_in_the_trajectory(run_folder)
     updates = read_jsonl(path)
     updates[1]["extra"]["abandoned"] = True
     path.write_text("".join(json.dumps(u) + "\n" for u in updates))
-    rows = [line for line in write_model_card(run_folder).read_text().splitlines() if line.startswith("| ")]
+    rows = [
+        line
+        for line in write_model_card(run_folder).read_text().splitlines()
+        if line.startswith("| ")
+    ]
     marked = [row.split(" | ")[0] for row in rows if row.endswith("| abandoned by a backtrack |")]
     assert marked == [f"| {updates[1]['step']}"]
 
@@ -401,7 +456,9 @@ def _tiny_base(run_folder: Path, folder: Path) -> Path:
     return folder
 
 
-def test_push_merge_uploads_the_adapter_merged_into_its_base(run_folder, tmp_path, capsys, hub, single_thread):
+def test_push_merge_uploads_the_adapter_merged_into_its_base(
+    run_folder, tmp_path, capsys, hub, single_thread
+):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -417,20 +474,33 @@ def test_push_merge_uploads_the_adapter_merged_into_its_base(run_folder, tmp_pat
     assert "model.safetensors" in files and "tokenizer.json" in files and "README.md" in files
     assert not [name for name in files if name.startswith("adapter_")]
     # The weights uploaded are PEFT's merge of the adapter into the base.
-    expected = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), checkpoint).merge_and_unload()
+    expected = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base), checkpoint
+    ).merge_and_unload()
     uploaded = load_file(received / "model.safetensors")
     assert uploaded and set(uploaded) <= set(expected.state_dict())
-    assert all(torch.equal(tensor, expected.state_dict()[name]) for name, tensor in uploaded.items())
+    assert all(
+        torch.equal(tensor, expected.state_dict()[name]) for name, tensor in uploaded.items()
+    )
     # They load with transformers alone and compute what the adapter on its base computes.
     merged = AutoModelForCausalLM.from_pretrained(received).eval()
-    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), checkpoint).eval()
-    tokens = AutoTokenizer.from_pretrained(received)("What is 12 times 7? It is 84.", return_tensors="pt")
+    adapter = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base), checkpoint
+    ).eval()
+    tokens = AutoTokenizer.from_pretrained(received)(
+        "What is 12 times 7? It is 84.", return_tensors="pt"
+    )
     with torch.no_grad():
-        torch.testing.assert_close(merged(**tokens).logits, adapter(**tokens).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            merged(**tokens).logits, adapter(**tokens).logits, rtol=1e-5, atol=1e-5
+        )
     # The card describes the merged weights, and the adapter's own card is left as it was.
     card = ModelCard.load(received / "README.md")
     assert card.data.library_name == "transformers" and "lora" in card.data.tags
-    assert 'AutoModelForCausalLM.from_pretrained("my-org/my-model")' in card.text and "merged in" in card.text
+    assert (
+        'AutoModelForCausalLM.from_pretrained("my-org/my-model")' in card.text
+        and "merged in" in card.text
+    )
     assert card_is_missing(checkpoint / "README.md") and "(step 8, merged)" in out
 
 
@@ -440,5 +510,8 @@ def test_push_merge_of_a_full_fine_tuning_run_has_nothing_to_merge(run_folder, c
     assert cli_main(["push", str(run_folder), "my-org/my-model", "--merge"]) == 2
 
     err = capsys.readouterr().err.rstrip("\n")
-    assert "\n" not in err and "holds whole weights (a full fine-tuning run), so there is no adapter to merge" in err
+    assert (
+        "\n" not in err
+        and "holds whole weights (a full fine-tuning run), so there is no adapter to merge" in err
+    )
     assert hub.calls == []

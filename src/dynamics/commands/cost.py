@@ -173,7 +173,9 @@ def _schedule(args: argparse.Namespace) -> UpdateSchedule:
                 f"--schedule {text!r}: a list of steps must be integers separated by commas"
             ) from None
     try:
-        return build_schedule(spec, steps, args.probe_cap, 1 if args.probe_min is None else args.probe_min)
+        return build_schedule(
+            spec, steps, args.probe_cap, 1 if args.probe_min is None else args.probe_min
+        )
     except ScheduleError as err:
         option = {"total_steps": "--steps", "probe_cap": "--probe-cap", "probe_min": "--probe-min"}
         raise UsageError(f"{option.get(err.argument, '--schedule')}: {err}") from None

@@ -51,7 +51,10 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}")
     try:
         settings = DemoSettings(
-            quick=args.quick, paper_reference=not args.quick, seed=args.seed, pretrain_base=args.pretrain
+            quick=args.quick,
+            paper_reference=not args.quick,
+            seed=args.seed,
+            pretrain_base=args.pretrain,
         )
         result = run_demo(
             out, settings, progress=not args.no_progress, jobs=args.jobs or available_cores()

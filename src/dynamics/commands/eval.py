@@ -12,19 +12,38 @@ HELP = "evaluate the base model and the best checkpoint of a run with lm-evaluat
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by 'dynamics run' or the Trainer callback")
-    parser.add_argument("--tasks", required=True, help="lm-eval task names, comma-separated (e.g. tinyMMLU,tinyHellaswag)")
     parser.add_argument(
-        "--limit", type=float, help="at most this many documents per task (a fraction when below 1), as lm-eval's --limit"
+        "run_dir",
+        metavar="RUN_DIR",
+        help="a folder written by 'dynamics run' or the Trainer callback",
     )
-    parser.add_argument("--include-path", metavar="DIR", help="a folder of lm-eval task YAMLs (local tasks)")
     parser.add_argument(
-        "--base", metavar="MODEL", help="the base model's hub id or folder, when the run config names none"
+        "--tasks",
+        required=True,
+        help="lm-eval task names, comma-separated (e.g. tinyMMLU,tinyHellaswag)",
     )
-    parser.add_argument("--batch-size", default="8", help="lm-eval's batch size (an integer, or 'auto')")
+    parser.add_argument(
+        "--limit",
+        type=float,
+        help="at most this many documents per task (a fraction when below 1), as lm-eval's --limit",
+    )
+    parser.add_argument(
+        "--include-path", metavar="DIR", help="a folder of lm-eval task YAMLs (local tasks)"
+    )
+    parser.add_argument(
+        "--base",
+        metavar="MODEL",
+        help="the base model's hub id or folder, when the run config names none",
+    )
+    parser.add_argument(
+        "--batch-size", default="8", help="lm-eval's batch size (an integer, or 'auto')"
+    )
     parser.add_argument("--device", help="e.g. cuda:0 or cpu (default: cuda when available)")
     parser.add_argument(
-        "--num-fewshot", type=int, metavar="N", help="few-shot examples per document, as lm-eval's --num_fewshot"
+        "--num-fewshot",
+        type=int,
+        metavar="N",
+        help="few-shot examples per document, as lm-eval's --num_fewshot",
     )
     parser.add_argument(
         "--apply-chat-template",
@@ -38,7 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="with --apply-chat-template, few-shot examples as turns of the chat (lm-eval's default)",
     )
-    parser.add_argument("--system-instruction", metavar="TEXT", help="lm-eval's --system_instruction")
+    parser.add_argument(
+        "--system-instruction", metavar="TEXT", help="lm-eval's --system_instruction"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -47,7 +68,9 @@ def main(args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     limit = args.limit
     if limit is not None and (limit <= 0 or (limit >= 1 and not limit.is_integer())):
-        raise UsageError(f"--limit {limit:g}: give a document count (1, 2, ...) or a fraction in (0, 1)")
+        raise UsageError(
+            f"--limit {limit:g}: give a document count (1, 2, ...) or a fraction in (0, 1)"
+        )
     if limit is not None and limit >= 1:
         limit = int(limit)
     batch_size = args.batch_size if args.batch_size == "auto" else _positive(args.batch_size)

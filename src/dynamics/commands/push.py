@@ -30,8 +30,12 @@ HELP = "upload a run's best checkpoint, with its model card, to the Hugging Face
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished run folder written by 'dynamics run'")
-    parser.add_argument("repo_id", metavar="REPO_ID", help="the Hub model repository, e.g. my-org/my-model")
+    parser.add_argument(
+        "run_dir", metavar="RUN_DIR", help="a finished run folder written by 'dynamics run'"
+    )
+    parser.add_argument(
+        "repo_id", metavar="REPO_ID", help="the Hub model repository, e.g. my-org/my-model"
+    )
     parser.add_argument(
         "--private",
         action="store_true",
@@ -48,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --merge: the base model's hub id or folder, when the run config names none (as dynamics eval)",
     )
     parser.add_argument(
-        "--dry-run", action="store_true", help="write the model card and list the files, upload nothing"
+        "--dry-run",
+        action="store_true",
+        help="write the model card and list the files, upload nothing",
     )
 
 
@@ -58,7 +64,8 @@ def upload_files(checkpoint: Path) -> list[str]:
     return sorted(
         path.relative_to(checkpoint).as_posix()
         for path in checkpoint.rglob("*")
-        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(checkpoint).parts)
+        if path.is_file()
+        and not any(part.startswith(".") for part in path.relative_to(checkpoint).parts)
     )
 
 
@@ -73,9 +80,13 @@ def main(args: argparse.Namespace) -> int:
 
         validate_repo_id(args.repo_id)
     except HFValidationError as err:
-        raise UsageError(f"REPO_ID {args.repo_id!r} is not a Hub repository id ({err}); use e.g. my-org/my-model") from None
+        raise UsageError(
+            f"REPO_ID {args.repo_id!r} is not a Hub repository id ({err}); use e.g. my-org/my-model"
+        ) from None
     if args.base is not None and not args.merge:
-        raise UsageError("--base names the base model to merge the adapter into: give it with --merge")
+        raise UsageError(
+            "--base names the base model to merge the adapter into: give it with --merge"
+        )
     try:
         summary = read_run(folder).summary
     except RunDirError as err:
@@ -119,7 +130,9 @@ def _merged_with_card(folder: Path, repo_id: str, out: Path, base: str | None) -
         write_model_card(folder, repo_id=repo_id, weights_folder=out)
     except (MergeError, RunDirError) as err:
         raise UsageError(str(err)) from None
-    print(f"merged: {folder / CHECKPOINT_DIR} into its base model, with a model card of the merged weights")
+    print(
+        f"merged: {folder / CHECKPOINT_DIR} into its base model, with a model card of the merged weights"
+    )
     return out
 
 
@@ -142,8 +155,12 @@ def _push(args: argparse.Namespace, folder: Path, weights: Path, step: int) -> i
     api = HfApi()
     try:
         # None leaves a new repository's visibility to the Hub (an organisation may default to private).
-        url = api.create_repo(args.repo_id, private=True if args.private else None, exist_ok=True, repo_type="model")
-        visibility = "private" if _is_private(api, args.repo_id, make_private=args.private) else "public"
+        url = api.create_repo(
+            args.repo_id, private=True if args.private else None, exist_ok=True, repo_type="model"
+        )
+        visibility = (
+            "private" if _is_private(api, args.repo_id, make_private=args.private) else "public"
+        )
         api.upload_folder(
             repo_id=args.repo_id,
             folder_path=weights,
@@ -162,7 +179,10 @@ def _push(args: argparse.Namespace, folder: Path, weights: Path, step: int) -> i
                 f"the Hub refused the upload to {args.repo_id} ({status}): log in with 'hf auth login' or set "
                 "HF_TOKEN to a token with write access to that namespace"
             ) from None
-        print(f"dynamics push: error: the upload to {args.repo_id} failed: {' '.join(str(err).split())}", file=sys.stderr)
+        print(
+            f"dynamics push: error: the upload to {args.repo_id} failed: {' '.join(str(err).split())}",
+            file=sys.stderr,
+        )
         return 1
     print(f"uploaded {what} to {url} ({visibility})")
     return 0
@@ -189,5 +209,7 @@ def _is_private(api: HfApi, repo_id: str, *, make_private: bool) -> bool:
             f"--private: {repo_id} exists and is public, and the Hub refused to make it private ({status}): {fix}"
         ) from None
     if not api.repo_info(repo_id, repo_type="model").private:
-        raise UsageError(f"--private: {repo_id} exists and is still public after the request to make it private: {fix}")
+        raise UsageError(
+            f"--private: {repo_id} exists and is still public after the request to make it private: {fix}"
+        )
     return True

@@ -13,9 +13,14 @@ HELP = "summarise a run folder, or draw the figures of runs and sweeps (--out)"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "paths", nargs="+", metavar="DIR", help="a folder written by 'dynamics run' (or, with --out, sweep folders)"
+        "paths",
+        nargs="+",
+        metavar="DIR",
+        help="a folder written by 'dynamics run' (or, with --out, sweep folders)",
     )
-    parser.add_argument("--json", action="store_true", help="print summary.json instead (one run folder)")
+    parser.add_argument(
+        "--json", action="store_true", help="print summary.json instead (one run folder)"
+    )
     parser.add_argument(
         "--out", help="write index.html, report.json and the PNG figures into this folder"
     )
@@ -30,15 +35,21 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.out:
             if args.json:
-                raise UsageError("--json prints one run's summary; with --out the numbers go to report.json")
+                raise UsageError(
+                    "--json prints one run's summary; with --out the numbers go to report.json"
+                )
             from dynamics.report.html import write_report
 
             out = Path(args.out)
             report = write_report(args.paths, out)
-            print(f"report: {out / 'index.html'} ({len(report['figures'])} figures; numbers in {out / 'report.json'})")
+            print(
+                f"report: {out / 'index.html'} ({len(report['figures'])} figures; numbers in {out / 'report.json'})"
+            )
             return 0
         if len(args.paths) != 1:
-            raise UsageError("without --out, give one run folder; add --out REPORT_DIR to compare several")
+            raise UsageError(
+                "without --out, give one run folder; add --out REPORT_DIR to compare several"
+            )
         from dynamics.report.text import run_report
 
         records = read_run(args.paths[0], unfinished=not args.json)

@@ -56,7 +56,12 @@ def main(args: argparse.Namespace) -> int:
 
     overrides = list(args.overrides)
     config_path = args.config
-    if args.scenario is not None and config_path is not None and "=" in config_path and not Path(config_path).is_file():
+    if (
+        args.scenario is not None
+        and config_path is not None
+        and "=" in config_path
+        and not Path(config_path).is_file()
+    ):
         # "--scenario NAME key=value ...": argparse took the first override for the config file.
         overrides.insert(0, config_path)
         config_path = None
@@ -66,11 +71,15 @@ def main(args: argparse.Namespace) -> int:
         args.resume = True
     if isinstance(args.resume, str):
         if config_path is not None or args.out:
-            raise UsageError("give either --resume DIR alone or CONFIG --out DIR --resume, not both")
+            raise UsageError(
+                "give either --resume DIR alone or CONFIG --out DIR --resume, not both"
+            )
         config_path = str(Path(args.resume) / "config.yaml")
         overrides.append(f"output_dir={args.resume}")
         if not Path(config_path).is_file():
-            raise UsageError(f"{config_path} is missing: --resume DIR needs a run folder made by dynamics run")
+            raise UsageError(
+                f"{config_path} is missing: --resume DIR needs a run folder made by dynamics run"
+            )
     elif config_path is None and args.scenario is None:
         raise UsageError(
             "give a run config (dynamics run CONFIG.yaml), a scenario (--scenario paper/s28) or a run folder "
@@ -79,7 +88,9 @@ def main(args: argparse.Namespace) -> int:
     if args.scenario is not None and config_path is not None:
         raise UsageError("give either a run config or --scenario, not both")
     if args.data_root is not None and args.scenario is None:
-        raise UsageError("--data-root points a --scenario's datasets at local files; a run config names its own")
+        raise UsageError(
+            "--data-root points a --scenario's datasets at local files; a run config names its own"
+        )
     if args.out:
         overrides.append(f"output_dir={args.out}")
     if args.scenario is not None:

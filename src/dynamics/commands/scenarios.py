@@ -22,12 +22,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show_parser.add_argument("name", help="scenario name, e.g. paper/s28")
     show_parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     config_parser = actions.add_parser(
-        "config", help="the scenario's run config (YAML) with the paper's settings; dynamics run --scenario trains it"
+        "config",
+        help="the scenario's run config (YAML) with the paper's settings; dynamics run --scenario trains it",
     )
     config_parser.add_argument("name", help="scenario name, e.g. paper/s28")
     add_data_root_argument(config_parser)
     config_parser.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.name_or_path=Qwen/Qwen3-8B"
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides, e.g. model.name_or_path=Qwen/Qwen3-8B",
     )
 
 
@@ -43,7 +47,9 @@ def add_data_root_argument(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if args.action == "config":
-        print(build_scenario_config(args.name, list(args.overrides), args.data_root).to_yaml(), end="")
+        print(
+            build_scenario_config(args.name, list(args.overrides), args.data_root).to_yaml(), end=""
+        )
         return 0
     if args.action == "list":
         scenarios = list_scenarios()

@@ -31,7 +31,14 @@ from dynamics.core.problem import MixtureProblem, SolverGrid
 
 HELP = "Solve one mixture update (eq. 3.4 over the lambda x eps grid) from a JSON problem file."
 
-_REQUIRED_KEYS = ("slopes", "current_losses", "reference_losses", "targets", "constraints", "horizon")
+_REQUIRED_KEYS = (
+    "slopes",
+    "current_losses",
+    "reference_losses",
+    "targets",
+    "constraints",
+    "horizon",
+)
 _OPTIONAL_KEYS = ("grid", "min_weight")
 _GRID_KEYS = ("lambdas", "epsilons")
 
@@ -40,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "problem",
         metavar="PROBLEM.json",
-        help="problem file (keys: " + ", ".join(_REQUIRED_KEYS) + "; optional: grid, min_weight); '-' reads stdin",
+        help="problem file (keys: "
+        + ", ".join(_REQUIRED_KEYS)
+        + "; optional: grid, min_weight); '-' reads stdin",
     )
 
 
@@ -57,7 +66,9 @@ def _read_json(path: str) -> Any:
             f"cannot read problem file {name}: {err.strerror}; pass the path of a JSON problem file or '-' for stdin"
         ) from None
     except UnicodeDecodeError:
-        raise UsageError(f"problem file {name} is not UTF-8 text; pass a JSON problem file") from None
+        raise UsageError(
+            f"problem file {name} is not UTF-8 text; pass a JSON problem file"
+        ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
@@ -77,7 +88,9 @@ def _is_number(x: Any) -> bool:
         return False
 
 
-def _numbers(value: Any, field: str, length: int | None = None, allow_null: bool = False) -> list[Any]:
+def _numbers(
+    value: Any, field: str, length: int | None = None, allow_null: bool = False
+) -> list[Any]:
     kind = "finite numbers or null" if allow_null else "finite numbers"
     expected = f"a list of {length} {kind}" if length is not None else f"a non-empty list of {kind}"
     if not isinstance(value, list) or not value or (length is not None and len(value) != length):
@@ -85,16 +98,22 @@ def _numbers(value: Any, field: str, length: int | None = None, allow_null: bool
         raise UsageError(f"'{field}' must be {expected}, got {got}")
     for k, x in enumerate(value):
         if not (_is_number(x) or (allow_null and x is None)):
-            raise UsageError(f"'{field}[{k}]' must be a finite number{' or null' if allow_null else ''}, got {x!r}")
+            raise UsageError(
+                f"'{field}[{k}]' must be a finite number{' or null' if allow_null else ''}, got {x!r}"
+            )
     return value
 
 
 def _indices(value: Any, field: str, num_domains: int) -> list[int]:
     if not isinstance(value, list):
-        raise UsageError(f"'{field}' must be a list of domain indices in [0, {num_domains - 1}], got {type(value).__name__}")
+        raise UsageError(
+            f"'{field}' must be a list of domain indices in [0, {num_domains - 1}], got {type(value).__name__}"
+        )
     for k, i in enumerate(value):
         if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < num_domains:
-            raise UsageError(f"'{field}[{k}]' must be a domain index in [0, {num_domains - 1}] (a row of slopes), got {i!r}")
+            raise UsageError(
+                f"'{field}[{k}]' must be a domain index in [0, {num_domains - 1}] (a row of slopes), got {i!r}"
+            )
     if len(set(value)) != len(value):
         raise UsageError(f"'{field}' lists an index twice; list each domain once")
     return value
@@ -102,7 +121,9 @@ def _indices(value: Any, field: str, num_domains: int) -> list[int]:
 
 def _grid(value: Any) -> SolverGrid:
     if not isinstance(value, dict):
-        raise UsageError(f"'grid' must be an object with keys {list(_GRID_KEYS)}, got {type(value).__name__}")
+        raise UsageError(
+            f"'grid' must be an object with keys {list(_GRID_KEYS)}, got {type(value).__name__}"
+        )
     unknown = sorted(set(value) - set(_GRID_KEYS))
     if unknown:
         raise UsageError(f"unknown key 'grid.{unknown[0]}'; allowed keys are {list(_GRID_KEYS)}")
@@ -113,7 +134,9 @@ def _grid(value: Any) -> SolverGrid:
         raise UsageError("'grid.lambdas' must all be > 0 (penalty strengths)")
     if any(x < 0 for x in epsilons):
         raise UsageError("'grid.epsilons' must all be >= 0 (safety margins in loss units)")
-    return SolverGrid(lambdas=tuple(float(x) for x in lambdas), epsilons=tuple(float(x) for x in epsilons))
+    return SolverGrid(
+        lambdas=tuple(float(x) for x in lambdas), epsilons=tuple(float(x) for x in epsilons)
+    )
 
 
 def load_problem(data: Any) -> MixtureProblem:
@@ -122,10 +145,14 @@ def load_problem(data: Any) -> MixtureProblem:
     Every error names the offending field and says how to fix it.
     """
     if not isinstance(data, dict):
-        raise UsageError(f"the problem file must hold a JSON object with keys {list(_REQUIRED_KEYS)}, got {type(data).__name__}")
+        raise UsageError(
+            f"the problem file must hold a JSON object with keys {list(_REQUIRED_KEYS)}, got {type(data).__name__}"
+        )
     unknown = sorted(set(data) - set(_REQUIRED_KEYS) - set(_OPTIONAL_KEYS))
     if unknown:
-        raise UsageError(f"unknown key '{unknown[0]}'; allowed keys are {[*_REQUIRED_KEYS, *_OPTIONAL_KEYS]}")
+        raise UsageError(
+            f"unknown key '{unknown[0]}'; allowed keys are {[*_REQUIRED_KEYS, *_OPTIONAL_KEYS]}"
+        )
     missing = [k for k in _REQUIRED_KEYS if k not in data]
     if missing:
         raise UsageError(f"missing key '{missing[0]}'; a problem file needs {list(_REQUIRED_KEYS)}")
@@ -146,7 +173,9 @@ def load_problem(data: Any) -> MixtureProblem:
         raise UsageError("'targets' is empty; name at least one target domain (a row of slopes)")
     both = sorted(set(targets) & set(constraints))
     if both:
-        raise UsageError(f"domain {both[0]} is in both 'targets' and 'constraints'; put it in one of them")
+        raise UsageError(
+            f"domain {both[0]} is in both 'targets' and 'constraints'; put it in one of them"
+        )
     for i in constraints:
         if reference[i] is None:
             raise UsageError(
@@ -167,7 +196,9 @@ def load_problem(data: Any) -> MixtureProblem:
         return MixtureProblem(
             slopes=np.array(slopes, dtype=float),
             current_losses=np.array(current, dtype=float),
-            reference_losses=np.array([math.nan if x is None else x for x in reference], dtype=float),
+            reference_losses=np.array(
+                [math.nan if x is None else x for x in reference], dtype=float
+            ),
             targets=tuple(targets),
             constraints=tuple(constraints),
             horizon=float(horizon),

@@ -76,10 +76,17 @@ def _unscheduled_update(schedule: UpdateSchedule, step: int) -> tuple[int, int]:
     return horizon, max(min(horizon, schedule.probe_budget(in_force)), schedule.probe_min)
 
 
-def loop_events(total_steps: int, eval_interval: int, schedule: UpdateSchedule, checkpoint_steps: Collection[int]) -> list[int]:
+def loop_events(
+    total_steps: int,
+    eval_interval: int,
+    schedule: UpdateSchedule,
+    checkpoint_steps: Collection[int],
+) -> list[int]:
     """The steps the loop stops at: main evaluations, updates and resume points."""
     checkpoints = {s for s in checkpoint_steps if 0 < s < total_steps}
-    return sorted(set(evaluation_steps(total_steps, eval_interval)) | set(schedule.steps) | checkpoints)
+    return sorted(
+        set(evaluation_steps(total_steps, eval_interval)) | set(schedule.steps) | checkpoints
+    )
 
 
 @dataclass(frozen=True)
@@ -148,7 +155,9 @@ class MixtureController:
     ) -> None:
         schedule = policy.schedule
         if eval_interval < 1:
-            raise ValueError(f"eval_interval must be a positive number of steps, got {eval_interval}")
+            raise ValueError(
+                f"eval_interval must be a positive number of steps, got {eval_interval}"
+            )
         if reduced_batches < 1:
             raise ValueError(f"reduced_batches must be >= 1, got {reduced_batches}")
         if max_backtracks < 0:
@@ -175,13 +184,21 @@ class MixtureController:
         )
         # The loop's state: everything state_dict saves.
         self.event_index = 0
-        self.reference_losses: np.ndarray | None = None  # probe-batch references, NaN for non-constraints
+        self.reference_losses: np.ndarray | None = (
+            None  # probe-batch references, NaN for non-constraints
+        )
         self.margins = np.zeros(len(self.history.domain_names))
         self.weights: np.ndarray | None = None  # the mixture in force
-        self.last_update: UpdateRecord | None = None  # the latest update not abandoned by a backtrack
+        self.last_update: UpdateRecord | None = (
+            None  # the latest update not abandoned by a backtrack
+        )
         self.feasible: FeasibleState | None = None
-        self._backtrack: dict[str, Any] | None = None  # set while deciding again at a restored state
-        self._resumed = False  # the current stop's evaluation, update and callbacks happened before the save
+        self._backtrack: dict[str, Any] | None = (
+            None  # set while deciding again at a restored state
+        )
+        self._resumed = (
+            False  # the current stop's evaluation, update and callbacks happened before the save
+        )
 
     @property
     def step(self) -> int:
@@ -210,8 +227,14 @@ class MixtureController:
             self._backtrack = None
             if step == self.schedule.total_steps:
                 return self._finishes(main_eval)
-            assert self.weights is not None and self.reference_losses is not None  # step 0 evaluates and updates
-            if step in self.checkpoint_steps and not self._resumed and self.callbacks.on_checkpoint is not None:
+            assert (
+                self.weights is not None and self.reference_losses is not None
+            )  # step 0 evaluates and updates
+            if (
+                step in self.checkpoint_steps
+                and not self._resumed
+                and self.callbacks.on_checkpoint is not None
+            ):
                 self.callbacks.on_checkpoint(self)
             self._resumed = False
             self.callbacks.phase("training", step)
@@ -246,13 +269,19 @@ class MixtureController:
         )
         if self.max_backtracks and self._constraints_held():
             self.feasible = FeasibleState(
-                self.event_index, step, main_eval, self.learner.snapshot(), len(self.history.updates)
+                self.event_index,
+                step,
+                main_eval,
+                self.learner.snapshot(),
+                len(self.history.updates),
             )
         return main_eval
 
     def _constraint_slack(self) -> np.ndarray:
         history = self.history
-        return constraint_slack(history.evaluations[-1], history.evaluations[0], history.constraints)
+        return constraint_slack(
+            history.evaluations[-1], history.evaluations[0], history.constraints
+        )
 
     def _constraints_held(self) -> bool:
         return bool((self._constraint_slack() >= -TIE_TOLERANCE).all())
@@ -262,7 +291,10 @@ class MixtureController:
             return False
         # Every kept evaluation after the last feasible one broke a constraint: that many in a row.
         broken_in_a_row = sum(e.step > self.feasible.step for e in self.history.kept_evaluations)
-        return broken_in_a_row >= self.backtrack_patience and len(self.history.backtracks) < self.max_backtracks
+        return (
+            broken_in_a_row >= self.backtrack_patience
+            and len(self.history.backtracks) < self.max_backtracks
+        )
 
     def _backtrack_from(self, step: int) -> None:
         """Mark the evaluations and updates since the last feasible state as left behind,
@@ -287,13 +319,18 @@ class MixtureController:
             update.abandoned = True
         live = [u for u in history.updates if not u.abandoned]
         self.last_update = live[-1] if live else None
-        if self.last_update is not None and self.last_update.step + self.last_update.horizon > feasible.step:
+        if (
+            self.last_update is not None
+            and self.last_update.step + self.last_update.horizon > feasible.step
+        ):
             self.last_update.realized_losses = None  # reached only on the abandoned branch
         self._backtrack = {
             "from_step": step,
             "to_step": feasible.step,
             "violations": broken,
-            "margins": {history.domain_names[k]: float(self.margins[k]) for k in history.constraints},
+            "margins": {
+                history.domain_names[k]: float(self.margins[k]) for k in history.constraints
+            },
             "retrained_steps": step - feasible.step,
         }
         history.backtracks.append(self._backtrack)
@@ -336,7 +373,9 @@ class MixtureController:
         if self._backtrack is not None:
             update.backtrack = self._backtrack
         elif self.margins.any():
-            update.margins = {history.domain_names[k]: float(self.margins[k]) for k in history.constraints}
+            update.margins = {
+                history.domain_names[k]: float(self.margins[k]) for k in history.constraints
+            }
         self.weights = np.asarray(update.weights, dtype=float)
         history.updates.append(update)
         self.last_update = update
@@ -395,7 +434,9 @@ class MixtureController:
                 "event_index": feasible.event_index,
                 "step": feasible.step,
                 "evaluation": feasible.evaluation.per_batch.tolist(),
-                "evaluation_expected": None if (kept := feasible.evaluation.expected) is None else kept.tolist(),
+                "evaluation_expected": None
+                if (kept := feasible.evaluation.expected) is None
+                else kept.tolist(),
                 "num_updates": feasible.num_updates,
             },
         }
@@ -421,21 +462,28 @@ class MixtureController:
             backtracks=list(saved["backtracks"]),
         )
         self.event_index = event_index
-        self.reference_losses = np.array([np.nan if v is None else v for v in state["reference_losses"]], dtype=float)
+        self.reference_losses = np.array(
+            [np.nan if v is None else v for v in state["reference_losses"]], dtype=float
+        )
         self.margins = np.asarray(state["margins"], dtype=float)
         self.weights = np.asarray(state["weights"], dtype=float)
         last = state["last_update"]
         self.last_update = None if last is None else self.history.updates[last]
         feasible = state["feasible"]
         if feasible is not None and feasible_snapshot is None:
-            raise ValueError("the saved state has a feasible state to backtrack to: pass its learner snapshot")
+            raise ValueError(
+                "the saved state has a feasible state to backtrack to: pass its learner snapshot"
+            )
         self.feasible = (
             None
             if feasible is None
             else FeasibleState(
                 event_index=int(feasible["event_index"]),
                 step=int(feasible["step"]),
-                evaluation=Evaluation(np.array(feasible["evaluation"], dtype=float), _array(feasible.get("evaluation_expected"))),
+                evaluation=Evaluation(
+                    np.array(feasible["evaluation"], dtype=float),
+                    _array(feasible.get("evaluation_expected")),
+                ),
                 snapshot=feasible_snapshot,
                 num_updates=int(feasible["num_updates"]),
             )

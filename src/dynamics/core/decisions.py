@@ -24,7 +24,10 @@ from dynamics.core.robust import RobustProblem, most_feasible
 
 
 def slope_standard_errors(
-    anchor: np.ndarray, probed: np.ndarray, probe_budget: int, kinds: Sequence[DomainKind] | None = None
+    anchor: np.ndarray,
+    probed: np.ndarray,
+    probe_budget: int,
+    kinds: Sequence[DomainKind] | None = None,
 ) -> np.ndarray:
     """Standard error of each slope from the per-batch spread of a probe's change.
 
@@ -42,7 +45,9 @@ def slope_standard_errors(
     anchor = np.asarray(anchor, dtype=float)
     probed = np.asarray(probed, dtype=float)
     if probed.ndim != 3 or probed.shape[1:] != anchor.shape:
-        raise ValueError(f"probed must have shape (N, {anchor.shape[0]}, {anchor.shape[1]}), got {probed.shape}")
+        raise ValueError(
+            f"probed must have shape (N, {anchor.shape[0]}, {anchor.shape[1]}), got {probed.shape}"
+        )
     if probe_budget < 1:
         raise ValueError(f"probe_budget must be >= 1, got {probe_budget}")
     num_batches = anchor.shape[1]
@@ -54,10 +59,15 @@ def slope_standard_errors(
         errors = (spread / math.sqrt(num_batches) / probe_budget).T
     if kinds is not None:
         if len(kinds) != anchor.shape[0]:
-            raise ValueError(f"kinds must have one entry per domain ({anchor.shape[0]}), got {len(kinds)}")
+            raise ValueError(
+                f"kinds must have one entry per domain ({anchor.shape[0]}), got {len(kinds)}"
+            )
         for i, kind in enumerate(kinds):
             if kind.metric == "accuracy":
-                errors[i] = np.maximum(errors[i], binomial_error(-anchor[i].mean(), num_batches * kind.batch_size) / probe_budget)
+                errors[i] = np.maximum(
+                    errors[i],
+                    binomial_error(-anchor[i].mean(), num_batches * kind.batch_size) / probe_budget,
+                )
     return errors
 
 

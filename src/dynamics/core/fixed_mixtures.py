@@ -73,5 +73,7 @@ def fixed_mixture_sweep(
                 weights[others] = (1.0 - w) / len(others)
             if any(np.allclose(weights, m.weights, atol=1e-12) for m in out):
                 continue
-            out.append(FixedMixture(f"{scheme}-w{w:g}", scheme, float(w), tuple(float(x) for x in weights)))
+            out.append(
+                FixedMixture(f"{scheme}-w{w:g}", scheme, float(w), tuple(float(x) for x in weights))
+            )
     return out

@@ -35,9 +35,13 @@ class Evaluation:
 
     def __post_init__(self) -> None:
         if self.per_batch.ndim != 2 or self.per_batch.shape[1] == 0:
-            raise ValueError(f"per_batch must have shape (M, B) with B >= 1, got {self.per_batch.shape}")
+            raise ValueError(
+                f"per_batch must have shape (M, B) with B >= 1, got {self.per_batch.shape}"
+            )
         if self.expected is not None and self.expected.shape != self.per_batch.shape:
-            raise ValueError(f"expected must have the shape of per_batch {self.per_batch.shape}, got {self.expected.shape}")
+            raise ValueError(
+                f"expected must have the shape of per_batch {self.per_batch.shape}, got {self.expected.shape}"
+            )
 
     @property
     def num_batches(self) -> int:
@@ -138,4 +142,3 @@ class AlignmentLearner(Learner, Protocol):
         bias-corrected Adam direction of dataset j, each averaged over ``num_batches``
         batches; shape (M, N). Must not change training state."""
         ...
-

@@ -144,7 +144,9 @@ def change_standard_error(point: Checkpoint, reference: Checkpoint) -> np.ndarra
         )
     change = np.asarray(batches[0], dtype=float) - np.asarray(batches[1], dtype=float)
     if change.shape[1] < 2:
-        raise ValueError("a standard error needs at least two eval batches per domain: raise evaluation.batches")
+        raise ValueError(
+            "a standard error needs at least two eval batches per domain: raise evaluation.batches"
+        )
     return np.asarray(change.std(axis=1, ddof=1) / np.sqrt(change.shape[1]))
 
 
@@ -162,7 +164,11 @@ def clears_margin(
 
 
 def selection_rank(
-    point: Checkpoint, reference: Checkpoint, targets: Sequence[int], constraints: Sequence[int], margin: float
+    point: Checkpoint,
+    reference: Checkpoint,
+    targets: Sequence[int],
+    constraints: Sequence[int],
+    margin: float,
 ) -> tuple[bool, float]:
     """How a feasible checkpoint ranks for selection, lower first: whether it falls short of
     the ``margin`` (never with ``margin`` 0), then its summed target loss on the eval split
@@ -192,7 +198,10 @@ def best_feasible_checkpoint(
     ]
     if not feasible:
         return None
-    return min(feasible, key=lambda p: (*selection_rank(p, reference, targets, constraints, margin), p.step))
+    return min(
+        feasible,
+        key=lambda p: (*selection_rank(p, reference, targets, constraints, margin), p.step),
+    )
 
 
 def perplexity_reduction(
@@ -284,7 +293,9 @@ def best_at_k(pool: Sequence[float] | np.ndarray, k: int) -> float:
     return float(values[-1] - gaps @ below)
 
 
-def chosen_at_k(selection: Sequence[float] | np.ndarray, reported: Sequence[float] | np.ndarray, k: float) -> float:
+def chosen_at_k(
+    selection: Sequence[float] | np.ndarray, reported: Sequence[float] | np.ndarray, k: float
+) -> float:
     """Expected ``reported`` value of the run a user would keep from ``k`` draws with
     replacement from a baseline pool: the draw with the highest ``selection`` score (chosen
     on the eval split, reported on the test split). ``k`` may be fractional, for comparing

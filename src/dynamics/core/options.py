@@ -83,13 +83,19 @@ class RobustOptions:
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.target_noise) or self.target_noise < 0:
-            raise ValueError(f"target_noise must be a number >= 0 (standard errors), got {self.target_noise}")
+            raise ValueError(
+                f"target_noise must be a number >= 0 (standard errors), got {self.target_noise}"
+            )
         if not (math.isfinite(self.gain_exponent) and 0 < self.gain_exponent <= 1):
-            raise ValueError(f"gain_exponent must be in (0, 1] (1: linear, as eq. 3.3), got {self.gain_exponent}")
+            raise ValueError(
+                f"gain_exponent must be in (0, 1] (1: linear, as eq. 3.3), got {self.gain_exponent}"
+            )
         if not (math.isfinite(self.target_floor) and 0 <= self.target_floor < 1):
             raise ValueError(f"target_floor must be in [0, 1) (0: off), got {self.target_floor}")
         if not (math.isfinite(self.answer_tolerance) and 0 <= self.answer_tolerance < 1):
-            raise ValueError(f"answer_tolerance must be in [0, 1) (a fraction of one answer), got {self.answer_tolerance}")
+            raise ValueError(
+                f"answer_tolerance must be in [0, 1) (a fraction of one answer), got {self.answer_tolerance}"
+            )
         if self.answer_tolerance > 0 and not self.expected_accuracy:
             raise ValueError(
                 "answer_tolerance judges predictions read from expected accuracies, and expected_accuracy is off: "

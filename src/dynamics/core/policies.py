@@ -73,7 +73,12 @@ def _problem_at(
 
 
 def _update_record(
-    name: str, context: UpdateContext, problem: MixtureProblem, solution: Solution, probe_seconds: float, extra: dict
+    name: str,
+    context: UpdateContext,
+    problem: MixtureProblem,
+    solution: Solution,
+    probe_seconds: float,
+    extra: dict,
 ) -> UpdateRecord:
     """The record of one update; ``current_losses`` are the measured anchor's."""
     return UpdateRecord(
@@ -102,7 +107,11 @@ def _in_unit(record: UpdateRecord, unit: MixtureUnit) -> UpdateRecord:
 
 def _named_batch_shares(unit: MixtureUnit, batch_shares: np.ndarray) -> dict[str, np.ndarray]:
     """The batch shares a record keeps beside its weights: none where the weights are them."""
-    return {} if unit.name == BatchShares.name else {"batch_shares": np.asarray(batch_shares, dtype=float)}
+    return (
+        {}
+        if unit.name == BatchShares.name
+        else {"batch_shares": np.asarray(batch_shares, dtype=float)}
+    )
 
 
 def _widen(record: UpdateRecord, columns: list[int], num_datasets: int) -> None:
@@ -123,7 +132,9 @@ def _widen(record: UpdateRecord, columns: list[int], num_datasets: int) -> None:
     for key in ("slope_models", "extrapolation_guarded"):
         if key in record.extra:
             placed = [dict(zip(columns, row, strict=True)) for row in record.extra[key]]
-            record.extra[key] = [[by_column.get(j) for j in range(num_datasets)] for by_column in placed]
+            record.extra[key] = [
+                [by_column.get(j) for j in range(num_datasets)] for by_column in placed
+            ]
 
 
 @dataclass
@@ -152,7 +163,9 @@ class DynamicsPolicy:
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
-            raise ValueError(f"unknown predictor {self.predictor!r}: use one of {sorted(PREDICTORS)}")
+            raise ValueError(
+                f"unknown predictor {self.predictor!r}: use one of {sorted(PREDICTORS)}"
+            )
 
     def decide(self, learner: Learner, context: UpdateContext) -> UpdateRecord:
         started = time.perf_counter()
@@ -190,7 +203,13 @@ class DynamicsPolicy:
         probe_seconds = time.perf_counter() - started
         if self.options.is_paper:
             record = _solve_update(
-                self.name, context, fit.slope_matrix, self.grid, probe_seconds, extra, self.min_weight
+                self.name,
+                context,
+                fit.slope_matrix,
+                self.grid,
+                probe_seconds,
+                extra,
+                self.min_weight,
             )
         else:
             record = self._robust_update(
@@ -200,7 +219,9 @@ class DynamicsPolicy:
                 probe_seconds,
                 extra,
                 target_datasets=[
-                    k for k, j in enumerate(reliable) if learner.dataset_names[j] in _target_names(learner, context)
+                    k
+                    for k, j in enumerate(reliable)
+                    if learner.dataset_names[j] in _target_names(learner, context)
                 ],
             )
         record.dataset_probe_seconds = probes.seconds
@@ -225,7 +246,11 @@ class DynamicsPolicy:
         saved = state["calibration"]
         self._calibration = None if saved is None else PredictionCalibration.from_state_dict(saved)
         last = state["last_prediction"]
-        self._last_prediction = None if last is None else (np.asarray(last["losses"], dtype=float), int(last["horizon"]))
+        self._last_prediction = (
+            None
+            if last is None
+            else (np.asarray(last["losses"], dtype=float), int(last["horizon"]))
+        )
 
     def _robust_update(
         self,
@@ -240,7 +265,10 @@ class DynamicsPolicy:
         are the columns of the probed datasets that are also target domains."""
         nominal = _problem_at(context, slope_matrix, self.grid, self.min_weight)
         problem = self._calibrated(context, nominal, extra) if self.options.calibration else nominal
-        questions = [context.reduced_batches * k.batch_size if k.metric == "accuracy" else 0 for k in context.domain_kinds]
+        questions = [
+            context.reduced_batches * k.batch_size if k.metric == "accuracy" else 0
+            for k in context.domain_kinds
+        ]
         problem = at_resolution(problem, context.probe_budget, questions)
         if self.options.answer_tolerance > 0 and extra.get("accuracy_slopes") == "expected":
             problem = with_answer_tolerance(problem, questions, self.options.answer_tolerance)
@@ -253,7 +281,9 @@ class DynamicsPolicy:
         )
         decision: dict[str, Any] = {}
         if self.options.target_floor > 0:
-            robust, decision["floors"] = target_floor(robust, target_datasets, self.options.target_floor)
+            robust, decision["floors"] = target_floor(
+                robust, target_datasets, self.options.target_floor
+            )
         candidates = grid_candidates(problem)
         direct = solve_direct(robust) if self.options.lp_candidate else None
         choice = select_robust(robust, [c.weights for c in candidates], direct)
@@ -276,11 +306,16 @@ class DynamicsPolicy:
         # eq. 3.3's. The record keeps the calibrated one, the calibration learns from the
         # nominal one.
         solution = replace(solution, predicted_losses=robust.predicted_losses(weights))
-        self._last_prediction = (replace(robust, problem=nominal).predicted_losses(weights), context.horizon)
+        self._last_prediction = (
+            replace(robust, problem=nominal).predicted_losses(weights),
+            context.horizon,
+        )
         extra["robust"] = {**self.options.to_dict(), **choice.to_dict(), **decision}
         return _update_record(self.name, context, nominal, solution, probe_seconds, extra)
 
-    def _calibrated(self, context: UpdateContext, nominal: MixtureProblem, extra: dict) -> MixtureProblem:
+    def _calibrated(
+        self, context: UpdateContext, nominal: MixtureProblem, extra: dict
+    ) -> MixtureProblem:
         """``nominal`` shifted by the per-step bias past updates' misses show (``calibration``)."""
         if self._calibration is None:
             self._calibration = PredictionCalibration(len(nominal.current_losses))
@@ -310,7 +345,9 @@ class FixedWeightsPolicy:
     def __post_init__(self) -> None:
         w = np.asarray(self.weights, dtype=float)
         if w.ndim != 1 or w.size == 0 or np.any(w < 0) or not np.isfinite(w).all() or w.sum() <= 0:
-            raise ValueError(f"fixed weights must be non-negative numbers with a positive sum, got {self.weights}")
+            raise ValueError(
+                f"fixed weights must be non-negative numbers with a positive sum, got {self.weights}"
+            )
         self.weights = w / w.sum()
 
     @property

@@ -48,9 +48,13 @@ class ProbeRuns:
 
     def __post_init__(self) -> None:
         if self.evaluations.ndim != 4:
-            raise ValueError(f"evaluations must have shape (N, K, M, R), got {self.evaluations.shape}")
+            raise ValueError(
+                f"evaluations must have shape (N, K, M, R), got {self.evaluations.shape}"
+            )
         if self.expected is not None and self.expected.shape != self.evaluations.shape:
-            raise ValueError(f"expected must have the shape of evaluations {self.evaluations.shape}")
+            raise ValueError(
+                f"expected must have the shape of evaluations {self.evaluations.shape}"
+            )
         if self.seconds.shape != self.evaluations.shape[:1] or len(self.ranks) != len(self.seconds):
             raise ValueError("seconds and ranks need one entry per probed dataset")
 
@@ -116,7 +120,9 @@ def probe_datasets(learner: Learner, checkpoints: Sequence[int], num_batches: in
         return learner.probe_all(checkpoints, num_batches)
     snapshot = learner.snapshot()
     datasets = range(len(learner.dataset_names))
-    evaluations, expected, seconds = probe_in_turn(learner, datasets, checkpoints, num_batches, snapshot)
+    evaluations, expected, seconds = probe_in_turn(
+        learner, datasets, checkpoints, num_batches, snapshot
+    )
     learner.restore(snapshot)
     return ProbeRuns(evaluations, seconds, [[0] for _ in datasets], expected)
 
@@ -189,7 +195,9 @@ class PerturbedEvaluations:
             return ProbeRuns(runs.evaluations * factor, runs.seconds, runs.ranks, expected)
         snapshot = self.learner.snapshot()
         datasets = range(len(self.learner.dataset_names))
-        evaluations, expected, seconds = probe_in_turn(self, datasets, checkpoints, num_batches, snapshot)
+        evaluations, expected, seconds = probe_in_turn(
+            self, datasets, checkpoints, num_batches, snapshot
+        )
         self.learner.restore(snapshot)
         return ProbeRuns(evaluations, seconds, [[0] for _ in datasets], expected)
 

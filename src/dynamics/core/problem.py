@@ -66,12 +66,18 @@ class MixtureProblem:
         object.__setattr__(self, "targets", tuple(int(i) for i in self.targets))
         object.__setattr__(self, "constraints", tuple(int(i) for i in self.constraints))
         if slopes.ndim != 2 or slopes.shape[0] == 0 or slopes.shape[1] == 0:
-            raise ValueError(f"slopes must be an M x N matrix with M, N >= 1, got shape {slopes.shape}")
+            raise ValueError(
+                f"slopes must be an M x N matrix with M, N >= 1, got shape {slopes.shape}"
+            )
         m = slopes.shape[0]
         if self.current_losses.shape != (m,):
-            raise ValueError(f"current_losses must have length M={m}, got {self.current_losses.shape}")
+            raise ValueError(
+                f"current_losses must have length M={m}, got {self.current_losses.shape}"
+            )
         if self.reference_losses.shape != (m,):
-            raise ValueError(f"reference_losses must have length M={m}, got {self.reference_losses.shape}")
+            raise ValueError(
+                f"reference_losses must have length M={m}, got {self.reference_losses.shape}"
+            )
         if not np.all(np.isfinite(slopes)):
             raise ValueError("slopes must be finite numbers")
         if not np.all(np.isfinite(self.current_losses)):

@@ -41,7 +41,9 @@ class EvaluationRecord:
     step: int
     eval: np.ndarray  # (M,)
     test: np.ndarray  # (M,)
-    weights: np.ndarray  # (N,) weights used for the steps that follow, in the run's unit (core.shares)
+    weights: (
+        np.ndarray
+    )  # (N,) weights used for the steps that follow, in the run's unit (core.shares)
     wall_seconds: float = 0.0
     backtracked: bool = False  # the run returned from this state to an earlier one
     eval_batches: np.ndarray | None = None  # (M, B); None in records written without them
@@ -59,7 +61,9 @@ class EvaluationRecord:
             weights=_array(row["weights"]),
             wall_seconds=float(row["wall_seconds"]),
             backtracked=bool(row["backtracked"]),
-            eval_batches=None if row.get("eval_batches") is None else np.array(row["eval_batches"], dtype=float),
+            eval_batches=None
+            if row.get("eval_batches") is None
+            else np.array(row["eval_batches"], dtype=float),
         )
 
 
@@ -79,7 +83,9 @@ class UpdateRecord:
     step: int
     horizon: int
     probe_budget: int
-    weights: np.ndarray  # (N,) in the run's unit; token shares keep extra["batch_shares"] (core.shares)
+    weights: (
+        np.ndarray
+    )  # (N,) in the run's unit; token shares keep extra["batch_shares"] (core.shares)
     current_losses: np.ndarray  # (M,) reduced-evaluation anchor L_i(theta_t)
     recycled_anchor: bool  # anchor taken from the main evaluation at this step
     slope_matrix: np.ndarray | None = None  # (M, N)
@@ -89,9 +95,13 @@ class UpdateRecord:
     probe_seconds: float = 0.0
     dataset_probe_seconds: np.ndarray | None = None  # (N,) wall time of each dataset's probe
     probe_ranks: list[list[int]] | None = None  # per dataset, the processes that probed it
-    extra: dict[str, Any] = field(default_factory=dict)  # the policy's details (predictor, errors, ...)
+    extra: dict[str, Any] = field(
+        default_factory=dict
+    )  # the policy's details (predictor, errors, ...)
     abandoned: bool = False  # a later backtrack returned to a state before this update
-    backtrack: dict[str, Any] | None = None  # this update decides again after a backtrack: from, to, ...
+    backtrack: dict[str, Any] | None = (
+        None  # this update decides again after a backtrack: from, to, ...
+    )
     margins: dict[str, float] | None = None  # the references' margins learned from past backtracks
 
     _LOOP_MARKS = ("abandoned", "backtrack", "margins")

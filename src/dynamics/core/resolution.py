@@ -18,7 +18,9 @@ from dynamics.core.metrics import TIE_TOLERANCE
 from dynamics.core.problem import MixtureProblem
 
 
-def at_resolution(problem: MixtureProblem, probe_budget: int, questions: Sequence[int]) -> MixtureProblem:
+def at_resolution(
+    problem: MixtureProblem, probe_budget: int, questions: Sequence[int]
+) -> MixtureProblem:
     """``problem`` with differences below what an evaluation resolves (``TIE_TOLERANCE``)
     read as none: a probe's measured change ``c_t S_ij`` and a constraint's distance from its
     reference are taken as exact where they are within it of an exact value.
@@ -44,7 +46,9 @@ def at_resolution(problem: MixtureProblem, probe_budget: int, questions: Sequenc
     return replace(problem, slopes=slopes, current_losses=current)
 
 
-def with_answer_tolerance(problem: MixtureProblem, questions: Sequence[int], answers: float) -> MixtureProblem:
+def with_answer_tolerance(
+    problem: MixtureProblem, questions: Sequence[int], answers: float
+) -> MixtureProblem:
     """``problem`` with every accuracy constraint's reference lowered by ``answers`` (in [0, 1))
     of one answer of its probe-sized evaluation (``questions`` as in :func:`at_resolution`):
     a mixture predicted to lose less than that many answers counts as keeping it.
@@ -70,7 +74,9 @@ def _answer_units(problem: MixtureProblem, questions: Sequence[int]) -> np.ndarr
     """Per domain, one answer's share of its probe-sized evaluation (0 for a loss)."""
     unit = np.array([1.0 / q if q > 0 else 0.0 for q in questions])
     if unit.shape != problem.current_losses.shape:
-        raise ValueError(f"questions must have one entry per domain ({unit.size} for {problem.current_losses.size})")
+        raise ValueError(
+            f"questions must have one entry per domain ({unit.size} for {problem.current_losses.size})"
+        )
     return unit
 
 

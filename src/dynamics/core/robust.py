@@ -34,7 +34,9 @@ def tempered_progress(u: np.ndarray, exponent: float) -> np.ndarray:
     return np.where(u <= 1.0, u, beyond)
 
 
-def predicted_changes(problem: MixtureProblem, weights: np.ndarray, exponent: float, probe_budget: int) -> np.ndarray:
+def predicted_changes(
+    problem: MixtureProblem, weights: np.ndarray, exponent: float, probe_budget: int
+) -> np.ndarray:
     """Predicted change of every domain over the horizon, shape (M,), with diminishing
     returns beyond the probe (``gain_exponent``): ``c_t sum_j S_ij phi(w_j H_t / c_t)`` over
     the improving entries (S_ij < 0), ``H_t sum_j S_ij w_j`` over the others. With
@@ -81,8 +83,14 @@ class RobustProblem:
                 )
             object.__setattr__(self, "least_weights", least)
         errors = np.asarray(self.slope_errors, dtype=float)
-        if errors.shape != self.problem.slopes.shape or not np.all(np.isfinite(errors)) or np.any(errors < 0):
-            raise ValueError(f"slope_errors must be finite, >= 0 and of shape {self.problem.slopes.shape}")
+        if (
+            errors.shape != self.problem.slopes.shape
+            or not np.all(np.isfinite(errors))
+            or np.any(errors < 0)
+        ):
+            raise ValueError(
+                f"slope_errors must be finite, >= 0 and of shape {self.problem.slopes.shape}"
+            )
         object.__setattr__(self, "slope_errors", errors)
         if self.probe_budget < 1:
             raise ValueError(f"probe_budget must be >= 1, got {self.probe_budget}")
@@ -102,7 +110,9 @@ class RobustProblem:
     def mixture(self, w: np.ndarray) -> np.ndarray:
         """A solver's answer made an exact mixture: on the simplex, every weight at or above
         its least weight."""
-        return to_floored_simplex(w, self.problem.min_weight if self.least_weights is None else self.least_weights)
+        return to_floored_simplex(
+            w, self.problem.min_weight if self.least_weights is None else self.least_weights
+        )
 
     @property
     def nonlinear_prediction(self) -> bool:
@@ -189,7 +199,9 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     if n == 1:
         return DirectCandidate(centre, True, 0.0)
     linear = _linear_optimum(rp) if not rp.nonlinear_prediction else None
-    pessimistic = rp.nonlinear_prediction or (rp.target_z > 0 and bool(np.any(rp.target_errors > 0)))
+    pessimistic = rp.nonlinear_prediction or (
+        rp.target_z > 0 and bool(np.any(rp.target_errors > 0))
+    )
     if linear is not None and not pessimistic:
         linear = _pull_into_feasible(rp, linear, centre)
         return DirectCandidate(linear, True, rp.max_violation(linear))
@@ -210,7 +222,9 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     if not np.isfinite(rp.objective(weights)) or rp.objective(weights) > rp.objective(start):
         weights = start
     weights = _pull_into_feasible(rp, weights, centre)
-    return DirectCandidate(weights, True, rp.max_violation(weights), bool(result.success), str(result.message))
+    return DirectCandidate(
+        weights, True, rp.max_violation(weights), bool(result.success), str(result.message)
+    )
 
 
 def most_feasible(rp: RobustProblem) -> np.ndarray:
@@ -283,8 +297,14 @@ def _least_violating(rp: RobustProblem, centre: np.ndarray) -> np.ndarray:
     bounds = rp.bounds + [(0.0, None)] * num_c
     x0 = np.concatenate([centre, np.maximum(rp.violations(centre), 0.0)])
     options = {"ftol": 1e-14, "maxiter": 500}
-    total = minimize(lambda x: x[n:].sum(), x0, method="SLSQP", bounds=bounds,
-                     constraints=[simplex, capped, above], options=options)
+    total = minimize(
+        lambda x: x[n:].sum(),
+        x0,
+        method="SLSQP",
+        bounds=bounds,
+        constraints=[simplex, capped, above],
+        options=options,
+    )
     first = rp.mixture(total.x[:n]) if total.success else centre
     best_total = _total_violation(rp, first)
     if _worst(rp, first) > cap or best_total > _total_violation(rp, centre):
@@ -293,8 +313,14 @@ def _least_violating(rp: RobustProblem, centre: np.ndarray) -> np.ndarray:
     scale = max(float(np.abs(rp.problem.slopes[list(rp.problem.targets)].sum(axis=0)).max()), 1e-12)
     budget = {"type": "ineq", "fun": lambda x: limit - FEASIBILITY_TOL / 2 - x[n:].sum()}
     x1 = np.concatenate([first, np.maximum(rp.violations(first), 0.0)])
-    best = minimize(lambda x: rp.objective(x[:n]) / scale, x1, method="SLSQP", bounds=bounds,
-                    constraints=[simplex, capped, above, budget], options=options)
+    best = minimize(
+        lambda x: rp.objective(x[:n]) / scale,
+        x1,
+        method="SLSQP",
+        bounds=bounds,
+        constraints=[simplex, capped, above, budget],
+        options=options,
+    )
     candidate = rp.mixture(best.x[:n])
     if (
         _worst(rp, candidate) <= cap
@@ -371,7 +397,9 @@ class RobustChoice:
         }
 
 
-def select_robust(rp: RobustProblem, grid_weights: Sequence[np.ndarray], direct: DirectCandidate | None) -> RobustChoice:
+def select_robust(
+    rp: RobustProblem, grid_weights: Sequence[np.ndarray], direct: DirectCandidate | None
+) -> RobustChoice:
     """Appendix G's rule with the robust measures: among candidates whose robust violations
     are all <= FEASIBILITY_TOL, the lowest pessimistic objective; if none, the smallest
     largest robust violation, then the smallest total violation, then the objective. The
@@ -382,7 +410,10 @@ def select_robust(rp: RobustProblem, grid_weights: Sequence[np.ndarray], direct:
         scored = [(source, rp.mixture(w)) for source, w in scored]
     if direct is not None:
         scored.append(("direct", direct.weights))
-    rows = [(index, source, w, rp.max_violation(w), rp.objective(w)) for index, (source, w) in enumerate(scored)]
+    rows = [
+        (index, source, w, rp.max_violation(w), rp.objective(w))
+        for index, (source, w) in enumerate(scored)
+    ]
     feasible = [r for r in rows if r[3] <= FEASIBILITY_TOL]
     if feasible:
         index, source, w, violation, objective = min(feasible, key=lambda r: (r[4], r[0]))

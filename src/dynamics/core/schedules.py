@@ -104,13 +104,20 @@ def build_schedule(
     ``fixed:H`` schedules, whose probe budget is always H.
     """
     if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-        raise ScheduleError(f"total_steps must be a positive integer, got {total_steps!r}", "total_steps")
-    if probe_cap is not None and (isinstance(probe_cap, bool) or not isinstance(probe_cap, int) or probe_cap < 1):
-        raise ScheduleError(f"probe_cap must be a positive integer (c_max), got {probe_cap!r}", "probe_cap")
+        raise ScheduleError(
+            f"total_steps must be a positive integer, got {total_steps!r}", "total_steps"
+        )
+    if probe_cap is not None and (
+        isinstance(probe_cap, bool) or not isinstance(probe_cap, int) or probe_cap < 1
+    ):
+        raise ScheduleError(
+            f"probe_cap must be a positive integer (c_max), got {probe_cap!r}", "probe_cap"
+        )
     cap = scaled_probe_cap(total_steps) if probe_cap is None else probe_cap
     if isinstance(probe_min, bool) or not isinstance(probe_min, int) or not 1 <= probe_min <= cap:
         raise ScheduleError(
-            f"probe_min must be a whole number of steps from 1 to probe_cap ({cap}), got {probe_min!r}", "probe_min"
+            f"probe_min must be a whole number of steps from 1 to probe_cap ({cap}), got {probe_min!r}",
+            "probe_min",
         )
 
     def budgets_of(horizons: Sequence[int]) -> tuple[int, ...]:
@@ -121,11 +128,15 @@ def build_schedule(
         if text in PRESETS:
             steps = scale_steps(PRESETS[text], total_steps)
             horizons = _horizons(steps, total_steps)
-            return UpdateSchedule(text, total_steps, steps, horizons, budgets_of(horizons), probe_min)
+            return UpdateSchedule(
+                text, total_steps, steps, horizons, budgets_of(horizons), probe_min
+            )
         if text.startswith("fixed:"):
             value = text.split(":", 1)[1]
             if not value.isdigit() or int(value) < 1:
-                raise ScheduleError(f"schedule {spec!r}: the interval H in 'fixed:H' must be a positive integer")
+                raise ScheduleError(
+                    f"schedule {spec!r}: the interval H in 'fixed:H' must be a positive integer"
+                )
             interval = int(value)
             if interval > total_steps:
                 raise ScheduleError(
@@ -145,11 +156,15 @@ def build_schedule(
         if isinstance(s, bool) or not isinstance(s, int):
             raise ScheduleError(f"schedule step {s!r} is not an integer: {SCHEDULE_HELP}")
     if steps_list[0] != 0:
-        raise ScheduleError(f"the schedule must start at step 0 (got {steps_list[0]}): the first mixture is chosen before training")
+        raise ScheduleError(
+            f"the schedule must start at step 0 (got {steps_list[0]}): the first mixture is chosen before training"
+        )
     if any(b <= a for a, b in itertools.pairwise(steps_list)):
         raise ScheduleError(f"schedule steps must be strictly increasing, got {steps_list}")
     if steps_list[-1] >= total_steps:
-        raise ScheduleError(f"schedule step {steps_list[-1]} is not before the end of training ({total_steps} steps)")
+        raise ScheduleError(
+            f"schedule step {steps_list[-1]} is not before the end of training ({total_steps} steps)"
+        )
     steps = tuple(steps_list)
     horizons = _horizons(steps, total_steps)
     return UpdateSchedule("custom", total_steps, steps, horizons, budgets_of(horizons), probe_min)

@@ -66,14 +66,20 @@ class TokenShares:
     def __post_init__(self) -> None:
         t = np.asarray(self.tokens_per_batch, dtype=float)
         if t.ndim != 1 or t.size == 0 or not np.all(np.isfinite(t)) or not np.all(t > 0):
-            raise ValueError(f"every dataset needs tokens to sample by tokens, got tokens per batch {t}")
+            raise ValueError(
+                f"every dataset needs tokens to sample by tokens, got tokens per batch {t}"
+            )
         object.__setattr__(self, "tokens_per_batch", t)
 
     def batch_shares(self, weights: ArrayLike) -> np.ndarray:
-        return _normalised(np.clip(np.asarray(weights, dtype=float), 0.0, None) / self.tokens_per_batch)
+        return _normalised(
+            np.clip(np.asarray(weights, dtype=float), 0.0, None) / self.tokens_per_batch
+        )
 
     def weights_of(self, batch_shares: ArrayLike) -> np.ndarray:
-        return _normalised(np.clip(np.asarray(batch_shares, dtype=float), 0.0, None) * self.tokens_per_batch)
+        return _normalised(
+            np.clip(np.asarray(batch_shares, dtype=float), 0.0, None) * self.tokens_per_batch
+        )
 
 
 def _normalised(values: np.ndarray) -> np.ndarray:

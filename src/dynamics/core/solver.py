@@ -173,9 +173,17 @@ def _slsqp_epigraph(form: _PenalizedForm, w0: np.ndarray, ftol: float) -> np.nda
         method="SLSQP",
         bounds=[(0.0, 1.0)] * n + [(0.0, None)] * m,
         constraints=[
-            {"type": "eq", "fun": lambda x: np.array([x[:n].sum() - 1.0]), "jac": lambda x: sum_jac},
+            {
+                "type": "eq",
+                "fun": lambda x: np.array([x[:n].sum() - 1.0]),
+                "jac": lambda x: sum_jac,
+            },
             # s >= A w - b, i.e. b - A w + k u >= 0
-            {"type": "ineq", "fun": lambda x: b - a @ x[:n] + k * x[n:], "jac": lambda x: constraint_jac},
+            {
+                "type": "ineq",
+                "fun": lambda x: b - a @ x[:n] + k * x[n:],
+                "jac": lambda x: constraint_jac,
+            },
         ],
         options={"ftol": ftol, "maxiter": _SLSQP_MAXITER},
     )
@@ -252,7 +260,9 @@ def _solve_form(form: _PenalizedForm, x0: np.ndarray | None) -> tuple[np.ndarray
     return best_w, best_gap
 
 
-def penalized_objective(problem: MixtureProblem, lam: float, eps: float, weights: np.ndarray) -> float:
+def penalized_objective(
+    problem: MixtureProblem, lam: float, eps: float, weights: np.ndarray
+) -> float:
     """The objective of eq. 3.4 at ``weights`` (target slope units plus lambda * loss^2)."""
     return _PenalizedForm.of(problem, lam, eps).objective(np.asarray(weights, dtype=float))
 
@@ -260,7 +270,9 @@ def penalized_objective(problem: MixtureProblem, lam: float, eps: float, weights
 def duality_gap(problem: MixtureProblem, lam: float, eps: float, weights: np.ndarray) -> float:
     """Certified upper bound on how far ``weights`` is from the minimum of eq. 3.4 over the
     mixtures with every weight >= ``problem.min_weight`` (same units)."""
-    return _PenalizedForm.of(problem.above_floor(), lam, eps).duality_gap(problem.unfloored(weights))
+    return _PenalizedForm.of(problem.above_floor(), lam, eps).duality_gap(
+        problem.unfloored(weights)
+    )
 
 
 def solve_penalized(
@@ -472,7 +484,12 @@ def _grid_candidates(problem: MixtureProblem) -> list[GridCandidate]:
 
 
 def solution_of(
-    problem: MixtureProblem, weights: np.ndarray, lam: float, eps: float, num_candidates: int, source: str = "grid"
+    problem: MixtureProblem,
+    weights: np.ndarray,
+    lam: float,
+    eps: float,
+    num_candidates: int,
+    source: str = "grid",
 ) -> Solution:
     """The :class:`Solution` record of ``weights`` chosen for ``problem`` (with the LP beside it)."""
     lp = solve_lp(problem)

@@ -172,7 +172,9 @@ class LMExample:
                 f"input_ids {self.input_ids.shape} and labels {self.labels.shape} must be equal 1-d"
             )
         if self.position_ids is not None and self.position_ids.shape != self.input_ids.shape:
-            raise ValueError(f"position_ids {self.position_ids.shape} must match input_ids {self.input_ids.shape}")
+            raise ValueError(
+                f"position_ids {self.position_ids.shape} must match input_ids {self.input_ids.shape}"
+            )
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -287,7 +289,11 @@ def _message(message: Any, column: str, index: int, source: DataSource) -> dict[
     if content is None and message.get("tool_calls"):
         content = ""
     others = {key: value for key, value in message.items() if key not in keys and value is not None}
-    return {**others, "role": SHAREGPT_ROLES.get(role, role), "content": _string(content, column, index, source)}
+    return {
+        **others,
+        "role": SHAREGPT_ROLES.get(role, role),
+        "content": _string(content, column, index, source),
+    }
 
 
 def _with_system(
@@ -341,11 +347,18 @@ class _Chat:
     completion's first message."""
 
 
-def _conversation(row: Mapping[str, Any], index: int, source: DataSource, use_messages: bool) -> _Chat:
+def _conversation(
+    row: Mapping[str, Any], index: int, source: DataSource, use_messages: bool
+) -> _Chat:
     """The row as a conversation whose last message is the assistant's."""
     tools = _tools(row, index, source)
     if use_messages:
-        conversation = _with_system(_messages(row[source.messages_column], source.messages_column, index, source), row, index, source)
+        conversation = _with_system(
+            _messages(row[source.messages_column], source.messages_column, index, source),
+            row,
+            index,
+            source,
+        )
         if conversation[-1]["role"] != "assistant":
             raise DataError(
                 f"{source.description}, row {index}: the last message is the response and must "
@@ -361,7 +374,9 @@ def _conversation(row: Mapping[str, Any], index: int, source: DataSource, use_me
                 f"{source.description}, row {index}: {source.prompt_column!r} and {response_column!r} must both "
                 "be strings or both be lists of {'role', 'content'} messages (conversational prompt/completion)"
             )
-        prompt_messages = _with_system(_messages(prompt, source.prompt_column, index, source), row, index, source)
+        prompt_messages = _with_system(
+            _messages(prompt, source.prompt_column, index, source), row, index, source
+        )
         completion = _messages(response, response_column, index, source)
         if completion[0]["role"] != "assistant":
             raise DataError(
@@ -373,7 +388,9 @@ def _conversation(row: Mapping[str, Any], index: int, source: DataSource, use_me
                 f"{source.description}, row {index}: {response_column!r} must end with a message of role "
                 f"'assistant', not {completion[-1]['role']!r}"
             )
-        return _Chat([*prompt_messages, *completion], tools, len(prompt_messages), len(prompt_messages))
+        return _Chat(
+            [*prompt_messages, *completion], tools, len(prompt_messages), len(prompt_messages)
+        )
     conversation = _with_system(
         [
             {"role": "user", "content": _string(prompt, source.prompt_column, index, source)},
@@ -423,7 +440,9 @@ def source_chat_template(tokenizer: PreTrainedTokenizerBase, source: DataSource)
     return _assistant_template(tokenizer, template, source)
 
 
-def _assistant_template(tokenizer: PreTrainedTokenizerBase, template: str | None, source: DataSource) -> str | None:
+def _assistant_template(
+    tokenizer: PreTrainedTokenizerBase, template: str | None, source: DataSource
+) -> str | None:
     """The template whose ``{% generation %}`` blocks mark the assistant's tokens, chosen as
     TRL's ``SFTTrainer`` chooses it with ``assistant_only_loss=True``: ``template`` (None: the
     tokenizer's own) when it has such blocks, else TRL's training template of its model
@@ -440,7 +459,11 @@ def _assistant_template(tokenizer: PreTrainedTokenizerBase, template: str | None
     rendering = copy.copy(tokenizer)  # TRL reads the template from the tokenizer
     if template is not None:
         rendering.chat_template = template
-    chosen = template if has_generation_markers(rendering.chat_template) else _training_template(rendering, source)
+    chosen = (
+        template
+        if has_generation_markers(rendering.chat_template)
+        else _training_template(rendering, source)
+    )
     if not is_chat_template_stop_token_trained(rendering, chat_template=chosen):
         logger.warning(
             "%s: the chat template's {%% generation %%} blocks leave out the assistant's end-of-turn token, so "
@@ -479,7 +502,11 @@ def _render(
     row's tools and the source's ``chat_template_kwargs``; a template's error names the row."""
     try:
         return tokenizer.apply_chat_template(
-            messages, tools=chat.tools, chat_template=template, **source.chat_template_kwargs, **options
+            messages,
+            tools=chat.tools,
+            chat_template=template,
+            **source.chat_template_kwargs,
+            **options,
         )
     except (TemplateError, TypeError) as err:
         raise DataError(
@@ -497,7 +524,14 @@ def _apply_template(
     generation_prompt: bool,
 ) -> str:
     text = _render(
-        tokenizer, chat, messages, template, source, index, tokenize=False, add_generation_prompt=generation_prompt
+        tokenizer,
+        chat,
+        messages,
+        template,
+        source,
+        index,
+        tokenize=False,
+        add_generation_prompt=generation_prompt,
     )
     if not isinstance(text, str):
         raise DataError(f"apply_chat_template returned {type(text).__name__}, expected a string")
@@ -545,7 +579,9 @@ def _fallback_document(
 def _check_fallback(chat: _Chat, index: int, source: DataSource) -> None:
     """Refuse what ``FALLBACK_TEMPLATE`` would drop: tools, tool calls, reasoning."""
     unrendered = ["tools"] if chat.tools is not None else []
-    unrendered += sorted({key for m in chat.messages for key in ("tool_calls", "reasoning_content") if key in m})
+    unrendered += sorted(
+        {key for m in chat.messages for key in ("tool_calls", "reasoning_content") if key in m}
+    )
     if unrendered:
         raise DataError(
             f"{source.description}, row {index}: its {', '.join(unrendered)} need a chat template, and the "
@@ -566,15 +602,22 @@ def _not_a_prefix(source: DataSource, index: int) -> DataError:
 
 
 def _response_documents(
-    tokenizer: PreTrainedTokenizerBase, chats: list[_Chat], template: str | None, source: DataSource, start: int
+    tokenizer: PreTrainedTokenizerBase,
+    chats: list[_Chat],
+    template: str | None,
+    source: DataSource,
+    start: int,
 ) -> list[LMExample]:
     """``loss_on="last-assistant"``: the loss on the tokens after the prompt's rendering with
     the generation prompt (see the module docstring)."""
     fulls = [
-        _apply_template(tokenizer, c, c.messages, template, source, start + i, False) for i, c in enumerate(chats)
+        _apply_template(tokenizer, c, c.messages, template, source, start + i, False)
+        for i, c in enumerate(chats)
     ]
     prompts = [
-        _apply_template(tokenizer, c, c.messages[: c.response_start], template, source, start + i, True)
+        _apply_template(
+            tokenizer, c, c.messages[: c.response_start], template, source, start + i, True
+        )
         for i, c in enumerate(chats)
     ]
     prompt_ids = _encode(tokenizer, prompts, special=False)
@@ -595,7 +638,11 @@ def _response_documents(
 
 
 def _assistant_document(
-    tokenizer: PreTrainedTokenizerBase, chat: _Chat, template: str | None, source: DataSource, index: int
+    tokenizer: PreTrainedTokenizerBase,
+    chat: _Chat,
+    template: str | None,
+    source: DataSource,
+    index: int,
 ) -> LMExample:
     """``loss_on="all-assistant"``: the conversation tokenized by ``apply_chat_template`` with
     ``return_assistant_tokens_mask=True``, a token carrying the loss where the template's
@@ -603,15 +650,29 @@ def _assistant_document(
     prompt/completion pair only from where the prompt's tokens (rendered with the generation
     prompt) and the conversation's diverge, as TRL's ``completion_only_loss``."""
     encoded = _render(
-        tokenizer, chat, chat.messages, template, source, index,
-        tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+        tokenizer,
+        chat,
+        chat.messages,
+        template,
+        source,
+        index,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
     )
     ids = np.asarray(encoded["input_ids"], dtype=np.int32)
     trained = np.asarray(encoded["assistant_masks"], dtype=bool)
     if chat.assistant_start > 0:
         prompt = _render(
-            tokenizer, chat, chat.messages[: chat.assistant_start], template, source, index,
-            tokenize=True, return_dict=True, add_generation_prompt=True,
+            tokenizer,
+            chat,
+            chat.messages[: chat.assistant_start],
+            template,
+            source,
+            index,
+            tokenize=True,
+            return_dict=True,
+            add_generation_prompt=True,
         )["input_ids"]
         trained[: _common_prefix_length(prompt, ids.tolist())] = False
     if not trained.any():
@@ -647,7 +708,9 @@ def _instruction_documents(
                 f"{source.description}: chat_template_kwargs are passed to a chat template, and the tokenizer has "
                 "none; set chat_template_path to the model's Jinja chat template, or remove chat_template_kwargs"
             )
-        return [_fallback_document(tokenizer, chat, start + i, source) for i, chat in enumerate(chats)]
+        return [
+            _fallback_document(tokenizer, chat, start + i, source) for i, chat in enumerate(chats)
+        ]
     if source.loss_on == "last-assistant":
         return _response_documents(tokenizer, chats, template, source, start)
     if not tokenizer.is_fast:
@@ -656,7 +719,10 @@ def _instruction_documents(
             "offsets, which only a fast tokenizer gives; load a fast tokenizer (use_fast=True) or use "
             "loss_on='last-assistant'"
         )
-    return [_assistant_document(tokenizer, chat, template, source, start + i) for i, chat in enumerate(chats)]
+    return [
+        _assistant_document(tokenizer, chat, template, source, start + i)
+        for i, chat in enumerate(chats)
+    ]
 
 
 def _masked(prompt_ids: Sequence[int], response_ids: Sequence[int]) -> LMExample:
@@ -669,7 +735,10 @@ def _masked(prompt_ids: Sequence[int], response_ids: Sequence[int]) -> LMExample
 def _text_documents(
     rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource, start: int
 ) -> list[LMExample]:
-    texts = [_string(row[source.text_column], source.text_column, start + i, source) for i, row in enumerate(rows)]
+    texts = [
+        _string(row[source.text_column], source.text_column, start + i, source)
+        for i, row in enumerate(rows)
+    ]
     nonempty = [t for t in texts if t.strip()]
     if len(nonempty) < len(texts):
         logger.warning(
@@ -691,7 +760,10 @@ def _text_documents(
 
 
 def _truncate(
-    documents: list[LMExample], sequence_length: int, source: DataSource, special_ids: frozenset[int] = frozenset()
+    documents: list[LMExample],
+    sequence_length: int,
+    source: DataSource,
+    special_ids: frozenset[int] = frozenset(),
 ) -> list[LMExample]:
     examples = []
     for doc in documents:
@@ -701,7 +773,10 @@ def _truncate(
         head, start = 0, 0
         if source.truncation_side == "left" and len(doc) > sequence_length:
             response_start = int(np.argmax(doc.labels != IGNORE_INDEX))
-            while head < min(response_start, sequence_length - 1) and int(doc.input_ids[head]) in special_ids:
+            while (
+                head < min(response_start, sequence_length - 1)
+                and int(doc.input_ids[head]) in special_ids
+            ):
                 head += 1
             start = max(head, min(response_start, len(doc) - (sequence_length - head)))
         window = np.r_[0:head, start : min(len(doc), start + sequence_length - head)]
@@ -785,7 +860,9 @@ def _choice_questions(
     }
 
 
-def _choice_examples(encoded: datasets.Dataset, source: DataSource, sequence_length: int) -> list[ChoiceExample]:
+def _choice_examples(
+    encoded: datasets.Dataset, source: DataSource, sequence_length: int
+) -> list[ChoiceExample]:
     """Tokenized questions as examples; a prompt longer than ``sequence_length`` keeps its end."""
     prompts = encoded["input_ids"]
     cut = sum(len(ids) > sequence_length for ids in prompts)
@@ -802,7 +879,9 @@ def _choice_examples(encoded: datasets.Dataset, source: DataSource, sequence_len
             choice_token_ids=np.asarray(letters, dtype=np.int32),
             answer_index=int(answer),
         )
-        for ids, letters, answer in zip(prompts, encoded["choice_token_ids"], encoded["answer_index"], strict=True)
+        for ids, letters, answer in zip(
+            prompts, encoded["choice_token_ids"], encoded["answer_index"], strict=True
+        )
     ]
 
 
@@ -850,7 +929,9 @@ def _continuation_documents(
 ) -> list[LMExample]:
     """Each lm-eval row's correct choice: its context, then its continuation carrying the loss."""
     pairs = _continuation_pairs(rows, tokenizer, source)
-    return [_masked(*row_pairs[int(row["answer"])]) for row, row_pairs in zip(rows, pairs, strict=True)]
+    return [
+        _masked(*row_pairs[int(row["answer"])]) for row, row_pairs in zip(rows, pairs, strict=True)
+    ]
 
 
 def _continuation_examples(
@@ -858,7 +939,9 @@ def _continuation_examples(
 ) -> list[ChoiceExample]:
     """Tokenized lm-eval questions as examples; a sequence longer than ``sequence_length``
     keeps its last tokens (lm-eval cuts its model's max_length the same way), with a warning."""
-    _warn_cut_documents(source, [max(map(len, sequences)) for sequences in encoded["sequences"]], sequence_length)
+    _warn_cut_documents(
+        source, [max(map(len, sequences)) for sequences in encoded["sequences"]], sequence_length
+    )
     examples = []
     for index, (sequences, lengths, answer, divisors) in enumerate(
         zip(
@@ -977,7 +1060,10 @@ def _answer_index(
 
 
 _LM_FEATURES = datasets.Features(
-    {"input_ids": datasets.Sequence(datasets.Value("int32")), "labels": datasets.Sequence(datasets.Value("int32"))}
+    {
+        "input_ids": datasets.Sequence(datasets.Value("int32")),
+        "labels": datasets.Sequence(datasets.Value("int32")),
+    }
 )
 _CHOICE_FEATURES = datasets.Features(
     {
@@ -1050,10 +1136,16 @@ def tokenize_rows(
         # its description ("rows in memory") stays in the error messages.
         fn_kwargs={
             "tokenizer": tokenizer,
-            "source": dataclasses.replace(source, rows=None, origin="rows in memory" if source.rows is not None else source.origin),
+            "source": dataclasses.replace(
+                source,
+                rows=None,
+                origin="rows in memory" if source.rows is not None else source.origin,
+            ),
             "version": TOKENIZATION_VERSION,
             # The template's text, not its path, so that an edited file is tokenized again.
-            "chat_template": source_chat_template(tokenizer, source) if source.format == "instruction" else None,
+            "chat_template": source_chat_template(tokenizer, source)
+            if source.format == "instruction"
+            else None,
         },
         remove_columns=rows.column_names,
         features=features,
@@ -1087,14 +1179,18 @@ def build_examples(
     if source.format == "multiple_choice" and source.metric == "accuracy":
         return _choice_examples(encoded, source, sequence_length)
     documents = [
-        LMExample(input_ids=np.asarray(ids, dtype=np.int32), labels=np.asarray(labels, dtype=np.int32))
+        LMExample(
+            input_ids=np.asarray(ids, dtype=np.int32), labels=np.asarray(labels, dtype=np.int32)
+        )
         for ids, labels in zip(encoded["input_ids"], encoded["labels"], strict=True)
     ]
     # A question scored by loss stays one example, as one scored by accuracy does.
     pack = packing and source.format != "multiple_choice"
     if source.lm_eval_task is not None:
         _warn_cut_documents(source, [len(document) for document in documents], sequence_length)
-        source = dataclasses.replace(source, truncation_side="left")  # a long context keeps its continuation
+        source = dataclasses.replace(
+            source, truncation_side="left"
+        )  # a long context keeps its continuation
     examples = (
         _pack(documents, sequence_length, per_document=packing == "per-document")
         if pack

@@ -58,6 +58,7 @@ from dynamics.data.loading import DataError, DataSource, one_line
 
 logger = logging.getLogger(__name__)
 
+
 @contextlib.contextmanager
 def seeded_as_simple_evaluate() -> Iterator[None]:
     """Python's, numpy's and torch's global generators seeded as ``simple_evaluate`` seeds
@@ -132,7 +133,9 @@ def _check_task(task: Any, name: str, source: DataSource) -> None:
         )
     reported = [metric for metric in ("acc", "acc_norm") if metric in task._metric_fn_list]
     if source.metric == "accuracy" and source.lm_eval_metric not in reported:
-        fix = f"set lm_eval_metric: {reported[0]}" if reported else "add it to the task's metric_list"
+        fix = (
+            f"set lm_eval_metric: {reported[0]}" if reported else "add it to the task's metric_list"
+        )
         raise DataError(
             f"{source.description}: lm-eval task {name!r} reports no {source.lm_eval_metric!r} (it reports "
             f"{sorted(task._metric_fn_list)}); {fix}"
@@ -214,9 +217,15 @@ def task_rows(source: DataSource) -> datasets.Dataset:
             )
             rows += _task_rows(task, name, source)
     if not rows:
-        raise DataError(f"{source.description}: lm-eval task {source.lm_eval_task!r} has no documents")
+        raise DataError(
+            f"{source.description}: lm-eval task {source.lm_eval_task!r} has no documents"
+        )
     logger.info(
-        "%s: %d documents of lm-eval task %s (%d task(s))", source.description, len(rows), source.lm_eval_task, len(tasks)
+        "%s: %d documents of lm-eval task %s (%d task(s))",
+        source.description,
+        len(rows),
+        source.lm_eval_task,
+        len(tasks),
     )
     return datasets.Dataset.from_list(rows)
 
@@ -233,7 +242,10 @@ def render_chats(tokenizer: PreTrainedTokenizerBase, contexts: Sequence[str]) ->
     rendered by lm-eval's ``HFLM.apply_chat_template`` with ``tokenizer``'s chat template."""
     encoder = _pair_encoder(tokenizer)
     chats = [json.loads(context) for context in contexts]
-    return [encoder.apply_chat_template(chat["messages"], chat["add_generation_prompt"]) for chat in chats]
+    return [
+        encoder.apply_chat_template(chat["messages"], chat["add_generation_prompt"])
+        for chat in chats
+    ]
 
 
 def encode_pairs(
@@ -241,7 +253,9 @@ def encode_pairs(
 ) -> list[tuple[list[int], list[int]]]:
     """(context ids, continuation ids) of each pair, by lm-eval's ``hf`` model's own code."""
     requests = [SimpleNamespace(args=pair) for pair in zip(contexts, continuations, strict=True)]
-    encoded: list[tuple[list[int], list[int]]] = _pair_encoder(tokenizer).loglikelihood(requests, disable_tqdm=True)
+    encoded: list[tuple[list[int], list[int]]] = _pair_encoder(tokenizer).loglikelihood(
+        requests, disable_tqdm=True
+    )
     return encoded
 
 
@@ -257,7 +271,9 @@ def _pair_encoder(tokenizer: PreTrainedTokenizerBase) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     class PairEncoder(HFLM):
-        def _loglikelihood_tokens(self, requests: Any, disable_tqdm: bool = False, override_bs: Any = None) -> Any:
+        def _loglikelihood_tokens(
+            self, requests: Any, disable_tqdm: bool = False, override_bs: Any = None
+        ) -> Any:
             return [(list(context), list(continuation)) for _, context, continuation in requests]
 
     with torch.device("meta"):
@@ -276,6 +292,11 @@ def _pair_encoder(tokenizer: PreTrainedTokenizerBase) -> Any:
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        return PairEncoder(pretrained=placeholder, tokenizer=copy.deepcopy(tokenizer), backend="causal", batch_size=1)
+        return PairEncoder(
+            pretrained=placeholder,
+            tokenizer=copy.deepcopy(tokenizer),
+            backend="causal",
+            batch_size=1,
+        )
     finally:
         quiet.setLevel(level)

@@ -72,9 +72,21 @@ LossOn = Literal["last-assistant", "all-assistant"]
 LOSS_ON: tuple[str, ...] = ("last-assistant", "all-assistant")
 CHAT_TEMPLATE_ARGUMENTS = frozenset(
     {
-        "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-        "continue_final_message", "tokenize", "return_dict", "return_assistant_tokens_mask", "return_tensors",
-        "padding", "truncation", "max_length", "tokenizer_kwargs",
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "return_tensors",
+        "padding",
+        "truncation",
+        "max_length",
+        "tokenizer_kwargs",
     }
 )
 """Arguments of ``apply_chat_template`` that the formatting sets: not ``chat_template_kwargs``."""
@@ -149,9 +161,13 @@ def _data_files_shape(value: Any) -> Any:
 # description (docs/config.md) and the constraints the config validates with pydantic.
 # ``DataSource`` is a plain dataclass that ignores the pydantic metadata and checks its own
 # values in ``__post_init__`` (raising ``DataError``).
-SourcePath = Annotated[str | None, Field(description="Local file (jsonl/json/parquet/txt) or dataset folder.")]
+SourcePath = Annotated[
+    str | None, Field(description="Local file (jsonl/json/parquet/txt) or dataset folder.")
+]
 HubId = Annotated[str | None, Field(description="Hugging Face hub dataset id (instead of path).")]
-ConfigName = Annotated[str | None, Field(description="Hub dataset configuration, if it has several.")]
+ConfigName = Annotated[
+    str | None, Field(description="Hub dataset configuration, if it has several.")
+]
 Revision = Annotated[
     str | None,
     Field(
@@ -186,7 +202,8 @@ LossOnField = Annotated[
     ),
 ]
 Budget = Annotated[
-    int | None, Field(ge=1, description="Training rows to use (null: all, e.g. an unlimited corpus).")
+    int | None,
+    Field(ge=1, description="Training rows to use (null: all, e.g. an unlimited corpus)."),
 ]
 Fields = Annotated[
     dict[str, FieldSpec],
@@ -228,7 +245,9 @@ StreamRows = Annotated[
         "never downloaded whole.",
     ),
 ]
-StreamSeed = Annotated[int, Field(ge=0, description="Seed of the shuffle of a stream before its rows are kept.")]
+StreamSeed = Annotated[
+    int, Field(ge=0, description="Seed of the shuffle of a stream before its rows are kept.")
+]
 StreamShuffleBuffer = Annotated[
     int,
     Field(
@@ -257,7 +276,10 @@ LmEvalTask = Annotated[
 ]
 LmEvalIncludePath = Annotated[
     str | None,
-    Field(min_length=1, description="A folder of lm-eval task YAMLs searched for lm_eval_task (a task over local files)."),
+    Field(
+        min_length=1,
+        description="A folder of lm-eval task YAMLs searched for lm_eval_task (a task over local files).",
+    ),
 ]
 LmEvalMetric = Annotated[
     Literal["acc", "acc_norm"],
@@ -397,7 +419,11 @@ class DataSource:
             raise DataError(f"{', '.join(given)} configure lm_eval_task; set lm_eval_task= too")
 
     def __post_init__(self) -> None:
-        given = [name for name in ("path", "hub_id", "rows", "lm_eval_task") if getattr(self, name) is not None]
+        given = [
+            name
+            for name in ("path", "hub_id", "rows", "lm_eval_task")
+            if getattr(self, name) is not None
+        ]
         if len(given) > 1:
             raise DataError(
                 f"a DataSource reads one of path= (a local file or folder), hub_id= (a hub dataset id), "
@@ -420,9 +446,13 @@ class DataSource:
                 f"budget={self.budget!r}: use a positive row count, or None for all rows"
             )
         if self.metric is None:
-            object.__setattr__(self, "metric", "accuracy" if self.format == "multiple_choice" else "loss")
+            object.__setattr__(
+                self, "metric", "accuracy" if self.format == "multiple_choice" else "loss"
+            )
         if self.metric not in ("accuracy", "loss"):
-            raise DataError(f"metric={self.metric!r}: a multiple-choice source uses 'accuracy' or 'loss'")
+            raise DataError(
+                f"metric={self.metric!r}: a multiple-choice source uses 'accuracy' or 'loss'"
+            )
         if self.metric == "accuracy" and self.format != "multiple_choice":
             raise DataError(
                 f"metric='accuracy' needs format='multiple_choice' (got {self.format!r}); a "
@@ -436,12 +466,22 @@ class DataSource:
                 "correct continuation's loss: remove lm_eval_metric or set metric='accuracy'"
             )
         if self.stream_rows is not None and (
-            isinstance(self.stream_rows, bool) or not isinstance(self.stream_rows, int) or self.stream_rows < 1
+            isinstance(self.stream_rows, bool)
+            or not isinstance(self.stream_rows, int)
+            or self.stream_rows < 1
         ):
-            raise DataError(f"stream_rows={self.stream_rows!r}: use a positive row count, or None to read every row")
+            raise DataError(
+                f"stream_rows={self.stream_rows!r}: use a positive row count, or None to read every row"
+            )
         if self.stream_rows is not None and self.rows is not None:
-            raise DataError("stream_rows reads a file or hub split as a stream; rows= are already in memory")
-        if isinstance(self.stream_seed, bool) or not isinstance(self.stream_seed, int) or self.stream_seed < 0:
+            raise DataError(
+                "stream_rows reads a file or hub split as a stream; rows= are already in memory"
+            )
+        if (
+            isinstance(self.stream_seed, bool)
+            or not isinstance(self.stream_seed, int)
+            or self.stream_seed < 0
+        ):
             raise DataError(f"stream_seed={self.stream_seed!r}: use a seed >= 0")
         if (
             isinstance(self.stream_shuffle_buffer, bool)
@@ -454,10 +494,18 @@ class DataSource:
             )
         if self.loss_on not in LOSS_ON:
             raise DataError(f"loss_on={self.loss_on!r}: use one of {', '.join(LOSS_ON)}")
-        if not isinstance(self.strip_strings, tuple) or not all(isinstance(s, str) and s for s in self.strip_strings):
-            raise DataError(f"strip_strings={self.strip_strings!r}: give a tuple of non-empty strings")
-        if self.revision is not None and (not isinstance(self.revision, str) or not self.revision.strip()):
-            raise DataError(f"revision={self.revision!r}: give a branch, tag or commit of the hub dataset")
+        if not isinstance(self.strip_strings, tuple) or not all(
+            isinstance(s, str) and s for s in self.strip_strings
+        ):
+            raise DataError(
+                f"strip_strings={self.strip_strings!r}: give a tuple of non-empty strings"
+            )
+        if self.revision is not None and (
+            not isinstance(self.revision, str) or not self.revision.strip()
+        ):
+            raise DataError(
+                f"revision={self.revision!r}: give a branch, tag or commit of the hub dataset"
+            )
         if self.revision is not None and self.hub_id is None:
             raise DataError(
                 f"revision={self.revision!r} pins a hub dataset's version; it needs hub_id= (a local path or "
@@ -491,7 +539,9 @@ class DataSource:
         if self.chat_template_path is not None and (
             not isinstance(self.chat_template_path, str) or not self.chat_template_path.strip()
         ):
-            raise DataError(f"chat_template_path={self.chat_template_path!r}: give the path of a Jinja file")
+            raise DataError(
+                f"chat_template_path={self.chat_template_path!r}: give the path of a Jinja file"
+            )
         if not isinstance(self.chat_template_kwargs, Mapping) or not all(
             isinstance(key, str) for key in self.chat_template_kwargs
         ):
@@ -505,7 +555,9 @@ class DataSource:
                 f"chat_template_kwargs sets {', '.join(reserved)}, which the formatting of the rows sets itself; "
                 "remove them (tools come from the rows' tools column, the template from chat_template_path)"
             )
-        given = [name for name in ("chat_template_path", "chat_template_kwargs") if getattr(self, name)]
+        given = [
+            name for name in ("chat_template_path", "chat_template_kwargs") if getattr(self, name)
+        ]
         if given and self.format != "instruction":
             raise DataError(
                 f"{' and '.join(given)} render instruction rows through the chat template; this dataset's format is "
@@ -539,7 +591,9 @@ class DataSource:
         if self.format == "instruction":
             if self.messages_column in columns:
                 # A system prompt is read from its own column next to the chat list too.
-                return [self.messages_column] + ([] if self.system_column is None else [self.system_column])
+                return [self.messages_column] + (
+                    [] if self.system_column is None else [self.system_column]
+                )
             pair = [self.prompt_column, self.response_key(columns)]
             return pair if self.system_column is None else [*pair, self.system_column]
         return [self.question_column, self.choices_column, self.answer_column]
@@ -600,14 +654,18 @@ def load_rows(
     elif source.path is not None:
         path = Path(source.path)
         if path.is_dir():
-            loaded = _load(source, str(path), name=source.config_name, cache_dir=cache, **_file_options(source))
+            loaded = _load(
+                source, str(path), name=source.config_name, cache_dir=cache, **_file_options(source)
+            )
         else:
             builder = LOCAL_BUILDERS[path.suffix.lower()]
             if builder in ("json", "text") and _blank(path):
                 raise _empty(source)
             loaded = _load(source, builder, data_files=str(path), cache_dir=cache)
     else:
-        loaded = _load(source, source.hub_id, name=source.config_name, cache_dir=cache, **_file_options(source))
+        loaded = _load(
+            source, source.hub_id, name=source.config_name, cache_dir=cache, **_file_options(source)
+        )
     if not isinstance(loaded, datasets.Dataset):
         raise DataError(
             f"{source.description}: load_dataset returned a {type(loaded).__name__}, not one "
@@ -627,7 +685,9 @@ def load_rows(
 def check_data_files(value: object) -> None:
     def paths(item: object) -> bool:
         return (isinstance(item, str) and bool(item.strip())) or (
-            isinstance(item, list) and bool(item) and all(isinstance(p, str) and p.strip() for p in item)
+            isinstance(item, list)
+            and bool(item)
+            and all(isinstance(p, str) and p.strip() for p in item)
         )
 
     if isinstance(value, dict):
@@ -642,7 +702,9 @@ def check_data_files(value: object) -> None:
 
 
 def _check_field_spec(name: str, spec: object) -> None:
-    if not isinstance(spec, str | list) or (isinstance(spec, list) and not all(isinstance(p, str) for p in spec)):
+    if not isinstance(spec, str | list) or (
+        isinstance(spec, list) and not all(isinstance(p, str) for p in spec)
+    ):
         raise DataError(
             f"fields.{name}: give a template string ('{{question}}\n{{context}}'), a column path "
             f"('mc1_targets.choices') or a list of column paths, not {spec!r}"
@@ -651,7 +713,9 @@ def _check_field_spec(name: str, spec: object) -> None:
         try:
             list(string.Formatter().parse(spec))
         except ValueError as err:
-            raise DataError(f"fields.{name}: template {spec!r} is not a valid format string ({err})") from None
+            raise DataError(
+                f"fields.{name}: template {spec!r} is not a valid format string ({err})"
+            ) from None
 
 
 def _path_value(row: Mapping[str, Any], path: str) -> Any:
@@ -766,9 +830,13 @@ def _drop_empty(rows: datasets.Dataset, source: DataSource) -> datasets.Dataset:
             f"are {list(rows.column_names)}"
         )
     columns = list(source.drop_empty)
-    kept = rows.filter(lambda row: all(row[c] not in (None, "", []) for c in columns), desc="drop_empty")
+    kept = rows.filter(
+        lambda row: all(row[c] not in (None, "", []) for c in columns), desc="drop_empty"
+    )
     if len(kept) == 0:
-        raise DataError(f"{source.description}: every row has an empty {' or '.join(columns)}; check drop_empty")
+        raise DataError(
+            f"{source.description}: every row has an empty {' or '.join(columns)}; check drop_empty"
+        )
     return kept
 
 
@@ -799,12 +867,22 @@ def _stream_stamp(source: DataSource, options: Mapping[str, Any]) -> dict[str, A
         root = Path(source.path).resolve()
         if root.is_dir():
             files = sorted(
-                p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+                p
+                for p in root.rglob("*")
+                if p.is_file()
+                and not any(part.startswith(".") for part in p.relative_to(root).parts)
             )
         else:
             files = [root]
         stamp["path"] = str(root)
-        stamp["files"] = [(p.relative_to(root).as_posix() if root.is_dir() else p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        stamp["files"] = [
+            (
+                p.relative_to(root).as_posix() if root.is_dir() else p.name,
+                p.stat().st_size,
+                p.stat().st_mtime_ns,
+            )
+            for p in files
+        ]
     return stamp
 
 
@@ -853,7 +931,9 @@ def check_path(source: DataSource) -> None:
 
 
 def _empty(source: DataSource) -> DataError:
-    return DataError(f"{source.description} is empty: it has no rows (split {source.split}); fill it or remove it")
+    return DataError(
+        f"{source.description} is empty: it has no rows (split {source.split}); fill it or remove it"
+    )
 
 
 def _blank(path: Path, limit: int = 1 << 20) -> bool:
@@ -900,13 +980,17 @@ def _load(source: DataSource, path: str | None, **kwargs: object) -> object:
             detail = one_line(cause)  # the builder's own error, e.g. the JSON parse error
         if "corresponds to no data" in detail:
             raise _empty(source) from None
-        value_error = isinstance(err, ValueError) or isinstance(cause, ValueError)  # a stream's is its cause
+        value_error = isinstance(err, ValueError) or isinstance(
+            cause, ValueError
+        )  # a stream's is its cause
         if value_error and ("split" in detail or "instruction format" in detail):
             raise DataError(
                 f"{source.description}: split {source.split!r} cannot be read ({detail}); set split "
                 "to one of the dataset's splits (a single local file is 'train'), e.g. 'train[:1000]'"
             ) from None
-        if source.hub_id is not None and isinstance(err, OSError | datasets.exceptions.DatasetsError):
+        if source.hub_id is not None and isinstance(
+            err, OSError | datasets.exceptions.DatasetsError
+        ):
             if offline():
                 why = (
                     "it is not in the local cache and the hub is offline (HF_HUB_OFFLINE or "
@@ -914,6 +998,10 @@ def _load(source: DataSource, path: str | None, **kwargs: object) -> object:
                     "online, or use a local path"
                 )
             else:
-                why = "check hub_id and config_name (and that you may access it), or use a local path"
-            raise DataError(f"{source.description} could not be found or loaded: {why} ({detail})") from None
+                why = (
+                    "check hub_id and config_name (and that you may access it), or use a local path"
+                )
+            raise DataError(
+                f"{source.description} could not be found or loaded: {why} ({detail})"
+            ) from None
         raise DataError(f"{source.description} could not be read: {detail}") from None

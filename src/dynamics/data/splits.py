@@ -128,7 +128,9 @@ def prepare_examples(
     evaluation-only source, ``evaluated`` and not ``trained``, only its eval and test parts)."""
     parts = split_examples(load_rows(source, cache_dir=cache_dir), source, seed)
 
-    def build(rows: datasets.Dataset, part: str, needed: bool) -> list[LMExample] | list[ChoiceExample]:
+    def build(
+        rows: datasets.Dataset, part: str, needed: bool
+    ) -> list[LMExample] | list[ChoiceExample]:
         if len(rows) == 0:
             return []
         examples = build_examples(

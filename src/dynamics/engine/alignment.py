@@ -73,12 +73,18 @@ def alignment_slopes(
             one_hot = np.eye(num_datasets)[j]
             batches = (state.sampler.next_batch(one_hot)[1] for _ in range(num_batches))
             gradient = _mean_gradient(state, batches, num_batches, lm_loss)
-            directions.append(adam_direction(gradient, state.trainable_parameters, state.torch_optimizer))
-        learning_rates = _parameter_learning_rates(state.trainable_parameters, state.torch_optimizer)
+            directions.append(
+                adam_direction(gradient, state.trainable_parameters, state.torch_optimizer)
+            )
+        learning_rates = _parameter_learning_rates(
+            state.trainable_parameters, state.torch_optimizer
+        )
         slopes = np.zeros((len(domains), len(directions)))
         for i, domain in enumerate(domains):
             loss_fn = lm_loss if domain.metric == "loss" else letter_loss
-            gradient = _mean_gradient(state, domain.eval_batches[:num_batches], num_batches, loss_fn)
+            gradient = _mean_gradient(
+                state, domain.eval_batches[:num_batches], num_batches, loss_fn
+            )
             for j, direction in enumerate(directions):
                 inner = torch.stack(
                     [
@@ -95,7 +101,9 @@ def alignment_slopes(
     return slopes
 
 
-def _mean_gradient(state: TrainingState, batches: Iterable[Batch], count: int, loss_fn: Loss) -> list[Tensor]:
+def _mean_gradient(
+    state: TrainingState, batches: Iterable[Batch], count: int, loss_fn: Loss
+) -> list[Tensor]:
     """Mean gradient of ``loss_fn`` over ``count`` batches, one tensor per trainable
     parameter (unscaled when fp16 loss scaling is on). Leaves ``.grad`` cleared."""
     accelerator = state.accelerator

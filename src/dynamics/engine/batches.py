@@ -67,7 +67,9 @@ def model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     ``use_cache=False``: training never reads a key-value cache, and with one transformers
     ignores the positions of a block packed per document (its documents would attend to
     each other)."""
-    inputs: dict[str, Any] = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    inputs: dict[str, Any] = {
+        k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch
+    }
     inputs["use_cache"] = False
     return inputs
 

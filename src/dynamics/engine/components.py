@@ -180,7 +180,9 @@ def build_policy(config: RunConfig, dataset_names: list[str], unit: MixtureUnit)
     total_steps = config.training.total_steps
     grid = SolverGrid(
         lambdas=tuple(method.grid.lambdas) if method.grid.lambdas else SolverGrid().lambdas,
-        epsilons=tuple(method.grid.epsilons) if method.grid.epsilons is not None else SolverGrid().epsilons,
+        epsilons=tuple(method.grid.epsilons)
+        if method.grid.epsilons is not None
+        else SolverGrid().epsilons,
     )
     if method.name == "fixed":
         assert method.weights is not None  # validated
@@ -190,7 +192,11 @@ def build_policy(config: RunConfig, dataset_names: list[str], unit: MixtureUnit)
     schedule = build_schedule(method.schedule, total_steps, method.probe_cap, method.probe_min)
     if method.name == "gradient-alignment":
         return GradientAlignmentPolicy(
-            schedule, num_batches=method.alignment_batches, grid=grid, min_weight=method.min_weight, unit=unit
+            schedule,
+            num_batches=method.alignment_batches,
+            grid=grid,
+            min_weight=method.min_weight,
+            unit=unit,
         )
     return DynamicsPolicy(
         schedule,
@@ -202,12 +208,18 @@ def build_policy(config: RunConfig, dataset_names: list[str], unit: MixtureUnit)
     )
 
 
-def _check_fixed_floor(weights: np.ndarray, dataset_names: list[str], floor: float, unit: MixtureUnit) -> None:
+def _check_fixed_floor(
+    weights: np.ndarray, dataset_names: list[str], floor: float, unit: MixtureUnit
+) -> None:
     """``method.min_weight`` is a share of batches: fixed token shares must draw at least that
     share of the batches from every dataset. (The config refuses what it can see alone, fixed
     batch shares below the floor.)"""
     batch_shares = unit.batch_shares(weights / weights.sum())
-    below = {name: round(float(b), 4) for name, b in zip(dataset_names, batch_shares, strict=True) if b < floor - 1e-12}
+    below = {
+        name: round(float(b), 4)
+        for name, b in zip(dataset_names, batch_shares, strict=True)
+        if b < floor - 1e-12
+    }
     if below:
         raise RunSetupError(
             f"method.weights draw {below} of the batches under training.sampling: {unit.name}, less than "
@@ -282,7 +294,9 @@ def build_data(
     domain_list = [domains[d.name] for d in domain_configs]
     for d, built in zip(domain_configs, domain_list, strict=True):
         if built.metric != d.metric:
-            raise RunSetupError(f"dataset {d.name!r}: metric {d.metric!r} does not fit its rows ({built.metric})")
+            raise RunSetupError(
+                f"dataset {d.name!r}: metric {d.metric!r} does not fit its rows ({built.metric})"
+            )
     num_targets = sum(1 for d in domain_configs if d.role == "target")
     return RunData(
         streams=streams,
@@ -315,7 +329,9 @@ def build_run(
         )
     set_seed(training.seed)
     if (model is None) != (tokenizer is None):
-        raise RunSetupError("pass model= and tokenizer= together (the model's own tokenizer), or neither")
+        raise RunSetupError(
+            "pass model= and tokenizer= together (the model's own tokenizer), or neither"
+        )
     if tokenizer is None:
         tokenizer = load_tokenizer(config.model)
     base_model = model if model is not None else load_causal_lm(config.model)
@@ -326,6 +342,7 @@ def build_run(
             "use the model's own tokenizer (model.tokenizer) or a larger vocab_size in model.init_config"
         )
     trained = prepare_model(base_model, config.lora, training.gradient_checkpointing)
+
     # The first process of each machine loads and tokenizes into datasets' cache; the others
     # then read the cached tokens (dynamics.data.formatting.tokenize_rows). A refusal of the
     # data found by the first reaches the others, which would otherwise wait for it forever.
@@ -338,8 +355,12 @@ def build_run(
         run_data, error = attempt(load)
     agree_on_refusal(error)
     assert run_data is not None  # else agree_on_refusal raised
-    mixture_sampler = MixtureSampler(run_data.streams, seed=training.seed, sampling=training.sampling)
-    sampler = RankSlicedSampler(mixture_sampler, accelerator.process_index, accelerator.num_processes)
+    mixture_sampler = MixtureSampler(
+        run_data.streams, seed=training.seed, sampling=training.sampling
+    )
+    sampler = RankSlicedSampler(
+        mixture_sampler, accelerator.process_index, accelerator.num_processes
+    )
     learner = HFLearner(
         trained,
         sampler,

@@ -51,19 +51,23 @@ class ModelConfig(ConfigSection):
         "makes a run's numbers the same on CPUs with different vector instructions, at about twice "
         "float32's time and memory.",
     )
-    trust_remote_code: bool = Field(False, description="Run model code from the hub repo. Off unless you trust it.")
+    trust_remote_code: bool = Field(
+        False, description="Run model code from the hub repo. Off unless you trust it."
+    )
     init_config: dict[str, Any] | None = Field(
         None,
         description="Instead of loading weights, build a randomly initialised model from this "
         "transformers config dict (needs 'model_type'); used by tests and the demo.",
     )
-    tokenizer: str | None = Field(None, description="Tokenizer hub id or folder (default: the model's).")
-    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"] | None = (
-        Field(
-            None,
-            description="Attention kernel (transformers' attn_implementation); null is transformers' default "
-            "(sdpa where the model supports it). flash_attention_2/3 need a CUDA GPU and the flash-attn package.",
-        )
+    tokenizer: str | None = Field(
+        None, description="Tokenizer hub id or folder (default: the model's)."
+    )
+    attn_implementation: (
+        Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"] | None
+    ) = Field(
+        None,
+        description="Attention kernel (transformers' attn_implementation); null is transformers' default "
+        "(sdpa where the model supports it). flash_attention_2/3 need a CUDA GPU and the flash-attn package.",
     )
     quantization: QuantizationConfig | None = Field(
         None,
@@ -76,17 +80,23 @@ class ModelConfig(ConfigSection):
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
         if self.name_or_path is not None and self.init_config is not None:
-            raise ValueError("set only one of model.name_or_path (a hub id or folder) or model.init_config")
+            raise ValueError(
+                "set only one of model.name_or_path (a hub id or folder) or model.init_config"
+            )
         # Neither: the model is passed in Python (dynamics.run(config, model=..., tokenizer=...)),
         # which preflight checks.
         if self.init_config is not None and "model_type" not in self.init_config:
             raise ValueError("model.init_config needs a 'model_type' key, e.g. 'llama'")
         if self.init_config is not None and not isinstance(self.init_config["model_type"], str):
-            raise ValueError("model.init_config.model_type must be a transformers model type name, e.g. 'llama'")
+            raise ValueError(
+                "model.init_config.model_type must be a transformers model type name, e.g. 'llama'"
+            )
         if self.init_config is not None and not _all_finite(self.init_config):
             raise ValueError("model.init_config holds NaN or infinity; give finite numbers")
         if self.init_config is not None and self.tokenizer is None:
-            raise ValueError("model.tokenizer is required with model.init_config (a tokenizer folder or hub id)")
+            raise ValueError(
+                "model.tokenizer is required with model.init_config (a tokenizer folder or hub id)"
+            )
         if self.quantization is not None and self.init_config is not None:
             raise ValueError(
                 "model.quantization quantizes weights loaded from model.name_or_path; a model built from "
@@ -113,13 +123,17 @@ class OptimizerConfig(ConfigSection):
         "constant", description="LR schedule; constant by default since the paper uses no warmup."
     )
     warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before the schedule.")
-    max_grad_norm: float | None = Field(None, gt=0, description="Clip the gradient norm (off when null).")
+    max_grad_norm: float | None = Field(
+        None, gt=0, description="Clip the gradient norm (off when null)."
+    )
 
     @field_validator("betas")
     @classmethod
     def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
         if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"each AdamW beta must lie in [0, 1), got {list(betas)}; the default is [0.9, 0.999]")
+            raise ValueError(
+                f"each AdamW beta must lie in [0, 1), got {list(betas)}; the default is [0.9, 0.999]"
+            )
         return betas
 
 
@@ -138,7 +152,9 @@ class TrainingConfig(ConfigSection):
         "no", description="Mixed precision through accelerate (GPU only; CPU runs in fp32)."
     )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
-    seed: int = Field(0, ge=0, description="Seed of the training data order, mixture sampling and initialisation.")
+    seed: int = Field(
+        0, ge=0, description="Seed of the training data order, mixture sampling and initialisation."
+    )
     data_seed: int = Field(
         0,
         ge=0,
@@ -173,12 +189,20 @@ class TrainingConfig(ConfigSection):
 
 
 class EvaluationConfig(ConfigSection):
-    interval: int = Field(64, ge=1, description="Main evaluation every this many steps (paper: 64).")
-    batches: int = Field(200, ge=1, description="Batches per domain in a main evaluation (paper: 200).")
-    reduced_batches: int = Field(
-        50, ge=1, description="Batches per domain in a probe's evaluation, the first of the main ones (paper: 50)."
+    interval: int = Field(
+        64, ge=1, description="Main evaluation every this many steps (paper: 64)."
     )
-    batch_size: int | None = Field(None, ge=1, description="Evaluation batch size (default: training.batch_size).")
+    batches: int = Field(
+        200, ge=1, description="Batches per domain in a main evaluation (paper: 200)."
+    )
+    reduced_batches: int = Field(
+        50,
+        ge=1,
+        description="Batches per domain in a probe's evaluation, the first of the main ones (paper: 50).",
+    )
+    batch_size: int | None = Field(
+        None, ge=1, description="Evaluation batch size (default: training.batch_size)."
+    )
     relative_noise: float = Field(
         0.0,
         ge=0,
@@ -211,22 +235,30 @@ class RunConfig(ConfigSection):
         default_factory=ModelConfig,
         description="The base model; may be left out when dynamics.run is given the model object.",
     )
-    lora: LoraConfig | None = Field(default_factory=LoraConfig, description="LoRA settings; null = full fine-tuning.")
+    lora: LoraConfig | None = Field(
+        default_factory=LoraConfig, description="LoRA settings; null = full fine-tuning."
+    )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     method: MethodConfig = Field(default_factory=MethodConfig)
     datasets: list[DatasetConfig] = Field(..., min_length=1)
-    output_dir: str = Field("runs/run", description="Run folder (created; must be empty or absent).")
+    output_dir: str = Field(
+        "runs/run", description="Run folder (created; must be empty or absent)."
+    )
     trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=list,
         description="Experiment trackers (through accelerate; each needs its package installed). They receive "
         "every main evaluation, weight update, probe time and the training loss and learning rate.",
     )
     tracker_project: str = Field(
-        "dynamics", min_length=1, description="Tracker project (TensorBoard: the subfolder of output_dir it writes)."
+        "dynamics",
+        min_length=1,
+        description="Tracker project (TensorBoard: the subfolder of output_dir it writes).",
     )
-    tracker_run_name: str | None = Field(None, description="Run name in W&B and MLflow (default: output_dir's name).")
+    tracker_run_name: str | None = Field(
+        None, description="Run name in W&B and MLflow (default: output_dir's name)."
+    )
 
     @field_validator("datasets")
     @classmethod
@@ -242,7 +274,9 @@ class RunConfig(ConfigSection):
                 )
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"dataset names must be unique, repeated: {dupes}; rename or remove the copies")
+            raise ValueError(
+                f"dataset names must be unique, repeated: {dupes}; rename or remove the copies"
+            )
         seen: dict[tuple[str | None, ...], DatasetConfig] = {}
         for d in datasets:
             if d.path is None and d.hub_id is None:
@@ -273,7 +307,10 @@ class RunConfig(ConfigSection):
         training_names = [d.name for d in self.datasets if d.role != "constraint"]
         try:
             build_schedule(
-                self.method.schedule, self.training.total_steps, self.method.probe_cap, self.method.probe_min
+                self.method.schedule,
+                self.training.total_steps,
+                self.method.probe_cap,
+                self.method.probe_min,
             )
         except ScheduleError as err:
             raise ValueError(f"{SCHEDULE_FIELDS[err.argument]}: {err}") from None
@@ -294,28 +331,39 @@ class RunConfig(ConfigSection):
             )
         if self.method.name == "fixed":
             if not self.method.weights:
-                raise ValueError("method.weights: the fixed method needs a weight per training dataset")
+                raise ValueError(
+                    "method.weights: the fixed method needs a weight per training dataset"
+                )
             unknown = sorted(set(self.method.weights) - set(training_names))
             missing = sorted(set(training_names) - set(self.method.weights))
             if unknown or missing:
                 raise ValueError(
                     f"method.weights must name each training dataset once: unknown {unknown}, missing {missing}"
                 )
-            if any(w < 0 for w in self.method.weights.values()) or sum(self.method.weights.values()) <= 0:
+            if (
+                any(w < 0 for w in self.method.weights.values())
+                or sum(self.method.weights.values()) <= 0
+            ):
                 raise ValueError(
                     f"method.weights must be >= 0 with a positive sum (they are normalised), got {self.method.weights}"
                 )
             total = sum(self.method.weights.values())
             # Token shares become batch shares with the data's lengths: build_policy checks those.
             by_batches = self.training.sampling == "batches"
-            below = sorted(n for n, w in self.method.weights.items() if by_batches and w / total < floor - 1e-12)
+            below = sorted(
+                n
+                for n, w in self.method.weights.items()
+                if by_batches and w / total < floor - 1e-12
+            )
             if below:
                 raise ValueError(
                     f"method.weights give {below} less than method.min_weight ({floor:g}) once normalised: "
                     "raise their weights or lower method.min_weight"
                 )
         elif self.method.weights is not None:
-            raise ValueError("method.weights is only used by the fixed method; remove it or set method.name: fixed")
+            raise ValueError(
+                "method.weights is only used by the fixed method; remove it or set method.name: fixed"
+            )
         if self.method.name == "gradient-alignment":
             accuracy = [d.name for d in self.datasets if d.metric == "accuracy"]
             if accuracy:
@@ -347,7 +395,9 @@ class RunConfig(ConfigSection):
     @property
     def evaluation_domains(self) -> list[DatasetConfig]:
         """The M evaluation domains: targets, then constraints (T ∪ C)."""
-        return [d for d in self.datasets if d.role == "target"] + [d for d in self.datasets if d.role == "constraint"]
+        return [d for d in self.datasets if d.role == "target"] + [
+            d for d in self.datasets if d.role == "constraint"
+        ]
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> RunConfig:
@@ -363,7 +413,9 @@ class RunConfig(ConfigSection):
         except yaml.YAMLError as err:
             raise ConfigError(f"{path} is not valid YAML{yaml_position(err)}") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{path} must hold a mapping of config sections (model, datasets, ...)")
+            raise ConfigError(
+                f"{path} must hold a mapping of config sections (model, datasets, ...)"
+            )
         return cls.from_dict(data, overrides)
 
     @classmethod
@@ -392,5 +444,9 @@ def _all_finite(value: Any) -> bool:
 def _source_key(dataset: DatasetConfig) -> tuple[str | None, ...]:
     """What identifies a dataset's rows: the file (as an absolute path) or hub id, its
     configuration and the split (two slices of one split are different data)."""
-    path = None if dataset.path is None else os.path.normpath(os.path.abspath(os.path.expanduser(dataset.path)))
+    path = (
+        None
+        if dataset.path is None
+        else os.path.normpath(os.path.abspath(os.path.expanduser(dataset.path)))
+    )
     return (path, dataset.hub_id, dataset.config_name, dataset.split.replace(" ", ""))

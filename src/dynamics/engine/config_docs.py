@@ -30,7 +30,11 @@ def config_reference_markdown() -> str:
         ("evaluation", EvaluationConfig, "Main and reduced (probe) evaluations."),
         ("method", MethodConfig, "The mixture policy."),
         ("method.grid", GridConfig, "The solver's (lambda, eps) grid (paper appendix G)."),
-        ("datasets[]", DatasetConfig, "One entry per dataset; roles decide what is trained and evaluated."),
+        (
+            "datasets[]",
+            DatasetConfig,
+            "One entry per dataset; roles decide what is trained and evaluated.",
+        ),
     ]
     lines = [
         "# Run configuration reference",
@@ -48,7 +52,15 @@ def config_reference_markdown() -> str:
         info = RunConfig.model_fields[field_name]
         lines.append(f"| `{field_name}` | `{_default(info)}` | {info.description} |")
     for prefix, model, intro in sections:
-        lines += ["", f"## `{prefix}`", "", intro, "", "| field | default | description |", "| --- | --- | --- |"]
+        lines += [
+            "",
+            f"## `{prefix}`",
+            "",
+            intro,
+            "",
+            "| field | default | description |",
+            "| --- | --- | --- |",
+        ]
         for name, info in model.model_fields.items():
             lines.append(f"| `{name}` | `{_default(info)}` | {info.description or ''} |")
     return "\n".join(lines) + "\n"

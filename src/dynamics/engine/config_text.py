@@ -20,7 +20,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     out = copy.deepcopy(data)
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key.path=value, e.g. training.total_steps=256")
+            raise ConfigError(
+                f"override {item!r} must look like key.path=value, e.g. training.total_steps=256"
+            )
         key, raw = item.split("=", 1)
         try:
             value = yaml.safe_load(raw) if raw else None
@@ -74,7 +76,9 @@ def format_validation_error(err: ValidationError) -> str:
     lines = []
     for problem in err.errors():
         # A key with a line break or other unprintable characters is shown escaped.
-        location = ".".join(str(p) if str(p).isprintable() else repr(str(p)) for p in problem["loc"])
+        location = ".".join(
+            str(p) if str(p).isprintable() else repr(str(p)) for p in problem["loc"]
+        )
         message = problem["msg"].removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
             message = "unknown field; check the spelling (see docs/config.md for every field)"

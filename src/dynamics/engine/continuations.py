@@ -81,7 +81,9 @@ def at_least_float32(tensor: Tensor) -> Tensor:
     return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
-def logits_at(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, positions: Tensor) -> Tensor:
+def logits_at(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, positions: Tensor
+) -> Tensor:
     """The model's logits at ``positions`` only: an integer (B, P) tensor gives (B, P, V),
     a boolean (B, T) mask gives (N, V) for its N true positions in row-major order.
 
@@ -93,7 +95,9 @@ def logits_at(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, posit
     ``logits_to_keep`` may take an int only) computes every logit, and the kept ones are
     read from them."""
     if _takes_logits_to_keep(model):
-        return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions).logits
+        return model(
+            input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions
+        ).logits
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
     if positions.dtype == torch.bool:
         return logits[positions]

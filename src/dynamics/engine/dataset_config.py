@@ -41,7 +41,16 @@ from dynamics.data.loading import (
 from dynamics.engine.config_section import ConfigSection
 
 COLUMN_KEYS = (
-    "text", "prompt", "response", "completion", "system", "messages", "tools", "question", "choices", "answer"
+    "text",
+    "prompt",
+    "response",
+    "completion",
+    "system",
+    "messages",
+    "tools",
+    "question",
+    "choices",
+    "answer",
 )
 
 
@@ -59,7 +68,8 @@ class DatasetConfig(ConfigSection):
     data_files: DataFilesField = None
     split: Split = "train"
     role: Literal["target", "non-target", "constraint"] = Field(
-        ..., description="target: trained and minimised; non-target: trained only; constraint: evaluated only."
+        ...,
+        description="target: trained and minimised; non-target: trained only; constraint: evaluated only.",
     )
     format: Format = "text"
     loss_on: LossOnField = "last-assistant"
@@ -76,7 +86,8 @@ class DatasetConfig(ConfigSection):
         description=f"Column names when they differ from the defaults; keys: {', '.join(COLUMN_KEYS)}.",
     )
     eval_size: int | float | None = Field(
-        None, description="Rows held out for evaluation: a count or a fraction (default 0.1; 0.5 for constraints)."
+        None,
+        description="Rows held out for evaluation: a count or a fraction (default 0.1; 0.5 for constraints).",
     )
     test_size: int | float | None = Field(
         None, description="Rows held out for the test split, as eval_size."
@@ -89,7 +100,8 @@ class DatasetConfig(ConfigSection):
     )
     fields: Fields = Field(default_factory=dict)
     drop_empty: list[str] = Field(
-        default_factory=list, description="Columns whose rows are dropped where they are empty or null."
+        default_factory=list,
+        description="Columns whose rows are dropped where they are empty or null.",
     )
     truncation_side: TruncationSide = "right"
     stream_rows: StreamRows = None
@@ -120,7 +132,9 @@ class DatasetConfig(ConfigSection):
     @model_validator(mode="after")
     def _consistent(self) -> DatasetConfig:
         if self.path is not None and self.hub_id is not None:
-            raise ValueError(f"dataset {self.name!r}: set only one of path (a local file) or hub_id")
+            raise ValueError(
+                f"dataset {self.name!r}: set only one of path (a local file) or hub_id"
+            )
         if self.revision is not None and self.hub_id is None:
             raise ValueError(
                 f"dataset {self.name!r}: revision {self.revision!r} pins a hub dataset's version; set hub_id, or "
@@ -129,20 +143,32 @@ class DatasetConfig(ConfigSection):
         # Neither: the rows are passed in Python (dynamics.run(config, data={name: rows})).
         unknown = sorted(set(self.columns) - set(COLUMN_KEYS))
         if unknown:
-            raise ValueError(f"dataset {self.name!r}: unknown columns keys {unknown}; use {list(COLUMN_KEYS)}")
+            raise ValueError(
+                f"dataset {self.name!r}: unknown columns keys {unknown}; use {list(COLUMN_KEYS)}"
+            )
         if self.lm_eval_task is not None or self._lm_eval_settings():
             self._check_lm_eval()
         elif self.metric == "accuracy" and self.format != "multiple_choice":
-            raise ValueError(f"dataset {self.name!r}: metric 'accuracy' needs format 'multiple_choice'")
-        if self.format == "multiple_choice" and self.role != "constraint" and self.lm_eval_task is None:
+            raise ValueError(
+                f"dataset {self.name!r}: metric 'accuracy' needs format 'multiple_choice'"
+            )
+        if (
+            self.format == "multiple_choice"
+            and self.role != "constraint"
+            and self.lm_eval_task is None
+        ):
             raise ValueError(
                 f"dataset {self.name!r}: multiple-choice data is evaluated only (by accuracy or by the loss "
                 "of the correct answer) and can only be a constraint: set role: constraint"
             )
         if self.role == "constraint" and self.budget is not None:
-            raise ValueError(f"dataset {self.name!r}: a constraint is evaluated only; remove its budget")
+            raise ValueError(
+                f"dataset {self.name!r}: a constraint is evaluated only; remove its budget"
+            )
         if self.role == "non-target" and self.eval_batch_size is not None:
-            raise ValueError(f"dataset {self.name!r}: a non-target is not evaluated; remove its eval_batch_size")
+            raise ValueError(
+                f"dataset {self.name!r}: a non-target is not evaluated; remove its eval_batch_size"
+            )
         if self.role != "non-target":
             for split in ("eval_size", "test_size"):
                 if getattr(self, split) == 0:
@@ -162,7 +188,9 @@ class DatasetConfig(ConfigSection):
         return sorted(
             name
             for name, info in type(self).model_fields.items()
-            if name.startswith("lm_eval_") and name != "lm_eval_task" and getattr(self, name) != info.default
+            if name.startswith("lm_eval_")
+            and name != "lm_eval_task"
+            and getattr(self, name) != info.default
         )
 
     def _check_lm_eval(self) -> None:
@@ -172,8 +200,16 @@ class DatasetConfig(ConfigSection):
             )
         fields = ("path", "hub_id", "config_name", "revision", "data_files", "stream_rows")
         given = [f for f in fields if getattr(self, f) is not None]
-        given += [f for f in ("columns", "fields", "drop_empty", "strip_strings", "shuffle_choices") if getattr(self, f)]
-        given += ["format"] if "format" in self.model_fields_set and self.format != "multiple_choice" else []
+        given += [
+            f
+            for f in ("columns", "fields", "drop_empty", "strip_strings", "shuffle_choices")
+            if getattr(self, f)
+        ]
+        given += (
+            ["format"]
+            if "format" in self.model_fields_set and self.format != "multiple_choice"
+            else []
+        )
         if given:
             raise ValueError(
                 f"dataset {self.name!r}: lm_eval_task {self.lm_eval_task!r} builds its rows with the task's own "

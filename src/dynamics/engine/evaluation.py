@@ -21,7 +21,9 @@ from dynamics.engine.losses import choice_logits, language_model_loss, to_device
 from dynamics.engine.training_state import TrainingState
 
 
-def batch_metric(domain: EvaluationDomain, batch: Batch, model: nn.Module, device: torch.device) -> Tensor:
+def batch_metric(
+    domain: EvaluationDomain, batch: Batch, model: nn.Module, device: torch.device
+) -> Tensor:
     """Mean token cross-entropy (nats) of a loss domain's batch, negative accuracy (in
     [-1, 0]) of an accuracy domain's, and the same with the accuracy's expected value:
     the mean probability of the correct choice under the softmax of the choices' scores
@@ -45,7 +47,12 @@ class Evaluator:
         self.state = state
 
     def evaluate(
-        self, domains: Sequence[EvaluationDomain], split: str, num_batches: int | None, *, alone: bool
+        self,
+        domains: Sequence[EvaluationDomain],
+        split: str,
+        num_batches: int | None,
+        *,
+        alone: bool,
     ) -> Evaluation:
         """Per-batch metrics ``(M, R)`` on the first ``num_batches`` fixed batches of ``split``
         (``"eval"`` or ``"test"``; all when None) of each of ``domains``: mean token
@@ -76,14 +83,21 @@ class Evaluator:
             evaluated += [0] * (-(-count // world) - len(evaluated))
         # The module itself, not its DDP wrapper: ranks evaluate different numbers of
         # batches, and a wrapper's forward may synchronise buffers across ranks.
-        model = accelerator.unwrap_model(state.model) if accelerator.num_processes > 1 else state.model
+        model = (
+            accelerator.unwrap_model(state.model) if accelerator.num_processes > 1 else state.model
+        )
         was_training = state.model.training
         state.model.eval()
         try:
             with torch.no_grad():
                 values = torch.stack(  # (2, M, batches): the metrics, then the expected values
                     [
-                        torch.stack([batch_metric(domain, domain_batches[b], model, accelerator.device) for b in evaluated])
+                        torch.stack(
+                            [
+                                batch_metric(domain, domain_batches[b], model, accelerator.device)
+                                for b in evaluated
+                            ]
+                        )
                         .double()[: len(mine)]
                         .T
                         if evaluated

@@ -103,11 +103,17 @@ def model_args(run_dir: Path, base: str | None = None) -> dict[str, dict[str, An
     if base is None and config.model.revision is not None:
         before["revision"] = config.model.revision
     adapter = (checkpoint / "adapter_config.json").is_file()
-    after = {**before, "peft": str(checkpoint)} if adapter else {"pretrained": str(checkpoint), **shared}
+    after = (
+        {**before, "peft": str(checkpoint)}
+        if adapter
+        else {"pretrained": str(checkpoint), **shared}
+    )
     return {"base": before, "best_checkpoint": after}
 
 
-def quantized_model(args: dict[str, Any], quantization: QuantizationConfig, batch_size: int | str) -> Any:
+def quantized_model(
+    args: dict[str, Any], quantization: QuantizationConfig, batch_size: int | str
+) -> Any:
     """lm-eval's ``HFLM`` on the model ``args`` names, its base weights loaded quantized by
     the run's own loader, its adapter (``peft``) put on them. ``HFLM`` cannot be given the
     quantization through ``model_args``: transformers takes it as a ``quantization_config``
@@ -130,7 +136,10 @@ def quantized_model(args: dict[str, Any], quantization: QuantizationConfig, batc
 
         model = PeftModel.from_pretrained(model, args["peft"])
     return HFLM(
-        pretrained=model, tokenizer=args["tokenizer"], trust_remote_code=args["trust_remote_code"], batch_size=batch_size
+        pretrained=model,
+        tokenizer=args["tokenizer"],
+        trust_remote_code=args["trust_remote_code"],
+        batch_size=batch_size,
     )
 
 
@@ -168,7 +177,11 @@ def evaluate_run(
     manager = task_manager(tasks, include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
-        where = f" (nor in {include_path})" if include_path else " (a local task: --include-path its folder)"
+        where = (
+            f" (nor in {include_path})"
+            if include_path
+            else " (a local task: --include-path its folder)"
+        )
         raise HarnessError(f"lm-eval knows no task {unknown}{where}; `lm_eval ls tasks` lists them")
     chosen_device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     models = {}
@@ -186,7 +199,9 @@ def evaluate_run(
             **options,
         )
         if output is None:  # only ranks other than 0 get None
-            raise HarnessError("lm_eval.simple_evaluate returned no results; run dynamics eval as one process")
+            raise HarnessError(
+                "lm_eval.simple_evaluate returned no results; run dynamics eval as one process"
+            )
         models[name] = {
             "model_args": args,
             "quantization": None if quantization is None else quantization.model_dump(),
@@ -201,5 +216,7 @@ def evaluate_run(
             "models": models,
         }
     )
-    rundir.atomic_write_text(folder / LM_EVAL_FILE, json.dumps(record, indent=2, allow_nan=False) + "\n")
+    rundir.atomic_write_text(
+        folder / LM_EVAL_FILE, json.dumps(record, indent=2, allow_nan=False) + "\n"
+    )
     return dict(record)

@@ -146,16 +146,24 @@ class HFLearner:
         if isinstance(optimizer, OptimizerConfig):
             if total_steps is None:
                 raise ValueError("total_steps is required to build the optimizer's LR schedule")
-            self._state = prepared_training_state(model, sampler, optimizer, total_steps, accelerator)
-            built = BuiltOptimizer(self._state.optimizer, self._state.lr_scheduler, optimizer.max_grad_norm)
+            self._state = prepared_training_state(
+                model, sampler, optimizer, total_steps, accelerator
+            )
+            built = BuiltOptimizer(
+                self._state.optimizer, self._state.lr_scheduler, optimizer.max_grad_norm
+            )
             average_gradients = False  # prepare wrapped the model for DDP where needed
         else:
             built = optimizer
-            self._state = adopted_training_state(model, sampler, built.optimizer, built.lr_scheduler, accelerator)
+            self._state = adopted_training_state(
+                model, sampler, built.optimizer, built.lr_scheduler, accelerator
+            )
             # An unwrapped model under several processes: probes average gradients themselves
             # (a sharded model reduces its gradients in its own backward).
             average_gradients = (
-                accelerator.num_processes > 1 and not hasattr(model, "no_sync") and not self._state.sharded
+                accelerator.num_processes > 1
+                and not hasattr(model, "no_sync")
+                and not self._state.sharded
             )
         self._steps = OptimizerSteps(
             self._state,
@@ -273,7 +281,10 @@ class HFLearner:
     @property
     def domain_kinds(self) -> list[DomainKind]:
         # Every fixed batch of a domain holds the same number of examples (they are cycled).
-        return [DomainKind(domain.metric, len(domain.eval_batches[0]["input_ids"])) for domain in self.domains]
+        return [
+            DomainKind(domain.metric, len(domain.eval_batches[0]["input_ids"]))
+            for domain in self.domains
+        ]
 
     def train(self, steps: int, weights: np.ndarray) -> None:
         """Take ``steps`` optimizer steps on batches drawn with mixture ``weights`` (N,)."""
@@ -294,7 +305,10 @@ class HFLearner:
         main run's data order and each update probes on fresh batches."""
         _check_dataset(dataset, len(self._dataset_names))
         self._steps.take(
-            steps, lambda: (dataset, self.sampler.probe_batch(dataset)), self._training_loss, probing=True
+            steps,
+            lambda: (dataset, self.sampler.probe_batch(dataset)),
+            self._training_loss,
+            probing=True,
         )
 
     def evaluate(self, split: str, num_batches: int | None = None) -> Evaluation:
@@ -346,17 +360,25 @@ class HFLearner:
         world = self.accelerator.num_processes
         snapshot = self.snapshot()
         if not self._splits_probes():
-            evaluations, expected, seconds = probe_in_turn(self, range(count), checkpoints, num_batches, snapshot)
+            evaluations, expected, seconds = probe_in_turn(
+                self, range(count), checkpoints, num_batches, snapshot
+            )
             self.restore(snapshot)
-            return ProbeRuns(evaluations, seconds, [list(range(world)) for _ in range(count)], expected)
+            return ProbeRuns(
+                evaluations, seconds, [list(range(world)) for _ in range(count)], expected
+            )
         mine = list(range(self.accelerator.process_index, count, world))
         lone = LoneProbes(self, self._steps, self._evaluator)
-        local, local_expected, local_seconds = probe_in_turn(lone, mine, checkpoints, num_batches, snapshot)
+        local, local_expected, local_seconds = probe_in_turn(
+            lone, mine, checkpoints, num_batches, snapshot
+        )
         self.restore(snapshot)
         assert local_expected is not None  # the evaluator measures expected accuracies
         return self._shared_probe_runs(mine, np.stack([local, local_expected]), local_seconds)
 
-    def _shared_probe_runs(self, mine: list[int], local: np.ndarray, local_seconds: np.ndarray) -> ProbeRuns:
+    def _shared_probe_runs(
+        self, mine: list[int], local: np.ndarray, local_seconds: np.ndarray
+    ) -> ProbeRuns:
         """Every process's probes of its datasets ``mine`` (``local``: their evaluations and
         expected evaluations, (2, len(mine), K, M, R)) summed into one ``ProbeRuns``, and the
         probe streams' positions shared."""
@@ -375,7 +397,9 @@ class HFLearner:
             state["probe_streams"][j] = stream
         self.sampler.load_state_dict(state)
         evaluations, expected = shared.cpu().numpy()
-        return ProbeRuns(evaluations, shared_seconds.cpu().numpy(), [[j % world] for j in range(count)], expected)
+        return ProbeRuns(
+            evaluations, shared_seconds.cpu().numpy(), [[j % world] for j in range(count)], expected
+        )
 
     def _splits_probes(self) -> bool:
         world = self.accelerator.num_processes

@@ -65,7 +65,9 @@ def choice_logits(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
     if "choice_rows" in batch:
         return continuation_scores(model, batch)
     last = batch["attention_mask"].sum(dim=1) - 1
-    next_token_logits = logits_at(model, batch["input_ids"], batch["attention_mask"], last[:, None])[:, 0]
+    next_token_logits = logits_at(
+        model, batch["input_ids"], batch["attention_mask"], last[:, None]
+    )[:, 0]
     return at_least_float32(next_token_logits).gather(1, batch["choice_token_ids"])
 
 

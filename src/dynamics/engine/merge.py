@@ -50,5 +50,7 @@ def merge_adapter(run_dir: str | Path, out: str | Path, base: str | None = None)
     merged = PeftModel.from_pretrained(model, str(checkpoint)).merge_and_unload()
     target = Path(out)
     merged.save_pretrained(target)  # safetensors: transformers' only format
-    AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=arguments["trust_remote_code"]).save_pretrained(target)
+    AutoTokenizer.from_pretrained(
+        checkpoint, trust_remote_code=arguments["trust_remote_code"]
+    ).save_pretrained(target)
     return target

@@ -12,8 +12,12 @@ from dynamics.engine.config_section import ConfigSection
 
 
 class GridConfig(ConfigSection):
-    lambdas: list[float] | None = Field(None, description="Penalty strengths, each > 0 (default: 15 log-spaced in [1, 5000]).")
-    epsilons: list[float] | None = Field(None, description="Safety margins, each >= 0 (default: 0, 0.05, 0.1).")
+    lambdas: list[float] | None = Field(
+        None, description="Penalty strengths, each > 0 (default: 15 log-spaced in [1, 5000])."
+    )
+    epsilons: list[float] | None = Field(
+        None, description="Safety margins, each >= 0 (default: 0, 0.05, 0.1)."
+    )
 
     @field_validator("lambdas", "epsilons")
     @classmethod
@@ -21,7 +25,9 @@ class GridConfig(ConfigSection):
         if values is None:
             return None
         if not values:
-            raise ValueError("an empty list; give at least one value, or remove the field for the default grid")
+            raise ValueError(
+                "an empty list; give at least one value, or remove the field for the default grid"
+            )
         if info.field_name == "lambdas" and any(v <= 0 for v in values):
             raise ValueError(f"every penalty strength must be > 0, got {values}")
         if info.field_name == "epsilons" and any(v < 0 for v in values):
@@ -48,10 +54,15 @@ class MethodConfig(ConfigSection):
         "horizon, up to c_max, as the paper does). Longer probes measure a dense warmup's first updates over "
         "more steps than they decide.",
     )
-    predictor: Literal["linear", "curve"] = Field("linear", description="Loss predictor (curve: appendix J).")
-    grid: GridConfig = Field(default_factory=GridConfig, description="The (lambda, eps) solver grid.")
+    predictor: Literal["linear", "curve"] = Field(
+        "linear", description="Loss predictor (curve: appendix J)."
+    )
+    grid: GridConfig = Field(
+        default_factory=GridConfig, description="The (lambda, eps) solver grid."
+    )
     weights: dict[str, float] | None = Field(
-        None, description="Fixed method only: weight per fine-tuning dataset name (>= 0, normalised)."
+        None,
+        description="Fixed method only: weight per fine-tuning dataset name (>= 0, normalised).",
     )
     alignment_batches: int = Field(
         200,
@@ -72,7 +83,9 @@ class MethodConfig(ConfigSection):
         "false with either is refused).",
     )
     target_noise: float | None = Field(
-        None, ge=0, description="Score the target objective this many standard errors pessimistically (0: none)."
+        None,
+        ge=0,
+        description="Score the target objective this many standard errors pessimistically (0: none).",
     )
     calibration: bool | None = Field(
         None, description="Correct predictions by the per-step error realized at past updates."

@@ -32,7 +32,12 @@ from transformers.loss.loss_utils import fixed_cross_entropy
 
 from dynamics.engine.config import LoraConfig, ModelConfig, OptimizerConfig, QuantizationConfig
 
-_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 def load_causal_lm(config: ModelConfig) -> PreTrainedModel:
@@ -115,7 +120,9 @@ def bnb_config(quantization: QuantizationConfig) -> BitsAndBytesConfig:
 
 def is_quantized(model: nn.Module) -> bool:
     """Whether ``model`` was loaded with bitsandbytes 4-bit or 8-bit weights."""
-    return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
+    return bool(
+        getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
+    )
 
 
 def resolve_dtype(name: str) -> torch.dtype:

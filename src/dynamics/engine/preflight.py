@@ -47,6 +47,7 @@ from dynamics.runs.rundir import RunDirError
 class RunSetupError(ValueError):
     """A run that cannot start as configured; the message says what to change."""
 
+
 logger = logging.getLogger(__name__)
 
 # accelerate's environment flag -> what it launches. Probes snapshot and restore each
@@ -60,7 +61,9 @@ SHARDED_LAUNCHES = {
 _TRUE = ("1", "true", "yes", "y", "on", "t")
 
 
-def preflight(config: RunConfig, data: Mapping[str, Any] | None = None, model_given: bool = False) -> list[str]:
+def preflight(
+    config: RunConfig, data: Mapping[str, Any] | None = None, model_given: bool = False
+) -> list[str]:
     """Refuse what cannot run here (raising ``RunSetupError``, ``RunDirError`` or
     ``DataError``); return the warnings, which are also logged. ``data`` holds the rows
     passed in Python by dataset name; ``model_given``: the model was passed in Python."""
@@ -88,10 +91,17 @@ def check_sources(config: RunConfig, data: Mapping[str, Any]) -> None:
     names = [d.name for d in config.datasets]
     unknown = sorted(set(data) - set(names))
     if unknown:
-        raise RunSetupError(f"data= names {unknown}, which are not datasets of the config ({names})")
+        raise RunSetupError(
+            f"data= names {unknown}, which are not datasets of the config ({names})"
+        )
     for dataset in config.datasets:
         rows = data.get(dataset.name)
-        if rows is None and dataset.path is None and dataset.hub_id is None and dataset.lm_eval_task is None:
+        if (
+            rows is None
+            and dataset.path is None
+            and dataset.hub_id is None
+            and dataset.lm_eval_task is None
+        ):
             raise DataError(
                 f"dataset {dataset.name!r} has no path or hub_id: set one of them (or, from Python, pass its "
                 f"rows: dynamics.run(config, data={{{dataset.name!r}: rows}}))"
@@ -193,8 +203,12 @@ def _not_found(field: str, name: str, what: str, err: BaseException) -> RunSetup
             "check the path or hub id, or download it once online"
         )
     else:
-        why = "and it could not be loaded as a hub id: check the path or hub id (and model.revision)"
-    return RunSetupError(f"{field} {name!r} is not a local {what} folder, {why} ({one_line(err, 160)})")
+        why = (
+            "and it could not be loaded as a hub id: check the path or hub id (and model.revision)"
+        )
+    return RunSetupError(
+        f"{field} {name!r} is not a local {what} folder, {why} ({one_line(err, 160)})"
+    )
 
 
 def _first_sentence(err: BaseException) -> str:
@@ -241,7 +255,11 @@ def check_model(config: RunConfig) -> None:
     built = model_config(config)
     tokenizer_field = "model.tokenizer" if config.model.tokenizer else "model.name_or_path"
     tokenizer_name = config.model.tokenizer or config.model.name_or_path or ""
-    if config.model.tokenizer and _looks_like_path(tokenizer_name) and not Path(tokenizer_name).expanduser().is_dir():
+    if (
+        config.model.tokenizer
+        and _looks_like_path(tokenizer_name)
+        and not Path(tokenizer_name).expanduser().is_dir()
+    ):
         raise RunSetupError(
             f"model.tokenizer {tokenizer_name!r}: no such local folder; give a tokenizer folder or hub id "
             "(or leave it unset to use the model's)"
@@ -263,7 +281,9 @@ def check_model(config: RunConfig) -> None:
             f"the tokenizer ({tokenizer_field}) has {len(tokenizer)} tokens but the model's vocab_size is "
             f"{vocab}: use the model's own tokenizer, or a larger vocab_size in model.init_config"
         )
-    positions = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None)
+    positions = getattr(text_config, "max_position_embeddings", None) or getattr(
+        text_config, "n_positions", None
+    )
     length = config.training.sequence_length
     if isinstance(positions, int) and length > positions:
         raise RunSetupError(
@@ -280,7 +300,9 @@ def _check_lora_targets(built: PretrainedConfig, targets: list[str], config: Run
     checked on a meta-device copy: no weights are allocated or read."""
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(built, trust_remote_code=config.model.trust_remote_code)
+            model = AutoModelForCausalLM.from_config(
+                built, trust_remote_code=config.model.trust_remote_code
+            )
     except Exception as err:  # a model the check cannot build is left to the real load
         logger.debug("lora.target_modules not checked: no meta-device copy of the model (%s)", err)
         return
@@ -288,7 +310,11 @@ def _check_lora_targets(built: PretrainedConfig, targets: list[str], config: Run
     missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
     if missing:
         linear = sorted(
-            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+            {
+                n.rsplit(".", 1)[-1]
+                for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear)
+            }
             - {"lm_head"}
         )
         raise RunSetupError(
@@ -339,7 +365,10 @@ def _loaded_dtype(config: RunConfig, loaded_dtype: torch.dtype | None) -> torch.
 
 
 # attn_implementation -> the package its kernels come from.
-FLASH_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"), "flash_attention_3": ("flash_attn_interface", "flash-attn-3")}
+FLASH_PACKAGES = {
+    "flash_attention_2": ("flash_attn", "flash-attn"),
+    "flash_attention_3": ("flash_attn_interface", "flash-attn-3"),
+}
 
 
 def check_attention(config: RunConfig) -> None:

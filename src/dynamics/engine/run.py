@@ -94,7 +94,9 @@ def run(
     out = Path(config.output_dir)
     # Checked before anything is written, so a bad request leaves no half-made run folder;
     # a refusal found by one rank (only rank 0 checks the output folder) stops every rank.
-    choice, error = attempt(lambda: _check_start(config, data, model is not None, resume, accelerator_main))
+    choice, error = attempt(
+        lambda: _check_start(config, data, model is not None, resume, accelerator_main)
+    )
     agree_on_refusal(error)
     if resume and (out / rundir.SUMMARY_FILE).is_file():
         return dict(json.loads((out / rundir.SUMMARY_FILE).read_text()))
@@ -102,14 +104,26 @@ def run(
     parts = build_run(config, model=model, tokenizer=tokenizer, data=data)
 
     # Created only once setup succeeded: a data or model error leaves no folder behind.
-    agree_on_refusal(attempt(lambda: _prepare_folder(config, choice if resume else None) if accelerator_main else None)[1])
+    agree_on_refusal(
+        attempt(
+            lambda: (
+                _prepare_folder(config, choice if resume else None) if accelerator_main else None
+            )
+        )[1]
+    )
     accelerator = parts.accelerator
     if config.trackers:
         tracking.start_trackers(accelerator, config)
-    writer = RunFolderWriter(parts, out, progress and accelerator.is_main_process, f"dynamics run --resume {out}")
+    writer = RunFolderWriter(
+        parts, out, progress and accelerator.is_main_process, f"dynamics run --resume {out}"
+    )
     # Every rank takes part in rank 0's saves: each rank's RNG state goes into a resume point
     # (and under sharding, every shard into the whole tensors).
-    sharded_saves = ShardedSaves(parts) if accelerator.num_processes > 1 and not accelerator.is_main_process else None
+    sharded_saves = (
+        ShardedSaves(parts)
+        if accelerator.num_processes > 1 and not accelerator.is_main_process
+        else None
+    )
     if accelerator.is_main_process:
         callbacks = writer.callbacks()
     else:
@@ -133,7 +147,9 @@ def run(
         parts.learner.train(request.steps, request.weights)
         if callbacks.on_train is not None:
             callbacks.on_train(request.steps, request.until)
-    summary = writer.finish(request.history, time.perf_counter() - started + writer.train_seconds_before)
+    summary = writer.finish(
+        request.history, time.perf_counter() - started + writer.train_seconds_before
+    )
     if config.trackers:
         accelerator.end_training()
     accelerator.wait_for_everyone()
@@ -145,7 +161,9 @@ def _prepare_folder(config: RunConfig, choice: run_state.ResumeChoice | None) ->
     what the interrupted run left half-made (and of damaged resume points)."""
     out = Path(config.output_dir)
     if choice is not None:
-        run_state.clear_unfinished(out, keep=choice.path, damaged=[path for path, _ in choice.damaged])
+        run_state.clear_unfinished(
+            out, keep=choice.path, damaged=[path for path, _ in choice.damaged]
+        )
     else:
         rundir.prepare_run_dir(out)
         rundir.atomic_write_text(out / rundir.CONFIG_FILE, config.to_yaml())
@@ -196,7 +214,9 @@ def _check_start(
     point it goes on from (None when the run is finished)."""
     missing = tracking.trackers_missing(config.trackers)
     if missing:
-        raise RunSetupError(f"trackers {missing} are not installed: pip install {' '.join(missing)}, or remove them")
+        raise RunSetupError(
+            f"trackers {missing} are not installed: pip install {' '.join(missing)}, or remove them"
+        )
     preflight(config, data, model_given=model_given)  # refusals raise; warnings are logged
     out = Path(config.output_dir)
     if not resume:
@@ -219,11 +239,16 @@ def _check_start(
         return choice
     if choice.path is None:
         # Stopped before its first resume point: nothing trained is lost by starting over.
-        logger.warning("%s holds no complete resume point yet: the run starts again from step 0", out)
+        logger.warning(
+            "%s holds no complete resume point yet: the run starts again from step 0", out
+        )
     elif choice.damaged:
         logger.warning(
             "%s: %s; resuming from %s/ (step %s) instead, and removing the damaged folder",
-            out, choice.describe_damaged(), choice.path.name, choice.step,
+            out,
+            choice.describe_damaged(),
+            choice.path.name,
+            choice.step,
         )
     else:
         logger.info("%s: resuming from %s/ (step %s)", out, choice.path.name, choice.step)

@@ -149,7 +149,9 @@ class RunFolderWriter:
     def callbacks(self) -> LoopCallbacks:
         """The loop's callbacks that keep the folder and the bar up to date (``dynamics
         run``'s; the Trainer callback uses the evaluation and update ones)."""
-        return LoopCallbacks(self.on_evaluation, self.on_update, self.on_train, self.on_checkpoint, self.on_phase)
+        return LoopCallbacks(
+            self.on_evaluation, self.on_update, self.on_train, self.on_checkpoint, self.on_phase
+        )
 
     def train_seconds(self) -> float:
         """Training wall time so far, without model and data setup, summed over the
@@ -158,7 +160,9 @@ class RunFolderWriter:
 
     def on_update(self, update: UpdateRecord, history: RunHistory) -> None:
         self.write_updates(history)
-        self.parts.accelerator.log(tracking.update_values(update, history.dataset_names), step=update.step)
+        self.parts.accelerator.log(
+            tracking.update_values(update, history.dataset_names), step=update.step
+        )
         self.bar.set_postfix_str(self._postfix(update.weights, history), refresh=False)
 
     def on_phase(self, phase: str, step: int) -> None:
@@ -220,16 +224,24 @@ class RunFolderWriter:
             "step": record.step,
             "eval": rundir.named(record.eval, names),
             "test": rundir.named(record.test, names),
-            "weights": rundir.named(record.weights, history.dataset_names) if record.weights.size else {},
+            "weights": rundir.named(record.weights, history.dataset_names)
+            if record.weights.size
+            else {},
             "target_loss_sum": float(record.eval[list(history.targets)].sum()),
             "constraint_slack": rundir.named(slack, [names[i] for i in history.constraints]),
             "feasible": bool(feasible),
             "backtracked": record.backtracked,
             "wall_seconds": record.wall_seconds,
-            **({} if record.eval_batches is None else {"eval_batches": _per_batch(record.eval_batches, names)}),
+            **(
+                {}
+                if record.eval_batches is None
+                else {"eval_batches": _per_batch(record.eval_batches, names)}
+            ),
         }
 
-    def resume(self, history: RunHistory, step: int, saved: dict[str, Any], resume_point: Path) -> None:
+    def resume(
+        self, history: RunHistory, step: int, saved: dict[str, Any], resume_point: Path
+    ) -> None:
         """Go on from a resume point of ``step`` (``saved`` its loop file): the training time
         so far (every rank), and the files (rank 0): the logs rewritten as they stood there (a
         crash may have left rows of steps about to be trained again), its best checkpoint put
@@ -291,9 +303,13 @@ class RunFolderWriter:
                 rng_folder = folder / run_state.RNG_DIR
                 rng_folder.mkdir()
                 for rank, (learner_rng, feasible_rng) in enumerate(rank_rngs):
-                    save_rng_state(learner_rng, rng_folder, run_state.rank_rng_name("learner", rank))
+                    save_rng_state(
+                        learner_rng, rng_folder, run_state.rank_rng_name("learner", rank)
+                    )
                     if feasible_rng is not None:
-                        save_rng_state(feasible_rng, rng_folder, run_state.rank_rng_name("feasible", rank))
+                        save_rng_state(
+                            feasible_rng, rng_folder, run_state.rank_rng_name("feasible", rank)
+                        )
             saved = {
                 "loop": loop,
                 "train_seconds": train_seconds,
@@ -309,7 +325,9 @@ class RunFolderWriter:
         with self.writing(f"the resume point of step {step}", root / name):
             run_state.write_resume_point(root, step, write, name=name)
 
-    def finish(self, history: RunHistory, wall_seconds: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def finish(
+        self, history: RunHistory, wall_seconds: float, extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The summary (every rank computes it), written with the final controller log and
         the best checkpoint's model card by rank 0; ``extra`` adds the driver's own entries."""
         self.bar.close()
@@ -337,7 +355,8 @@ class RunFolderWriter:
         learner = self.parts.learner
         self.loss = learner.last_train_loss
         self.parts.accelerator.log(
-            tracking.training_values(self.loss, float(learner.lr_scheduler.get_last_lr()[0])), step=step_now
+            tracking.training_values(self.loss, float(learner.lr_scheduler.get_last_lr()[0])),
+            step=step_now,
         )
 
     def _postfix(self, weights: np.ndarray, history: RunHistory) -> str:
@@ -406,7 +425,9 @@ def summarize(parts: RunComponents, history: RunHistory, wall_seconds: float) ->
         plain_evaluations=len(evaluation_steps(schedule.total_steps, config.evaluation.interval)),
         test_eval_batches=config.evaluation.batches,
         model=cost_model,
-        alignment_batches=config.method.alignment_batches if config.method.name == "gradient-alignment" else None,
+        alignment_batches=config.method.alignment_batches
+        if config.method.name == "gradient-alignment"
+        else None,
     )
     errors = [u.prediction_error for u in history.updates if u.prediction_error is not None]
     return {
@@ -429,8 +450,12 @@ def summarize(parts: RunComponents, history: RunHistory, wall_seconds: float) ->
             "path": rundir.CHECKPOINT_DIR,
         },
         "selection_margin": margin,
-        "constrained_ppl_reduction": metrics.constrained_perplexity_reduction(points, targets, constraints, margin),
-        "closest_to_feasible": None if closest is None else {"step": closest[0], "max_violation": closest[1]},
+        "constrained_ppl_reduction": metrics.constrained_perplexity_reduction(
+            points, targets, constraints, margin
+        ),
+        "closest_to_feasible": None
+        if closest is None
+        else {"step": closest[0], "max_violation": closest[1]},
         "num_updates": len(history.updates),
         "backtracks": history.backtracks,
         "probe_seconds": float(sum(u.probe_seconds for u in history.updates)),
@@ -439,7 +464,9 @@ def summarize(parts: RunComponents, history: RunHistory, wall_seconds: float) ->
         "cost_assumption": f"one training step = {cost_model.train_fwd_ratio:g} forward passes; "
         "counts training, main evaluations on eval and test, probes or gradient-alignment "
         "gradients, reduced evaluations and steps retrained after a backtrack",
-        "mean_abs_prediction_error": rundir.named(np.abs(np.array(errors)).mean(axis=0), history.domain_names)
+        "mean_abs_prediction_error": rundir.named(
+            np.abs(np.array(errors)).mean(axis=0), history.domain_names
+        )
         if errors
         else None,
     }

@@ -148,7 +148,9 @@ class DatasetStream:
 class MixtureSampler:
     """Draws each training batch's dataset from the mixture weights (see the module doc)."""
 
-    def __init__(self, streams: Sequence[DatasetStream], seed: int, sampling: str = "batches") -> None:
+    def __init__(
+        self, streams: Sequence[DatasetStream], seed: int, sampling: str = "batches"
+    ) -> None:
         if not streams:
             raise ValueError("a MixtureSampler needs at least one dataset stream")
         if sampling not in ("batches", "tokens"):

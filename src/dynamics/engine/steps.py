@@ -185,7 +185,9 @@ class OptimizerSteps:
         step = state.main_steps  # the number recorded, logged and reported alike
         state.skipped_steps.append({"step": step, "datasets": datasets})
         state.main_steps += 1
-        logger.warning("step %d: non-finite loss or gradient on %s; the step is skipped", step, datasets)
+        logger.warning(
+            "step %d: non-finite loss or gradient on %s; the step is skipped", step, datasets
+        )
         if len(state.skipped_steps) > self.max_skipped_steps:
             raise Diverged(
                 f"training diverged: {len(state.skipped_steps)} steps had a non-finite loss or gradient "

@@ -75,7 +75,12 @@ def flat_config(tree: Mapping[str, Any], prefix: str = "") -> dict[str, int | fl
 def evaluation_values(row: Mapping[str, Any]) -> dict[str, float]:
     """The scalars of one ``metrics.jsonl`` row (see the module doc for the names)."""
     values: dict[str, float] = {}
-    for key, prefix in (("eval", "eval"), ("test", "test"), ("weights", "weight"), ("constraint_slack", "slack")):
+    for key, prefix in (
+        ("eval", "eval"),
+        ("test", "test"),
+        ("weights", "weight"),
+        ("constraint_slack", "slack"),
+    ):
         values.update({f"{prefix}/{name}": float(v) for name, v in row[key].items()})
     if row["constraint_slack"]:
         values["worst_slack"] = min(float(v) for v in row["constraint_slack"].values())
@@ -87,7 +92,9 @@ def evaluation_values(row: Mapping[str, Any]) -> dict[str, float]:
 
 def update_values(update: UpdateRecord, dataset_names: Sequence[str]) -> dict[str, float]:
     """The new weights of one mixture update and what its probes took."""
-    values = {f"weight/{name}": float(w) for name, w in zip(dataset_names, update.weights, strict=True)}
+    values = {
+        f"weight/{name}": float(w) for name, w in zip(dataset_names, update.weights, strict=True)
+    }
     values["probe_seconds"] = float(update.probe_seconds)
     if update.dataset_probe_seconds is not None:
         values.update(

@@ -107,7 +107,11 @@ def _to_json(value: Any, tensors: dict[str, Tensor]) -> Any:
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             # Optimizer and scheduler states keyed by integers keep their key types.
-            return {"__items__": [[_to_json(k, tensors), _to_json(v, tensors)] for k, v in value.items()]}
+            return {
+                "__items__": [
+                    [_to_json(k, tensors), _to_json(v, tensors)] for k, v in value.items()
+                ]
+            }
         return {k: _to_json(v, tensors) for k, v in value.items()}
     if isinstance(value, np.generic):
         return value.item()
@@ -153,12 +157,20 @@ def save_snapshot(snapshot: TrainingSnapshot, folder: Path, name: str) -> None:
 
 
 def _rng_fields(rng: RNGState) -> dict[str, Any]:
-    return {"torch_cpu": rng.torch_cpu, "torch_cuda": rng.torch_cuda, "python": rng.python, "numpy": rng.numpy}
+    return {
+        "torch_cpu": rng.torch_cpu,
+        "torch_cuda": rng.torch_cuda,
+        "python": rng.python,
+        "numpy": rng.numpy,
+    }
 
 
 def _rng_from_fields(fields: Mapping[str, Any]) -> RNGState:
     return RNGState(
-        torch_cpu=fields["torch_cpu"], torch_cuda=fields["torch_cuda"], python=fields["python"], numpy=fields["numpy"]
+        torch_cpu=fields["torch_cpu"],
+        torch_cuda=fields["torch_cuda"],
+        python=fields["python"],
+        numpy=fields["numpy"],
     )
 
 
@@ -363,7 +375,9 @@ class TrainingState:
                 return value
             if isinstance(value, DTensor):
                 return value
-            return distribute_tensor(value.to(like.device, like.dtype), like.device_mesh, like.placements)
+            return distribute_tensor(
+                value.to(like.device, like.dtype), like.device_mesh, like.placements
+            )
 
         return self._map_tensors(snapshot, shard)
 
@@ -376,7 +390,9 @@ class TrainingState:
         parameters = self.trainable_parameters
         return dataclasses.replace(
             snapshot,
-            parameters=[f(t, p, None) for t, p in zip(snapshot.parameters, parameters, strict=True)],
+            parameters=[
+                f(t, p, None) for t, p in zip(snapshot.parameters, parameters, strict=True)
+            ],
             optimizer_state=[
                 None if state is None else {k: f(v, p, k) for k, v in state.items()}
                 for state, p in zip(snapshot.optimizer_state, parameters, strict=True)
@@ -392,7 +408,9 @@ class TrainingState:
         # A LoRA adapter is saved alone: the frozen base weights are not gathered at all.
         unwrapped = self.accelerator.unwrap_model(self.model)
         options = StateDictOptions(
-            full_state_dict=True, cpu_offload=True, ignore_frozen_params=isinstance(unwrapped, PeftModel)
+            full_state_dict=True,
+            cpu_offload=True,
+            ignore_frozen_params=isinstance(unwrapped, PeftModel),
         )
         return cast(
             dict[str, Tensor],
@@ -434,7 +452,11 @@ class TrainingState:
 
 
 def prepared_training_state(
-    model: nn.Module, sampler: BatchSampler, config: OptimizerConfig, total_steps: int, accelerator: Accelerator
+    model: nn.Module,
+    sampler: BatchSampler,
+    config: OptimizerConfig,
+    total_steps: int,
+    accelerator: Accelerator,
 ) -> TrainingState:
     """AdamW and its LR schedule built for ``model``, and both prepared by ``accelerator``."""
     if accelerator.gradient_accumulation_steps != 1:
@@ -455,11 +477,17 @@ def prepared_training_state(
     # new ones: those are what is trained, snapshotted and restored.
     parameters = [p for group in torch_optimizer.param_groups for p in group["params"]]
     prepared_model.train()
-    return TrainingState(prepared_model, optimizer, torch_optimizer, lr_scheduler, sampler, accelerator, parameters)
+    return TrainingState(
+        prepared_model, optimizer, torch_optimizer, lr_scheduler, sampler, accelerator, parameters
+    )
 
 
 def adopted_training_state(
-    model: nn.Module, sampler: BatchSampler, optimizer: Any, lr_scheduler: Any, accelerator: Accelerator
+    model: nn.Module,
+    sampler: BatchSampler,
+    optimizer: Any,
+    lr_scheduler: Any,
+    accelerator: Accelerator,
 ) -> TrainingState:
     """The training state on another loop's ``model``, ``optimizer`` and ``lr_scheduler``, as
     that loop prepared them; ``optimizer`` is accelerate's wrapper or a torch optimizer,
@@ -468,7 +496,9 @@ def adopted_training_state(
     torch_optimizer = getattr(optimizer, "optimizer", optimizer)
     if not hasattr(optimizer, "step_was_skipped"):
         optimizer = accelerator.prepare_optimizer(optimizer)
-    return TrainingState(model, optimizer, torch_optimizer, lr_scheduler, sampler, accelerator, parameters)
+    return TrainingState(
+        model, optimizer, torch_optimizer, lr_scheduler, sampler, accelerator, parameters
+    )
 
 
 def reshard_modules(model: nn.Module) -> None:

@@ -354,7 +354,9 @@ def ensure_base_model(
     if folder.is_dir():
         return folder
     if not shipped:
-        logger.info("pretraining the demo's base model in %s (once; minutes on a laptop CPU)", folder)
+        logger.info(
+            "pretraining the demo's base model in %s (once; minutes on a laptop CPU)", folder
+        )
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{folder.name}."))
     try:
@@ -388,7 +390,10 @@ def install_shipped_base_model(folder: Path, spec: BaseModelSpec) -> None:
     write_offline_domains(folder / DOMAINS_DIR, spec.data_seed, spec.sizes)
     tokenizer = byte_tokenizer()
     config = spec.llama_config(tokenizer)
-    config.architectures, config.dtype = ["LlamaForCausalLM"], torch.float32  # as save_pretrained writes them
+    config.architectures, config.dtype = (
+        ["LlamaForCausalLM"],
+        torch.float32,
+    )  # as save_pretrained writes them
     config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     shutil.copyfile(weights, folder / WEIGHTS_FILE)
@@ -412,7 +417,11 @@ def base_model_summary(folder: Path) -> str:
     digest = weights_sha256(folder / WEIGHTS_FILE)
     report = json.loads((folder / REPORT_FILE).read_text())
     losses = report["losses"]
-    origin = "shipped with dynamics" if digest == SHIPPED_WEIGHTS_SHA256 else "pretrained on this machine"
+    origin = (
+        "shipped with dynamics"
+        if digest == SHIPPED_WEIGHTS_SHA256
+        else "pretrained on this machine"
+    )
     return (
         f"weights SHA-256 {digest[:16]} ({origin}), quiz accuracy {report['quiz_accuracy']:.3f}, held-out code / prose "
         f"{losses['code']:.3f} / {losses['prose']:.3f} nats"

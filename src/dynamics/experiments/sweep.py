@@ -101,30 +101,43 @@ class FixedMethods(_Section):
     @classmethod
     def _masses(cls, masses: list[float]) -> list[float]:
         if not masses or any(not 0.0 <= w <= 1.0 for w in masses):
-            raise ValueError(f"give target masses in [0, 1], e.g. [0, 0.2, 0.5, 0.8, 1]; got {masses}")
+            raise ValueError(
+                f"give target masses in [0, 1], e.g. [0, 0.2, 0.5, 0.8, 1]; got {masses}"
+            )
         return masses
 
 
 class AlignmentMethods(_Section):
     schedules: list[str | list[int]] = Field(
-        default_factory=_dense_warmup, description="Update schedules, one gradient-alignment run each."
+        default_factory=_dense_warmup,
+        description="Update schedules, one gradient-alignment run each.",
     )
 
 
 class SweepMethods(_Section):
-    dynamics: DynamicsMethods | None = Field(None, description="DynaMiCS runs (null or absent: none).")
-    fixed: FixedMethods | None = Field(None, description="The fixed uniform and proportional grids.")
-    gradient_alignment: AlignmentMethods | None = Field(None, description="Gradient-alignment runs.")
+    dynamics: DynamicsMethods | None = Field(
+        None, description="DynaMiCS runs (null or absent: none)."
+    )
+    fixed: FixedMethods | None = Field(
+        None, description="The fixed uniform and proportional grids."
+    )
+    gradient_alignment: AlignmentMethods | None = Field(
+        None, description="Gradient-alignment runs."
+    )
 
     @model_validator(mode="after")
     def _some(self) -> SweepMethods:
         if self.dynamics is None and self.fixed is None and self.gradient_alignment is None:
-            raise ValueError("name at least one of dynamics, fixed, gradient_alignment (e.g. 'dynamics: {}')")
+            raise ValueError(
+                "name at least one of dynamics, fixed, gradient_alignment (e.g. 'dynamics: {}')"
+            )
         return self
 
 
 class ScenarioSweep(_Section):
-    names: list[str] = Field(..., min_length=1, description="Paper scenarios, e.g. paper/s28 (dynamics scenarios list).")
+    names: list[str] = Field(
+        ..., min_length=1, description="Paper scenarios, e.g. paper/s28 (dynamics scenarios list)."
+    )
     datasets: dict[str, dict[str, Any]] = Field(
         ...,
         description="Where each dataset abbreviation's rows are: abbreviation -> fields of a run config's "
@@ -139,19 +152,31 @@ class Resources(_Section):
         description="GPUs per run (Ray task); 0 trains on CPU (the task sees no GPU). Without Ray (--no-ray) "
         "runs use whatever devices the process sees.",
     )
-    cpus: int = Field(1, ge=1, description="CPU cores per run; it trains with this many torch threads.")
+    cpus: int = Field(
+        1, ge=1, description="CPU cores per run; it trains with this many torch threads."
+    )
 
 
 class SweepFile(_Section):
-    base: str | None = Field(None, description="A run config (YAML) every run starts from, relative to the sweep file.")
-    overrides: list[str] = Field(default_factory=list, description="key=value overrides applied to every run.")
+    base: str | None = Field(
+        None, description="A run config (YAML) every run starts from, relative to the sweep file."
+    )
+    overrides: list[str] = Field(
+        default_factory=list, description="key=value overrides applied to every run."
+    )
     configs: dict[str, list[str]] = Field(
         default_factory=dict,
         description="Named variants of the base: name -> its key=value overrides (default: the base alone).",
     )
-    scenarios: ScenarioSweep | None = Field(None, description="The paper's scenarios instead of (or crossed with) configs.")
-    methods: SweepMethods = Field(..., description="The methods every config or scenario is run with.")
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="training.seed values.")
+    scenarios: ScenarioSweep | None = Field(
+        None, description="The paper's scenarios instead of (or crossed with) configs."
+    )
+    methods: SweepMethods = Field(
+        ..., description="The methods every config or scenario is run with."
+    )
+    seeds: list[int] = Field(
+        default_factory=lambda: [0], min_length=1, description="training.seed values."
+    )
     resources: Resources = Field(default_factory=Resources, description="What each run reserves.")
 
     @field_validator("configs")
@@ -159,7 +184,9 @@ class SweepFile(_Section):
     def _names(cls, configs: dict[str, list[str]]) -> dict[str, list[str]]:
         bad = [n for n in configs if not _NAME.match(n)]
         if bad:
-            raise ValueError(f"config names become folder names: use letters, digits, '.', '_' or '-', not {bad}")
+            raise ValueError(
+                f"config names become folder names: use letters, digits, '.', '_' or '-', not {bad}"
+            )
         return configs
 
     @field_validator("seeds")
@@ -206,7 +233,9 @@ def _read_mapping(path: Path, missing: str, prefix: str, what: str) -> dict[str,
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise SweepError(f"{prefix}{path} is not valid YAML: {' '.join(str(err).split())}") from None
+        raise SweepError(
+            f"{prefix}{path} is not valid YAML: {' '.join(str(err).split())}"
+        ) from None
     if not isinstance(data, dict):
         raise SweepError(f"{prefix}{path} must hold {what}")
     return data
@@ -215,18 +244,25 @@ def _read_mapping(path: Path, missing: str, prefix: str, what: str) -> dict[str,
 def read_sweep_file(path: str | Path) -> SweepFile:
     path = Path(path)
     data = _read_mapping(
-        path, f"sweep file {path} does not exist", "", "a mapping (base, configs, methods, seeds, ...); see docs/sweeps.md"
+        path,
+        f"sweep file {path} does not exist",
+        "",
+        "a mapping (base, configs, methods, seeds, ...); see docs/sweeps.md",
     )
     try:
         return SweepFile.model_validate(data)
     except ValidationError as err:
         from dynamics.engine.config import format_validation_error
 
-        message = format_validation_error(err).replace("invalid config", f"invalid sweep file {path}")
+        message = format_validation_error(err).replace(
+            "invalid config", f"invalid sweep file {path}"
+        )
         raise SweepError(message.replace("docs/config.md", "docs/sweeps.md")) from None
 
 
-def method_sections(methods: SweepMethods, base: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+def method_sections(
+    methods: SweepMethods, base: dict[str, Any]
+) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
     """(label, ``method`` section of the run config) for every method of the sweep, for a
     config whose datasets are ``base['datasets']`` (the fixed grid depends on them), and
     notes on the methods left out for this config."""
@@ -244,7 +280,9 @@ def method_sections(methods: SweepMethods, base: dict[str, Any]) -> tuple[list[t
         training = [d for d in base["datasets"] if d.get("role") != "constraint"]
         roles = [d["role"] for d in training]
         budgets = [d.get("budget") for d in training]
-        unbudgeted = [d["name"] for d in training if d["role"] == "target" and not (d.get("budget") or 0) > 0]
+        unbudgeted = [
+            d["name"] for d in training if d["role"] == "target" and not (d.get("budget") or 0) > 0
+        ]
         if "proportional" in methods.fixed.schemes and unbudgeted:
             notes.append(
                 f"fixed proportional runs left out: the targets {unbudgeted} have no budget (give each target "
@@ -252,15 +290,21 @@ def method_sections(methods: SweepMethods, base: dict[str, Any]) -> tuple[list[t
             )
         # Only the schemes asked for: a proportional mixture equal to a uniform one is
         # skipped as a duplicate only when the uniform one is planned too.
-        mixtures = fixed_mixture_sweep(roles, budgets, methods.fixed.target_masses, schemes=methods.fixed.schemes)
+        mixtures = fixed_mixture_sweep(
+            roles, budgets, methods.fixed.target_masses, schemes=methods.fixed.schemes
+        )
         for mixture in mixtures:
             weights = {d["name"]: w for d, w in zip(training, mixture.weights, strict=True)}
-            out.append((f"fixed-{mixture.label}", {"name": "fixed", "weights": weights, "schedule": [0]}))
+            out.append(
+                (f"fixed-{mixture.label}", {"name": "fixed", "weights": weights, "schedule": [0]})
+            )
     accuracy = [d["name"] for d in base["datasets"] if d.get("metric") == "accuracy"]
     if methods.gradient_alignment is not None and accuracy:
         # Its slopes are gradient dot products, which say nothing about an accuracy (paper
         # appendix "Expressing Constraints in Terms of Accuracy"); the run config refuses it.
-        notes.append(f"gradient alignment left out: it cannot keep the accuracy constraints {accuracy}")
+        notes.append(
+            f"gradient alignment left out: it cannot keep the accuracy constraints {accuracy}"
+        )
     elif methods.gradient_alignment is not None:
         for schedule in methods.gradient_alignment.schedules:
             section = {**keep, "name": "gradient-alignment", "schedule": schedule}
@@ -272,15 +316,22 @@ def scenario_datasets(name: str, sources: dict[str, dict[str, Any]]) -> list[dic
     """The ``datasets`` section of a paper scenario: roles and budgets from its table,
     rows from ``sources`` (abbreviation -> dataset fields)."""
     scenario = load_scenario(name)
-    missing = sorted({a for a in scenario.evaluation_domains + tuple(d.abbrev for d in scenario.non_targets)} - set(sources))
+    missing = sorted(
+        {a for a in scenario.evaluation_domains + tuple(d.abbrev for d in scenario.non_targets)}
+        - set(sources)
+    )
     if missing:
         raise SweepError(
             f"scenarios.datasets: {name} needs rows for {missing}; add e.g. '{missing[0]}: {{path: ...}}' "
             "(see docs/sweeps.md)"
         )
     out: list[dict[str, Any]] = []
-    for spec, role in [(t, "target") for t in scenario.targets] + [(d, "non-target") for d in scenario.non_targets]:
-        out.append({**sources[spec.abbrev], "name": spec.abbrev, "role": role, "budget": spec.budget})
+    for spec, role in [(t, "target") for t in scenario.targets] + [
+        (d, "non-target") for d in scenario.non_targets
+    ]:
+        out.append(
+            {**sources[spec.abbrev], "name": spec.abbrev, "role": role, "budget": spec.budget}
+        )
     for constraint in scenario.constraints:
         entry = {**sources[constraint.abbrev], "name": constraint.abbrev, "role": "constraint"}
         if constraint.metric == "accuracy":
@@ -338,9 +389,13 @@ def plan_sweep(sweep: SweepFile, out: Path, sweep_dir: Path = Path()) -> SweepPl
                     raise SweepError(f"scenarios.names: {err}") from None
                 for name, overrides in variants.items():
                     label = scenario.replace("/", "-") + ("" if not sweep.configs else f"-{name}")
-                    groups.append((label, apply_overrides({**base, "datasets": datasets}, overrides)))
+                    groups.append(
+                        (label, apply_overrides({**base, "datasets": datasets}, overrides))
+                    )
         else:
-            groups = [(name, apply_overrides(base, overrides)) for name, overrides in variants.items()]
+            groups = [
+                (name, apply_overrides(base, overrides)) for name, overrides in variants.items()
+            ]
     except ConfigError as err:
         raise SweepError(f"overrides: {err}") from None
     runs: list[PlannedRun] = []
@@ -348,12 +403,18 @@ def plan_sweep(sweep: SweepFile, out: Path, sweep_dir: Path = Path()) -> SweepPl
     planned_paths: set[Path] = set()
     for group, config in groups:
         if "datasets" not in config:
-            raise SweepError(f"{group}: the run config has no datasets; give base: a run config, or scenarios")
+            raise SweepError(
+                f"{group}: the run config has no datasets; give base: a run config, or scenarios"
+            )
         # The config alone first (the sweep sets the method), so that its own mistakes are
         # named as such and the fixed grid reads validated datasets.
-        method_settings = {k: v for k, v in (config.get("method") or {}).items() if k in INHERITED_METHOD_FIELDS}
+        method_settings = {
+            k: v for k, v in (config.get("method") or {}).items() if k in INHERITED_METHOD_FIELDS
+        }
         try:
-            checked = RunConfig.from_dict({**config, "method": method_settings, "output_dir": str(out)})
+            checked = RunConfig.from_dict(
+                {**config, "method": method_settings, "output_dir": str(out)}
+            )
         except ConfigError as err:
             raise SweepError(f"config {group}: {err}") from None
         sections, left_out = method_sections(sweep.methods, checked.model_dump(mode="json"))
@@ -374,7 +435,9 @@ def plan_sweep(sweep: SweepFile, out: Path, sweep_dir: Path = Path()) -> SweepPl
                     # it at the same time): refused before anything trains.
                     raise SweepError(_duplicate_message(sweep, group, method, path))
                 planned_paths.add(path)
-                runs.append(PlannedRun(group, method, seed, path, validated.model_dump(mode="json")))
+                runs.append(
+                    PlannedRun(group, method, seed, path, validated.model_dump(mode="json"))
+                )
     return SweepPlan(runs, notes)
 
 
@@ -396,7 +459,11 @@ def _duplicate_message(sweep: SweepFile, group: str, method: str, path: Path) ->
     fields: list[tuple[str, list[Any]]] = []
     if method.startswith("dynamics-") and sweep.methods.dynamics is not None:
         dynamics = sweep.methods.dynamics
-        fields = [("schedules", dynamics.schedules), ("variants", dynamics.variants), ("predictors", dynamics.predictors)]
+        fields = [
+            ("schedules", dynamics.schedules),
+            ("variants", dynamics.variants),
+            ("predictors", dynamics.predictors),
+        ]
         section = "methods.dynamics"
     elif method.startswith("gradient-alignment-") and sweep.methods.gradient_alignment is not None:
         fields = [("schedules", sweep.methods.gradient_alignment.schedules)]
@@ -406,9 +473,7 @@ def _duplicate_message(sweep: SweepFile, group: str, method: str, path: Path) ->
     for name, values in fields:
         if _repeated(values):
             return f"{section}.{name}: {where}: remove the repeated entries {_repeated(values)}"
-    return (
-        f"{section}.schedules: {where}: two of its schedules get the folder label '{method}'; keep one of them"
-    )
+    return f"{section}.schedules: {where}: two of its schedules get the folder label '{method}'; keep one of them"
 
 
 def _config_conflicts(runs: list[PlannedRun]) -> dict[str, str]:
@@ -422,7 +487,11 @@ def _config_conflicts(runs: list[PlannedRun]) -> dict[str, str]:
     conflicts = {}
     for planned in runs:
         try:
-            check_same_config(RunConfig.model_validate(planned.config), planned.path, how="or move the folder away")
+            check_same_config(
+                RunConfig.model_validate(planned.config),
+                planned.path,
+                how="or move the folder away",
+            )
         except RunSetupError as err:
             conflicts[planned.name] = str(err)
     return conflicts
@@ -453,7 +522,10 @@ def execute_run(config: dict[str, Any], resume: bool, threads: int) -> dict[str,
         threads_used = torch.get_num_threads()
         summary = run(RunConfig.from_dict(config), progress=False, resume=resume)
     except Exception as err:  # reported per run; the sweep goes on with the others
-        return {**record_failure(folder, err, traceback.format_exc()), "seconds": time.perf_counter() - started}
+        return {
+            **record_failure(folder, err, traceback.format_exc()),
+            "seconds": time.perf_counter() - started,
+        }
     finally:
         torch.set_num_threads(threads_before)  # in-process: leave the caller's threads as they were
     return {
@@ -484,7 +556,9 @@ def record_failure(folder: Path, err: BaseException, details: str) -> dict[str, 
     try:
         rundir.atomic_write_text(error_file, details)
     except OSError as write_err:
-        return {"error": f"{_one_line(err)} (no traceback: {error_file} could not be written: {_one_line(write_err)})"}
+        return {
+            "error": f"{_one_line(err)} (no traceback: {error_file} could not be written: {_one_line(write_err)})"
+        }
     return {"error": f"{_one_line(err)} (traceback in {error_file})", "error_file": str(error_file)}
 
 
@@ -494,7 +568,9 @@ def _check_fits(nodes: list[dict[str, Any]], resources: Resources, address: str 
     if any(n.get("CPU", 0) >= resources.cpus and n.get("GPU", 0) >= resources.gpus for n in alive):
         return
     where = f"the Ray cluster at {address}" if address else "the local Ray instance"
-    largest: dict[str, float] = max(alive, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
+    largest: dict[str, float] = max(
+        alive, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={}
+    )
     raise SweepError(
         f"resources: each run asks for {resources.gpus:g} GPUs and {resources.cpus} CPU cores, but no node of "
         f"{where} has that much (the largest: {largest.get('GPU', 0):g} GPUs, {largest.get('CPU', 0):g} cores); "
@@ -507,7 +583,9 @@ def ray_available() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-def _execute_sequentially(jobs: list[tuple[PlannedRun, bool]], threads: int) -> Iterator[tuple[PlannedRun, dict[str, Any]]]:
+def _execute_sequentially(
+    jobs: list[tuple[PlannedRun, bool]], threads: int
+) -> Iterator[tuple[PlannedRun, dict[str, Any]]]:
     for planned, resume in jobs:
         yield planned, execute_run(planned.config, resume, threads)
 
@@ -516,7 +594,11 @@ def task_options(resources: Resources) -> dict[str, Any]:
     """The options every run's Ray task is submitted with."""
     threads = str(resources.cpus)
     # Set before torch starts in the worker: one run's threads stay within its cores.
-    env_vars = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+    env_vars = {
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     if resources.gpus == 0:
         # Ray sets CUDA_VISIBLE_DEVICES only for tasks given GPUs: a CPU run on a GPU node
         # would otherwise see every GPU and train on the first one, beside the GPU runs.
@@ -533,7 +615,10 @@ def task_options(resources: Resources) -> dict[str, Any]:
 
 
 def _execute_on_ray(
-    jobs: list[tuple[PlannedRun, bool]], resources: Resources, address: str | None, num_cpus: int | None
+    jobs: list[tuple[PlannedRun, bool]],
+    resources: Resources,
+    address: str | None,
+    num_cpus: int | None,
 ) -> Iterator[tuple[PlannedRun, dict[str, Any]]]:
     import ray
 
@@ -541,14 +626,20 @@ def _execute_on_ray(
     if started_here:
         # A local instance by default; a running cluster with an address ("auto", "ray://...").
         try:
-            ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            ray.init(
+                address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False
+            )
         except ConnectionError as err:
-            raise SweepError(f"--address {address}: no Ray cluster answered ({_one_line(err)}); start one "
-                             "(ray start --head) or leave --address out for a local Ray") from None
+            raise SweepError(
+                f"--address {address}: no Ray cluster answered ({_one_line(err)}); start one "
+                "(ray start --head) or leave --address out for a local Ray"
+            ) from None
     try:
         _check_fits(ray.nodes(), resources, address)
         task = ray.remote(execute_run).options(**task_options(resources))
-        pending = {task.remote(planned.config, resume, resources.cpus): planned for planned, resume in jobs}
+        pending = {
+            task.remote(planned.config, resume, resources.cpus): planned for planned, resume in jobs
+        }
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             planned = pending.pop(done[0])
@@ -581,27 +672,46 @@ def run_sweep(
         echo(f"sweep: {note}")
     use_ray = ray_available() if use_ray is None else use_ray
     if use_ray and not ray_available():
-        raise SweepError("Ray is not installed: pip install 'dynamics[ray]', or run the sweep without Ray")
+        raise SweepError(
+            "Ray is not installed: pip install 'dynamics[ray]', or run the sweep without Ray"
+        )
     statuses: dict[str, str] = {r.name: r.status() for r in runs}
     conflicts = _config_conflicts([r for r in runs if statuses[r.name] != "new"])
     for name, message in conflicts.items():
         statuses[name] = "conflict"
         echo(f"sweep: {name}: left alone: {message}")
-    counts = {s: sum(1 for v in statuses.values() if v == s) for s in ("complete", "interrupted", "new", "conflict")}
+    counts = {
+        s: sum(1 for v in statuses.values() if v == s)
+        for s in ("complete", "interrupted", "new", "conflict")
+    }
     echo(
         f"sweep: {len(runs)} runs in {out}: {counts['complete']} complete (skipped), "
         f"{counts['interrupted']} to resume, {counts['new']} to start"
-        + (f", {counts['conflict']} left alone (another config in their folder)" if counts["conflict"] else "")
+        + (
+            f", {counts['conflict']} left alone (another config in their folder)"
+            if counts["conflict"]
+            else ""
+        )
         + "; "
-        + (f"on Ray ({address or 'local'})" if use_ray else "one after another in this process (Ray not used)")
+        + (
+            f"on Ray ({address or 'local'})"
+            if use_ray
+            else "one after another in this process (Ray not used)"
+        )
     )
     record: dict[str, Any] = {
         "notes": plan.notes,
         "runs": [
-            {"name": r.name, "config": r.config_name, "method": r.method, "seed": r.seed, "path": str(r.path),
-             "status": statuses[r.name]}
+            {
+                "name": r.name,
+                "config": r.config_name,
+                "method": r.method,
+                "seed": r.seed,
+                "path": str(r.path),
+                "status": statuses[r.name],
+            }
             for r in runs
-        ]
+        ],
     }
     by_name = {row["name"]: row for row in record["runs"]}
     for planned in runs:
@@ -610,7 +720,11 @@ def run_sweep(
             by_name[planned.name].update(summary_results(summary))
     out.mkdir(parents=True, exist_ok=True)
     rundir.write_json(out / SWEEP_FILE, record)
-    jobs = [(r, statuses[r.name] == "interrupted") for r in runs if statuses[r.name] in ("new", "interrupted")]
+    jobs = [
+        (r, statuses[r.name] == "interrupted")
+        for r in runs
+        if statuses[r.name] in ("new", "interrupted")
+    ]
     results = (
         _execute_on_ray(jobs, sweep.resources, address, num_cpus)
         if use_ray
@@ -628,11 +742,17 @@ def run_sweep(
                 f"reduction {100 * result['constrained_ppl_reduction']:.1f}%, {result['seconds']:.0f} s"
             )
         rundir.write_json(out / SWEEP_FILE, record)
-    final = {s: sum(1 for row in record["runs"] if row["status"] == s) for s in ("complete", "done", "failed", "conflict")}
+    final = {
+        s: sum(1 for row in record["runs"] if row["status"] == s)
+        for s in ("complete", "done", "failed", "conflict")
+    }
     echo(
         f"sweep: {final['done']} finished now, {final['complete']} were already complete, {final['failed']} failed"
-        + (f" (see {out / SWEEP_FILE}; rerun the same command to retry them)" if final["failed"] else "")
+        + (
+            f" (see {out / SWEEP_FILE}; rerun the same command to retry them)"
+            if final["failed"]
+            else ""
+        )
         + (f", {final['conflict']} left alone" if final["conflict"] else "")
     )
     return record
-

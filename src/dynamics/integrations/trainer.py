@@ -98,7 +98,9 @@ class PendingBatch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> dict[str, Any]:
         batch = self._source.draw()
-        moved: dict[str, Any] = {key: value.to(device, non_blocking=non_blocking) for key, value in batch.items()}
+        moved: dict[str, Any] = {
+            key: value.to(device, non_blocking=non_blocking) for key, value in batch.items()
+        }
         if "position_ids" in moved:
             # Blocks packed per document: with a key-value cache transformers ignores their
             # positions and lets the documents attend to each other.
@@ -118,11 +120,15 @@ class MixtureTrainSource:
     the device.
     """
 
-    def __init__(self, sampler: BatchSampler, batch_size: int, micro_batches: int, world: int = 1) -> None:
+    def __init__(
+        self, sampler: BatchSampler, batch_size: int, micro_batches: int, world: int = 1
+    ) -> None:
         self.sampler = sampler
         self.batch_size = batch_size
         # Each of ``world`` processes reads its share of the rows: one epoch is the whole run.
-        self.dataset = datasets.Dataset.from_dict({"input_ids": [0] * (micro_batches * batch_size * world)})
+        self.dataset = datasets.Dataset.from_dict(
+            {"input_ids": [0] * (micro_batches * batch_size * world)}
+        )
         self.weights: np.ndarray | None = None
         self.drawn = 0
         """Micro-batches drawn so far."""
@@ -188,7 +194,9 @@ class DynamicsCallback(TrainerCallback):
         rank = process_rank()
         check_sources(config, data or {})
         self.data = build_data(config, tokenizer, world, data)
-        mixture_sampler = MixtureSampler(self.data.streams, seed=config.training.seed, sampling=config.training.sampling)
+        mixture_sampler = MixtureSampler(
+            self.data.streams, seed=config.training.seed, sampling=config.training.sampling
+        )
         self.sampler = RankSlicedSampler(mixture_sampler, rank, world)
         self.source = MixtureTrainSource(
             self.sampler,
@@ -203,7 +211,9 @@ class DynamicsCallback(TrainerCallback):
         self.summary: dict[str, Any] | None = None
         self._controller: MixtureController | None = None  # None once training ended
         self._remaining = 0
-        self._saved: dict[str, Any] | None = None  # the controller's state at the last checkpoint step
+        self._saved: dict[str, Any] | None = (
+            None  # the controller's state at the last checkpoint step
+        )
         self._log_values: dict[str, float] = {}  # the latest weights, slack and feasibility
 
     # --- Trainer events --------------------------------------------------------------
@@ -219,7 +229,9 @@ class DynamicsCallback(TrainerCallback):
         **kwargs: Any,
     ) -> None:
         if model is None or optimizer is None or lr_scheduler is None:
-            raise RunSetupError("DynamicsCallback needs the Trainer's model, optimizer and LR scheduler at train begin")
+            raise RunSetupError(
+                "DynamicsCallback needs the Trainer's model, optimizer and LR scheduler at train begin"
+            )
         self._check_trainer(args, state)
         started = time.perf_counter()
         # Shares the process state of the Trainer's accelerator (device, distributed setup).
@@ -254,7 +266,9 @@ class DynamicsCallback(TrainerCallback):
         )
         out = Path(self.config.output_dir)
         if state.global_step == 0 and self._main:
-            rundir.check_run_dir(out, allow=[self._trainer_dir(args)])  # the Trainer's own folder may sit inside
+            rundir.check_run_dir(
+                out, allow=[self._trainer_dir(args)]
+            )  # the Trainer's own folder may sit inside
             out.mkdir(parents=True, exist_ok=True)
             rundir.atomic_write_text(out / rundir.CONFIG_FILE, self.config.to_yaml())
         self._writer = RunFolderWriter(
@@ -270,7 +284,9 @@ class DynamicsCallback(TrainerCallback):
             constraints=self.data.constraints,
             eval_interval=self.config.evaluation.interval,
             reduced_batches=self.config.evaluation.reduced_batches,
-            callbacks=LoopCallbacks(self._on_evaluation, self._on_update, on_checkpoint=self._keep_loop_state),
+            callbacks=LoopCallbacks(
+                self._on_evaluation, self._on_update, on_checkpoint=self._keep_loop_state
+            ),
             checkpoint_steps=self._checkpoint_steps(args, state),
         )
         if state.global_step > 0:
@@ -339,7 +355,9 @@ class DynamicsCallback(TrainerCallback):
         if record.backtracked or record.step == 0:
             return
         row = self._writer.metrics_row(record, history)  # what metrics.jsonl holds for this step
-        self._log_values.update({f"dynamics/{k}": v for k, v in tracking.evaluation_values(row).items()})
+        self._log_values.update(
+            {f"dynamics/{k}": v for k, v in tracking.evaluation_values(row).items()}
+        )
 
     def _on_update(self, update: UpdateRecord, history: RunHistory) -> None:
         if self._main:
@@ -382,7 +400,9 @@ class DynamicsCallback(TrainerCallback):
             )
         check_same_config(self.config, point, how="building the callback from it")
         saved = run_state.read_loop_file(point)
-        self._controller.load_state_dict(saved["loop"])  # no backtracking here: no feasible snapshot
+        self._controller.load_state_dict(
+            saved["loop"]
+        )  # no backtracking here: no feasible snapshot
         self.sampler.load_state_dict(saved["sampler"])
         self.source.drawn = int(saved["drawn"])
         self._writer.resume(self._controller.history, self._controller.step, saved, point)
@@ -394,7 +414,9 @@ class DynamicsCallback(TrainerCallback):
         if isinstance(request, Finished):
             self._controller = None
             self.history = request.history
-            self.summary = self._writer.finish(request.history, self._writer.train_seconds(), {"trainer": True})
+            self.summary = self._writer.finish(
+                request.history, self._writer.train_seconds(), {"trainer": True}
+            )
             return
         self.source.set_weights(request.weights)
         self._remaining = request.steps
@@ -421,9 +443,13 @@ class DynamicsCallback(TrainerCallback):
                 "(WORLD_SIZE): build it inside the launched script"
             )
         if args.fp16:
-            problems.append("fp16 loss scaling is not supported by DynamicsCallback: use bf16 or fp32")
+            problems.append(
+                "fp16 loss scaling is not supported by DynamicsCallback: use bf16 or fp32"
+            )
         launched = sharded_launch()
-        sharded = f"launched under {launched}" if launched else "TrainingArguments.fsdp or deepspeed"
+        sharded = (
+            f"launched under {launched}" if launched else "TrainingArguments.fsdp or deepspeed"
+        )
         if launched or args.fsdp or args.deepspeed:
             problems.append(
                 f"sharded training ({sharded}) is not supported by DynamicsCallback: it saves its run folder "
@@ -435,4 +461,6 @@ class DynamicsCallback(TrainerCallback):
                 "training process, where its weights change"
             )
         if problems:
-            raise RunSetupError("DynamicsCallback cannot run with this Trainer:\n- " + "\n- ".join(problems))
+            raise RunSetupError(
+                "DynamicsCallback cannot run with this Trainer:\n- " + "\n- ".join(problems)
+            )

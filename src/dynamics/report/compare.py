@@ -49,7 +49,15 @@ class MethodRow:
         ]
 
 
-HEADER = ["method", "feasible", "target PPL reduction (test)", "checkpoint", "worst slack", "cost", "wall time"]
+HEADER = [
+    "method",
+    "feasible",
+    "target PPL reduction (test)",
+    "checkpoint",
+    "worst slack",
+    "cost",
+    "wall time",
+]
 
 
 def method_row(label: str, records: RunRecords, unit_seconds: float) -> MethodRow:
@@ -64,12 +72,16 @@ def method_row(label: str, records: RunRecords, unit_seconds: float) -> MethodRo
         reported = next(p for p in points if p.step == step)
     else:
         reported = points[-1]
-    slack = metrics.constraint_slack(reported, points[0], constraints) if constraints else np.zeros(1)
+    slack = (
+        metrics.constraint_slack(reported, points[0], constraints) if constraints else np.zeros(1)
+    )
     wall = float(records.summary["train_seconds"])
     return MethodRow(
         label=label,
         feasible=best is not None,
-        ppl_reduction=metrics.constrained_perplexity_reduction(points, targets, constraints, margin),
+        ppl_reduction=metrics.constrained_perplexity_reduction(
+            points, targets, constraints, margin
+        ),
         best_step=None if best is None else best.step,
         worst_slack=float(slack.min()),
         wall_seconds=wall,
@@ -123,7 +135,9 @@ def write_plots(
 
     # 2. Constraints against their reference.
     constraints = dynamics.constraints
-    fig, axes = plt.subplots(1, max(1, len(constraints)), figsize=(3.6 * max(1, len(constraints)), 3.3))
+    fig, axes = plt.subplots(
+        1, max(1, len(constraints)), figsize=(3.6 * max(1, len(constraints)), 3.3)
+    )
     axes = np.atleast_1d(axes)
     runs = [("DynaMiCS", dynamics)]
     if best_fixed_label is not None:
@@ -131,10 +145,16 @@ def write_plots(
     for ax, i in zip(axes, constraints, strict=False):
         for label, records in runs:
             points = records.eval_points()
-            ax.plot([p.step for p in points], _display(np.array([p.eval[i] for p in points]), kinds[i]),
-                    marker=".", label=label)
+            ax.plot(
+                [p.step for p in points],
+                _display(np.array([p.eval[i] for p in points]), kinds[i]),
+                marker=".",
+                label=label,
+            )
         reference = _display(np.array([dynamics.eval_points()[0].eval[i]]), kinds[i])[0]
-        ax.axhline(reference, color="black", linestyle="--", linewidth=1, label="reference (step 0)")
+        ax.axhline(
+            reference, color="black", linestyle="--", linewidth=1, label="reference (step 0)"
+        )
         better = "higher" if kinds[i] == "accuracy" else "lower"
         ax.set(xlabel="step", ylabel=f"{kinds[i]} ({better} is better)", title=names[i])
     axes[0].legend(fontsize=7)
@@ -145,7 +165,11 @@ def write_plots(
     for label, records in [("DynaMiCS", dynamics), *fixed.items()]:
         points = records.eval_points()
         values = [float(np.mean(p.eval[records.targets])) for p in points]
-        style = {"linewidth": 2.5, "color": "black"} if label == "DynaMiCS" else {"linewidth": 1, "alpha": 0.7}
+        style = (
+            {"linewidth": 2.5, "color": "black"}
+            if label == "DynaMiCS"
+            else {"linewidth": 1, "alpha": 0.7}
+        )
         ax.plot([p.step for p in points], values, label=label, **style)
     ax.set(xlabel="step", ylabel="mean target loss (nats, eval)", title="Target loss")
     ax.legend(fontsize=6, ncol=2)
@@ -154,11 +178,25 @@ def write_plots(
     # 4. PPL reduction against cost.
     fig, ax = plt.subplots(figsize=(6, 3.8))
     curve = best_at_k_curve(fixed_rows)
-    ax.plot([k for k, _ in curve], [100 * v for _, v in curve], marker="*", label="fixed mixtures: best@k")
-    ax.scatter([dynamics_row.cost], [100 * dynamics_row.ppl_reduction], color="red", s=60, zorder=3,
-               label="DynaMiCS (one run)")
-    ax.set(xlabel="cost (multiples of one fixed run)", ylabel="constrained PPL reduction (%)",
-           title="Reduction against cost")
+    ax.plot(
+        [k for k, _ in curve],
+        [100 * v for _, v in curve],
+        marker="*",
+        label="fixed mixtures: best@k",
+    )
+    ax.scatter(
+        [dynamics_row.cost],
+        [100 * dynamics_row.ppl_reduction],
+        color="red",
+        s=60,
+        zorder=3,
+        label="DynaMiCS (one run)",
+    )
+    ax.set(
+        xlabel="cost (multiples of one fixed run)",
+        ylabel="constrained PPL reduction (%)",
+        title="Reduction against cost",
+    )
     ax.legend(fontsize=8)
     files["cost"] = save(fig, folder, "cost.png")
     return files

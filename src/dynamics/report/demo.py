@@ -122,7 +122,10 @@ def write_demo_report(
         "",
         "Main-evaluation steps (eval split) at which a constraint was worse than at step 0:",
         "",
-        *[f"- `{name}`: {', '.join(map(str, steps)) if steps else 'never'}" for name, steps in broken.items()],
+        *[
+            f"- `{name}`: {', '.join(map(str, steps)) if steps else 'never'}"
+            for name, steps in broken.items()
+        ],
         "",
         "## How well DynaMiCS predicted",
         "",
@@ -150,7 +153,11 @@ def write_demo_report(
         f"- quick: {settings.quick}; schedule: {settings.schedule}; fine-tuning lr: {settings.fine_tuning_lr:g}",
         _run_settings(records["dynamics"].path / "config.yaml"),
         f"- runs: {', '.join(records)}; each on one torch thread, "
-        + ("one after another" if jobs <= 1 else f"up to {min(jobs, len(records))} at a time in their own processes")
+        + (
+            "one after another"
+            if jobs <= 1
+            else f"up to {min(jobs, len(records))} at a time in their own processes"
+        )
         + " (`--jobs`; the numbers do not depend on it, the wall times do)",
         "",
     ]
@@ -187,7 +194,11 @@ def _run_variant(config_path: Path) -> str:
 
 
 def _verdict(
-    dynamics: MethodRow, variant: str, best_fixed: MethodRow | None, best_paper: MethodRow | None, k: int
+    dynamics: MethodRow,
+    variant: str,
+    best_fixed: MethodRow | None,
+    best_paper: MethodRow | None,
+    k: int,
 ) -> str:
     """One plain sentence on who won, including when DynaMiCS does not."""
     if best_fixed is None:
@@ -226,7 +237,9 @@ def _paper_verdict(paper: MethodRow, dynamics: MethodRow, best_fixed: MethodRow 
         f"The paper's method (method.variant: paper, the reference): "
         f"{'feasible' if paper.feasible else 'infeasible'}, {100 * paper.ppl_reduction:.1f}% at {paper.cost:.2f}x"
     )
-    compared = [f"{'above' if paper.ppl_reduction > dynamics.ppl_reduction else 'not above'} the default variant"]
+    compared = [
+        f"{'above' if paper.ppl_reduction > dynamics.ppl_reduction else 'not above'} the default variant"
+    ]
     if best_fixed is not None:
         better = paper.ppl_reduction >= best_fixed.ppl_reduction
         compared.append(f"{'at or above' if better else 'below'} the best fixed mixture")

@@ -43,7 +43,9 @@ def _pct(value: float | None) -> str:
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -57,8 +59,10 @@ def _figure(folder: Path, name: str, caption: str) -> str:
 
 def _page(title: str, body: list[str]) -> str:
     return (
-        f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>\n" + "\n".join(body) + "\n</body></html>\n"
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
     )
 
 
@@ -89,7 +93,11 @@ def write_run_report(path: Path, out: Path) -> dict[str, Any]:
         f"{_pct(summary['constrained_ppl_reduction'])}."
         if best is not None
         else "Infeasible: no checkpoint after step 0 kept every constraint while lowering the targets (reduction 0%)"
-        + (f"; closest at step {closest['step']}, worst violation {closest['max_violation']:+.4f}." if closest else ".")
+        + (
+            f"; closest at step {closest['step']}, worst violation {closest['max_violation']:+.4f}."
+            if closest
+            else "."
+        )
     )
     captions = {
         "weights": "Mixture weights over training, piecewise constant between updates.",
@@ -105,11 +113,18 @@ def write_run_report(path: Path, out: Path) -> dict[str, Any]:
         f"{summary['num_updates']} updates, {summary['total_steps']} steps, predicted cost "
         f"{summary['predicted_cost']:.2f}x one fixed run ({html.escape(summary['cost_assumption'])}).</p>",
         f"<p><b>{html.escape(verdict)}</b></p>",
-        *[_figure(out, files[key], captions[key]) for key in ("weights", "losses", "slack", "predictions") if key in files],
+        *[
+            _figure(out, files[key], captions[key])
+            for key in ("weights", "losses", "slack", "predictions")
+            if key in files
+        ],
     ]
     if "predictions" not in files:
         body.append("<p>No predictions: this run's policy does not predict (fixed weights).</p>")
-    rundir.atomic_write_text(out / "index.html", _page(f"dynamics run report: {'/'.join(path.resolve().parts[-3:])}", body))
+    rundir.atomic_write_text(
+        out / "index.html",
+        _page(f"dynamics run report: {'/'.join(path.resolve().parts[-3:])}", body),
+    )
     return numbers
 
 
@@ -120,8 +135,16 @@ def write_sweep_report(results: list[Any], unfinished: list[Path], out: Path) ->
         "kind": "sweep",
         **numbers,
         "runs": [
-            {"path": str(r.path), "method": r.method, "mixture": r.mixture, "seed": r.seed, "feasible": r.feasible,
-             "reduction": r.reduction, "predicted_cost": r.predicted_cost, "train_seconds": r.train_seconds}
+            {
+                "path": str(r.path),
+                "method": r.method,
+                "mixture": r.mixture,
+                "seed": r.seed,
+                "feasible": r.feasible,
+                "reduction": r.reduction,
+                "predicted_cost": r.predicted_cost,
+                "train_seconds": r.train_seconds,
+            }
             for r in results
         ],
         "unfinished": [str(p) for p in unfinished],
@@ -131,18 +154,34 @@ def write_sweep_report(results: list[Any], unfinished: list[Path], out: Path) ->
     methods = numbers["methods"]
     fixed = numbers["fixed"]
     rows = [
-        [m, str(s["scenarios"]), _pct(s["median_reduction"]), _pct(s["feasibility_rate"]), f"{s['median_predicted_cost']:.2f}x"]
+        [
+            m,
+            str(s["scenarios"]),
+            _pct(s["median_reduction"]),
+            _pct(s["feasibility_rate"]),
+            f"{s['median_predicted_cost']:.2f}x",
+        ]
         for m, s in methods.items()
     ]
     if fixed:
         # The oracle runs every fixed mixture once per seed: k = the number of mixtures.
         k = fixed["mixtures"]
-        rows.append([FIXED, str(fixed["scenarios"]), _pct(fixed["median_oracle_reduction"]),
-                     f"{_pct(fixed['feasible_at_k'][str(k)])} (feasible@{k})", f"{k}x"])
+        rows.append(
+            [
+                FIXED,
+                str(fixed["scenarios"]),
+                _pct(fixed["median_oracle_reduction"]),
+                f"{_pct(fixed['feasible_at_k'][str(k)])} (feasible@{k})",
+                f"{k}x",
+            ]
+        )
     scenario_rows = []
     for name, entry in numbers["scenarios"].items():
         cells = [name, str(entry["num_constraints"])]
-        cells += [_pct(entry["methods"][m]["reduction"]) if m in entry["methods"] else "-" for m in methods]
+        cells += [
+            _pct(entry["methods"][m]["reduction"]) if m in entry["methods"] else "-"
+            for m in methods
+        ]
         cells.append(_pct(entry["fixed"]["oracle_reduction"]) if "fixed" in entry else "-")
         scenario_rows.append(cells)
     captions = {
@@ -163,12 +202,19 @@ def write_sweep_report(results: list[Any], unfinished: list[Path], out: Path) ->
         "split, 0 when infeasible). Cost: the cost model's multiple of one fixed run.</p>",
         "<h2>Methods</h2>",
         _table(["method", "scenarios", "median reduction", "feasible", "cost"], rows),
-        *[_figure(out, files[key], captions[key]) for key in ("reduction", "cost", "by_constraints", "violation")],
+        *[
+            _figure(out, files[key], captions[key])
+            for key in ("reduction", "cost", "by_constraints", "violation")
+        ],
         "<h2>Scenarios</h2>",
         _table(["scenario", "constraints", *methods, FIXED], scenario_rows),
         "<h2>Weight trajectories</h2>",
         *[
-            _figure(out, name, f"{key.split(':', 1)[1]}: mixture weights over training, first seed of each scenario.")
+            _figure(
+                out,
+                name,
+                f"{key.split(':', 1)[1]}: mixture weights over training, first seed of each scenario.",
+            )
             for key, name in files.items()
             if key.startswith("weights:")
         ],

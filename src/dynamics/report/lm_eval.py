@@ -40,10 +40,20 @@ def lm_eval_table(record: dict[str, Any]) -> list[str]:
         keys = [k for k in {**before, **after} if "," in k and "_stderr," not in k]
         for key in keys:
             old, new = before.get(key), after.get(key)
-            change = f"{new - old:+.4f}" if isinstance(old, int | float) and isinstance(new, int | float) else "-"
-            rows.append([task, key.replace(",none", ""), _value(before, key), _value(after, key), change])
+            change = (
+                f"{new - old:+.4f}"
+                if isinstance(old, int | float) and isinstance(new, int | float)
+                else "-"
+            )
+            rows.append(
+                [task, key.replace(",none", ""), _value(before, key), _value(after, key), change]
+            )
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [f"lm-evaluation-harness {record.get('lm_eval_version', '')} (value ± stderr{limit}):"]
     for row in [header, *rows]:
-        lines.append("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        lines.append(
+            "  ".join(
+                str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)
+            ).rstrip()
+        )
     return lines

@@ -48,5 +48,11 @@ def plot_weights(ax: Any, records: RunRecords) -> None:
     steps = [u["step"] for u in records.updates] + [int(records.summary["total_steps"])]
     weights = np.array([u["weights"] for u in records.updates], dtype=float)
     for j, name in enumerate(records.dataset_names):
-        ax.step(steps, [*weights[:, j], weights[-1, j]], where="post", label=name, linestyle=DASHES[j % len(DASHES)])
+        ax.step(
+            steps,
+            [*weights[:, j], weights[-1, j]],
+            where="post",
+            label=name,
+            linestyle=DASHES[j % len(DASHES)],
+        )
     ax.set_ylim(-0.02, 1.02)

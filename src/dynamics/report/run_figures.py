@@ -50,11 +50,16 @@ def run_numbers(records: RunRecords) -> dict[str, Any]:
         "policy": records.summary["policy"],
         "feasible": records.summary["feasible"],
         "constrained_ppl_reduction": records.summary["constrained_ppl_reduction"],
-        "best_checkpoint_step": None if records.summary["best_checkpoint"] is None else records.summary["best_checkpoint"]["step"],
+        "best_checkpoint_step": None
+        if records.summary["best_checkpoint"] is None
+        else records.summary["best_checkpoint"]["step"],
         "closest_to_feasible": records.summary.get("closest_to_feasible"),
         "predicted_cost": records.summary["predicted_cost"],
         "train_seconds": records.summary["train_seconds"],
-        "domains": {n: {"metric": kinds[n], "role": "target" if i in records.targets else "constraint"} for i, n in enumerate(names)},
+        "domains": {
+            n: {"metric": kinds[n], "role": "target" if i in records.targets else "constraint"}
+            for i, n in enumerate(names)
+        },
         "steps": [row["step"] for row in kept],
         "eval": {n: [shown(row["eval"][n], kinds[n]) for row in kept] for n in names},
         "test": {n: [shown(row["test"][n], kinds[n]) for row in kept] for n in names},
@@ -75,7 +80,11 @@ def write_run_figures(records: RunRecords, folder: Path) -> dict[str, str]:
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     plot_weights(ax, records)
-    ax.set(xlabel="training step", ylabel="mixture weight", title=f"Mixture weights ({numbers['policy']})")
+    ax.set(
+        xlabel="training step",
+        ylabel="mixture weight",
+        title=f"Mixture weights ({numbers['policy']})",
+    )
     ax.legend(fontsize=8)
     files["weights"] = save(fig, folder, "weights.png")
 
@@ -86,10 +95,20 @@ def write_run_figures(records: RunRecords, folder: Path) -> dict[str, str]:
         metric = kinds[name]["metric"]
         ax.plot(steps, numbers["eval"][name], marker=".", label="eval split")
         ax.plot(steps, numbers["test"][name], marker=".", alpha=0.6, label="test split")
-        ax.axhline(numbers["eval"][name][0], color="black", linestyle="--", linewidth=1, label="step 0 (eval)")
+        ax.axhline(
+            numbers["eval"][name][0],
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label="step 0 (eval)",
+        )
         better = "higher" if metric == "accuracy" else "lower"
-        ax.set(title=f"{name} ({kinds[name]['role']})", xlabel="step", ylabel=f"{metric} ({better} is better)")
-    for ax in list(axes.flat)[len(names):]:
+        ax.set(
+            title=f"{name} ({kinds[name]['role']})",
+            xlabel="step",
+            ylabel=f"{metric} ({better} is better)",
+        )
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     files["losses"] = save(fig, folder, "losses.png")
@@ -98,22 +117,34 @@ def write_run_figures(records: RunRecords, folder: Path) -> dict[str, str]:
     for name, slack in numbers["constraint_slack"].items():
         ax.plot(steps, slack, marker=".", label=f"{name} ({kinds[name]['metric']})")
     ax.axhline(0.0, color="black", linewidth=1)
-    ax.set(xlabel="step", ylabel="slack = reference - value", title="Constraint slack (eval split; >= 0 holds)")
+    ax.set(
+        xlabel="step",
+        ylabel="slack = reference - value",
+        title="Constraint slack (eval split; >= 0 holds)",
+    )
     if numbers["constraint_slack"]:
         ax.legend(fontsize=8)
     files["slack"] = save(fig, folder, "slack.png")
 
-    predicted = [u for u in numbers["updates"] if u["predicted"] is not None and u["realized"] is not None]
+    predicted = [
+        u for u in numbers["updates"] if u["predicted"] is not None and u["realized"] is not None
+    ]
     if predicted:
         fig, axes = plt.subplots(rows, cols, figsize=(3.8 * cols, 3.0 * rows), squeeze=False)
         for ax, name in zip(axes.flat, names, strict=False):
             x = [u["step"] for u in predicted]
-            ax.plot(x, [u["predicted"][name] for u in predicted], "o", mfc="none", label="predicted")
+            ax.plot(
+                x, [u["predicted"][name] for u in predicted], "o", mfc="none", label="predicted"
+            )
             ax.plot(x, [u["realized"][name] for u in predicted], "x", label="realized")
-            ax.set(title=name, xlabel="update step (value at the next update)", ylabel=kinds[name]["metric"])
+            ax.set(
+                title=name,
+                xlabel="update step (value at the next update)",
+                ylabel=kinds[name]["metric"],
+            )
             if max(x) >= 16:  # geometric schedules: updates crowd the early steps
                 ax.set_xscale("symlog", linthresh=1)
-        for ax in list(axes.flat)[len(names):]:
+        for ax in list(axes.flat)[len(names) :]:
             ax.axis("off")
         axes.flat[0].legend(fontsize=7)
         files["predictions"] = save(fig, folder, "predictions.png")

@@ -75,7 +75,9 @@ def method_label(method: dict[str, Any]) -> str:
         return "gradient-alignment-" + _schedule_label(method["schedule"])
     label = "dynamics-" + _schedule_label(method["schedule"])
     label += "" if method.get("variant", "paper") == "paper" else f"-{method['variant']}"
-    return label + ("" if method.get("predictor", "linear") == "linear" else f"-{method['predictor']}")
+    return label + (
+        "" if method.get("predictor", "linear") == "linear" else f"-{method['predictor']}"
+    )
 
 
 def find_run_folders(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
@@ -87,7 +89,11 @@ def find_run_folders(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path
     for root in map(Path, paths):
         if not root.is_dir():
             raise rundir.RunDirError(f"{root} is not a folder: give run folders or sweep folders")
-        candidates = [root] if (root / rundir.CONFIG_FILE).is_file() else sorted(p.parent for p in root.rglob(rundir.CONFIG_FILE))
+        candidates = (
+            [root]
+            if (root / rundir.CONFIG_FILE).is_file()
+            else sorted(p.parent for p in root.rglob(rundir.CONFIG_FILE))
+        )
         for folder in candidates:
             if any(part.startswith(".") for part in folder.relative_to(root).parts):
                 continue  # a resume point's or a checkpoint's own files
@@ -106,7 +112,11 @@ def check_distinct(results: Sequence[RunResult]) -> None:
     for result in results:
         key = (result.scenario_key, result.method, result.mixture, result.seed)
         if key in seen:
-            what = f"fixed mixture {result.mixture}" if result.method == "fixed" else f"method {result.method}"
+            what = (
+                f"fixed mixture {result.mixture}"
+                if result.method == "fixed"
+                else f"method {result.method}"
+            )
             raise rundir.RunDirError(
                 f"{seen[key].path} and {result.path} are the same run (the same config, {what}, seed "
                 f"{result.seed}): report them separately (one dynamics report each), or leave one of them out"
@@ -147,7 +157,11 @@ def scenario_names(results: Sequence[RunResult]) -> dict[str, str]:
         if result.scenario_key in names:
             continue
         path = result.path
-        name = path.parent.parent.name if re.fullmatch(r"seed\d+", path.name) else f"scenario-{len(names) + 1}"
+        name = (
+            path.parent.parent.name
+            if re.fullmatch(r"seed\d+", path.name)
+            else f"scenario-{len(names) + 1}"
+        )
         while name in names.values():
             name += "'"
         names[result.scenario_key] = name
@@ -189,8 +203,13 @@ def aggregate(results: Sequence[RunResult]) -> dict[str, Any]:
             unit = statistics.median(r.train_seconds for r in fixed)
             entry["fixed"] = {
                 "runs": len(fixed),
-                "mixtures": {m: {"reduction": _mean(r.reduction for r in g), "feasible_rate": _mean(r.feasible for r in g)}
-                             for m, g in per_mixture.items()},
+                "mixtures": {
+                    m: {
+                        "reduction": _mean(r.reduction for r in g),
+                        "feasible_rate": _mean(r.feasible for r in g),
+                    }
+                    for m, g in per_mixture.items()
+                },
                 "oracle_reduction": _mean(oracle),
                 "oracle_reduction_per_seed": dict(zip(map(str, seeds), oracle, strict=True)),
                 "feasible_any": any(r.feasible for r in fixed),
@@ -234,9 +253,16 @@ def _summary(method: str, scenarios: dict[str, Any]) -> dict[str, Any]:
     entries = [s["methods"][method] for s in scenarios.values() if method in s["methods"]]
     # The paper's spread: the statistic over scenarios computed per seed, then its std over seeds.
     seeds = sorted({seed for e in entries for seed in e["reduction_per_seed"]}, key=int)
-    medians = [float(np.median([e["reduction_per_seed"][s] for e in entries if s in e["reduction_per_seed"]]))
-               for s in seeds]
-    rates = [_mean(e["feasible_per_seed"][s] for e in entries if s in e["feasible_per_seed"]) for s in seeds]
+    medians = [
+        float(
+            np.median([e["reduction_per_seed"][s] for e in entries if s in e["reduction_per_seed"]])
+        )
+        for s in seeds
+    ]
+    rates = [
+        _mean(e["feasible_per_seed"][s] for e in entries if s in e["feasible_per_seed"])
+        for s in seeds
+    ]
     return {
         "scenarios": len(entries),
         "median_reduction": float(np.median([e["reduction"] for e in entries])),
@@ -257,12 +283,19 @@ def _fixed_summary(scenarios: dict[str, Any]) -> dict[str, Any] | None:
         "scenarios": len(pools),
         "mixtures": max(len(p["mixtures"]) for p in pools),
         "median_oracle_reduction": float(np.median([p["oracle_reduction"] for p in pools])),
-        "best_at_k": {str(k): float(np.median([metrics.best_at_k(p["pool_reductions"], k) for p in pools])) for k in ks},
-        "feasible_at_k": {str(k): _mean(metrics.feasible_at_k(p["pool_feasible"], k) for p in pools) for k in ks},
+        "best_at_k": {
+            str(k): float(np.median([metrics.best_at_k(p["pool_reductions"], k) for p in pools]))
+            for k in ks
+        },
+        "feasible_at_k": {
+            str(k): _mean(metrics.feasible_at_k(p["pool_feasible"], k) for p in pools) for k in ks
+        },
     }
 
 
-def _by_constraints(scenarios: dict[str, Any], methods: list[str]) -> dict[str, dict[str, list[float]]]:
+def _by_constraints(
+    scenarios: dict[str, Any], methods: list[str]
+) -> dict[str, dict[str, list[float]]]:
     out: dict[str, dict[str, list[float]]] = {}
     for entry in scenarios.values():
         group = out.setdefault(str(entry["num_constraints"]), {})
@@ -280,11 +313,17 @@ def _violations(scenarios: dict[str, Any], methods: list[str]) -> dict[str, dict
     out: dict[str, dict[str, Any]] = {}
     for method in methods:
         rows = {
-            name: {"method": entry["methods"][method]["violation"], "fixed": entry["fixed"]["best_violation"]}
+            name: {
+                "method": entry["methods"][method]["violation"],
+                "fixed": entry["fixed"]["best_violation"],
+            }
             for name, entry in scenarios.items()
-            if method in entry["methods"] and "fixed" in entry
-            and entry["methods"][method]["feasible_rate"] == 0 and not entry["fixed"]["feasible_any"]
-            and entry["methods"][method]["violation"] is not None and entry["fixed"]["best_violation"] is not None
+            if method in entry["methods"]
+            and "fixed" in entry
+            and entry["methods"][method]["feasible_rate"] == 0
+            and not entry["fixed"]["feasible_any"]
+            and entry["methods"][method]["violation"] is not None
+            and entry["fixed"]["best_violation"] is not None
         }
         out[method] = rows
     return out
@@ -295,7 +334,9 @@ def _colors(methods: Sequence[str]) -> dict[str, Any]:
     return {m: cmap(i % 10) for i, m in enumerate(methods)}
 
 
-def write_sweep_figures(numbers: dict[str, Any], results: Sequence[RunResult], folder: Path) -> dict[str, str]:
+def write_sweep_figures(
+    numbers: dict[str, Any], results: Sequence[RunResult], folder: Path
+) -> dict[str, str]:
     """The comparison figures as PNG in ``folder``; returns {figure: file name}."""
     plt = pyplot()
     files: dict[str, str] = {}
@@ -307,37 +348,84 @@ def write_sweep_figures(numbers: dict[str, Any], results: Sequence[RunResult], f
 
     columns = [*methods, *([FIXED] if fixed else [])]
     values = [
-        [100 * (s["methods"][m]["reduction"] if m != FIXED else s["fixed"]["oracle_reduction"])
-         for s in scenarios.values() if (m in s["methods"] if m != FIXED else "fixed" in s)]
+        [
+            100 * (s["methods"][m]["reduction"] if m != FIXED else s["fixed"]["oracle_reduction"])
+            for s in scenarios.values()
+            if (m in s["methods"] if m != FIXED else "fixed" in s)
+        ]
         for m in columns
     ]
     fig, ax = plt.subplots(figsize=(1.6 * len(columns) + 3, 4))
     ax.boxplot(values, showfliers=False)
     ax.set_xticks(range(1, len(columns) + 1), columns, rotation=20, ha="right", fontsize=8)
     for i, (column, vals) in enumerate(zip(columns, values, strict=True), start=1):
-        ax.scatter(i + rng.uniform(-0.12, 0.12, len(vals)), vals, s=14, color=colors[column], zorder=3)
+        ax.scatter(
+            i + rng.uniform(-0.12, 0.12, len(vals)), vals, s=14, color=colors[column], zorder=3
+        )
     ax.axhline(0, color="grey", linewidth=0.8)
-    ax.set(ylabel="test PPL reduction (%)", title=f"Reduction per scenario ({len(scenarios)} scenarios, one dot each)")
+    ax.set(
+        ylabel="test PPL reduction (%)",
+        title=f"Reduction per scenario ({len(scenarios)} scenarios, one dot each)",
+    )
     files["reduction"] = save(fig, folder, "reduction_boxplot.png")
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     if fixed:
         ks = [int(k) for k in fixed["best_at_k"]]
-        left.plot(ks, [100 * v for v in fixed["best_at_k"].values()], marker="*", markersize=10,
-                  color=colors[FIXED], label="fixed: best@k (cost k)")
-        right.plot(ks, [100 * v for v in fixed["feasible_at_k"].values()], marker="*", markersize=10,
-                   color=colors[FIXED], label="fixed: feasible@k (cost k)")
+        left.plot(
+            ks,
+            [100 * v for v in fixed["best_at_k"].values()],
+            marker="*",
+            markersize=10,
+            color=colors[FIXED],
+            label="fixed: best@k (cost k)",
+        )
+        right.plot(
+            ks,
+            [100 * v for v in fixed["feasible_at_k"].values()],
+            marker="*",
+            markersize=10,
+            color=colors[FIXED],
+            label="fixed: feasible@k (cost k)",
+        )
     for method in methods:
         summary = numbers["methods"][method]
         cost = summary["median_predicted_cost"]
-        left.errorbar([cost], [100 * summary["median_reduction"]], yerr=[100 * summary["median_reduction_std_over_seeds"]],
-                      fmt="o", markersize=8, color=colors[method], mec="black", capsize=4, zorder=3, label=method)
-        right.errorbar([cost], [100 * summary["feasibility_rate"]], yerr=[100 * summary["feasibility_rate_std_over_seeds"]],
-                       fmt="o", markersize=8, color=colors[method], mec="black", capsize=4, zorder=3, label=method)
-    left.set(xlabel="cost (multiples of one fixed run, cost model)", ylabel="median test PPL reduction (%)",
-             title="Median reduction vs cost")
-    right.set(xlabel="cost (multiples of one fixed run, cost model)", ylabel="feasible runs (%)",
-              title="Feasibility rate vs cost", ylim=(-3, 103))
+        left.errorbar(
+            [cost],
+            [100 * summary["median_reduction"]],
+            yerr=[100 * summary["median_reduction_std_over_seeds"]],
+            fmt="o",
+            markersize=8,
+            color=colors[method],
+            mec="black",
+            capsize=4,
+            zorder=3,
+            label=method,
+        )
+        right.errorbar(
+            [cost],
+            [100 * summary["feasibility_rate"]],
+            yerr=[100 * summary["feasibility_rate_std_over_seeds"]],
+            fmt="o",
+            markersize=8,
+            color=colors[method],
+            mec="black",
+            capsize=4,
+            zorder=3,
+            label=method,
+        )
+    left.set(
+        xlabel="cost (multiples of one fixed run, cost model)",
+        ylabel="median test PPL reduction (%)",
+        title="Median reduction vs cost",
+    )
+    right.set(
+        xlabel="cost (multiples of one fixed run, cost model)",
+        ylabel="feasible runs (%)",
+        title="Feasibility rate vs cost",
+        ylim=(-3, 103),
+    )
     left.legend(fontsize=7)
     right.legend(fontsize=7)
     files["cost"] = save(fig, folder, "reduction_and_feasibility_vs_cost.png")
@@ -352,12 +440,21 @@ def write_sweep_figures(numbers: dict[str, Any], results: Sequence[RunResult], f
                 continue
             x = g + (c - (len(columns) - 1) / 2) * width
             ax.boxplot([vals], positions=[x], widths=width * 0.8, showfliers=False)
-            ax.scatter(x + rng.uniform(-width / 5, width / 5, len(vals)), vals, s=12, color=colors[column], zorder=3,
-                       label=column if g == 0 else None)
+            ax.scatter(
+                x + rng.uniform(-width / 5, width / 5, len(vals)),
+                vals,
+                s=12,
+                color=colors[column],
+                zorder=3,
+                label=column if g == 0 else None,
+            )
     ax.set_xticks(range(len(groups)), [f"{k} constraints" for k in groups])
     ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.axhline(0, color="grey", linewidth=0.8)
-    ax.set(ylabel="test PPL reduction (%)", title="Reduction by number of constraints (one dot per scenario)")
+    ax.set(
+        ylabel="test PPL reduction (%)",
+        title="Reduction by number of constraints (one dot per scenario)",
+    )
     ax.legend(fontsize=7)
     files["by_constraints"] = save(fig, folder, "reduction_by_constraints.png")
 
@@ -367,19 +464,34 @@ def write_sweep_figures(numbers: dict[str, Any], results: Sequence[RunResult], f
     for i, (method, rows) in enumerate(violation.items()):
         for offset, key, label in ((-0.2, "method", method), (0.2, "fixed", "best fixed")):
             vals = [max(0.0, r[key]) for r in rows.values()]
-            ax.scatter(i + offset + rng.uniform(-0.05, 0.05, len(vals)), vals, s=16,
-                       color=colors[method if key == "method" else FIXED], zorder=3)
+            ax.scatter(
+                i + offset + rng.uniform(-0.05, 0.05, len(vals)),
+                vals,
+                s=16,
+                color=colors[method if key == "method" else FIXED],
+                zorder=3,
+            )
             ticks.append(i + offset)
             labels.append(f"{label}\n({len(vals)} scenarios)")
     ax.set_xticks(ticks, labels, fontsize=7, rotation=20, ha="right")
     ax.set_xlim(-0.6, max(1, len(violation)) - 0.4)
     if not any(violation.values()):
-        ax.text(0.5, 0.5, "no jointly infeasible scenario:\nevery scenario had a feasible run",
-                transform=ax.transAxes, ha="center", va="center", color="grey")
+        ax.text(
+            0.5,
+            0.5,
+            "no jointly infeasible scenario:\nevery scenario had a feasible run",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            color="grey",
+        )
         ax.set_ylim(0, 1)
     else:
         ax.set_ylim(bottom=0)
-    ax.set(ylabel="max violation (closest checkpoint)", title="Violation, jointly infeasible scenarios (lower is better)")
+    ax.set(
+        ylabel="max violation (closest checkpoint)",
+        title="Violation, jointly infeasible scenarios (lower is better)",
+    )
     files["violation"] = save(fig, folder, "violation_jointly_infeasible.png")
 
     for method in methods:
@@ -394,7 +506,7 @@ def write_sweep_figures(numbers: dict[str, Any], results: Sequence[RunResult], f
             plot_weights(ax, result.records)
             ax.set(title=f"{name} (seed {result.seed})", xlabel="step", ylabel="weight")
             ax.legend(fontsize=6)
-        for ax in list(axes.flat)[len(mine):]:
+        for ax in list(axes.flat)[len(mine) :]:
             ax.axis("off")
         files[f"weights:{method}"] = save(fig, folder, f"weights_{method}.png")
     return files

@@ -36,9 +36,7 @@ def target_data_lines(records: RunRecords) -> list[str]:
     the run's end. Empty for a run whose mixture no solver decided (a fixed mixture) or
     without target data."""
     updates = [
-        u
-        for u in records.updates
-        if _predicted_feasible(u) is not None and not abandoned(u)
+        u for u in records.updates if _predicted_feasible(u) is not None and not abandoned(u)
     ]
     targets = {records.domain_names[i] for i in records.targets}
     columns = [j for j, name in enumerate(records.dataset_names) if name in targets]
@@ -47,20 +45,31 @@ def target_data_lines(records: RunRecords) -> list[str]:
         return []
     starts = [int(u["step"]) for u in updates]
     ends = [*starts[1:], total]
-    steps = [min(int(u["horizon"]), end - start) for u, start, end in zip(updates, starts, ends, strict=True)]
+    steps = [
+        min(int(u["horizon"]), end - start)
+        for u, start, end in zip(updates, starts, ends, strict=True)
+    ]
     shares = [sum(batch_shares(u)[j] for j in columns) for u in updates]
-    trained = {j: sum(batch_shares(u)[j] * n for u, n in zip(updates, steps, strict=True)) for j in columns}
-    per_dataset = ", ".join(f"{records.dataset_names[j]} {100 * trained[j] / total:.1f}%" for j in columns)
+    trained = {
+        j: sum(batch_shares(u)[j] * n for u, n in zip(updates, steps, strict=True)) for j in columns
+    }
+    per_dataset = ", ".join(
+        f"{records.dataset_names[j]} {100 * trained[j] / total:.1f}%" for j in columns
+    )
     line = f"target data: {100 * sum(trained.values()) / total:.1f}% of the {total} steps ({per_dataset})"
     # The first update from which no update trained target data (the run's end if none).
-    dry_from = next((starts[k] for k in range(len(updates)) if all(s <= 1e-6 for s in shares[k:])), total)
+    dry_from = next(
+        (starts[k] for k in range(len(updates)) if all(s <= 1e-6 for s in shares[k:])), total
+    )
     dry = total - dry_from
     if dry:
         line += f"; none from step {dry_from} to the end ({dry} steps)"
     lines = [line]
     if not records.constraints:
         return lines
-    infeasible = [start for u, start in zip(updates, starts, strict=True) if not _predicted_feasible(u)]
+    infeasible = [
+        start for u, start in zip(updates, starts, strict=True) if not _predicted_feasible(u)
+    ]
     if infeasible:
         lines.append(
             f"no mixture was predicted to keep every constraint at {len(infeasible)} of {len(updates)} updates "
@@ -86,7 +95,12 @@ def margin_lines(records: RunRecords, step: int) -> list[str]:
     constraint can read as broken. Empty for a run without per-batch values."""
     points = records.eval_points()
     point = next((p for p in points if p.step == step), None)
-    if point is None or point.eval_batches is None or points[0].eval_batches is None or point.eval_batches.shape[1] < 2:
+    if (
+        point is None
+        or point.eval_batches is None
+        or points[0].eval_batches is None
+        or point.eval_batches.shape[1] < 2
+    ):
         return []
     constraints = records.constraints
     slack = metrics.constraint_slack(point, points[0], constraints)
@@ -133,7 +147,10 @@ def run_report(records: RunRecords) -> str:
             f"{'no main evaluation yet' if last is None else f'evaluated up to step {last}'} "
             f"of {summary['total_steps']} steps)",
         ]
-    lines += [f"targets: {', '.join(targets)}   constraints: {', '.join(constraints) or 'none'}", ""]
+    lines += [
+        f"targets: {', '.join(targets)}   constraints: {', '.join(constraints) or 'none'}",
+        "",
+    ]
     header = ["step", *[f"{t} (target)" for t in targets], *constraints, "feasible", "weights"]
     rows = []
     for row in records.evaluations:
@@ -146,14 +163,22 @@ def run_report(records: RunRecords) -> str:
                     f"{_display(row['eval'][c], kinds[c])} ({row['constraint_slack'][c]:+.3f})"
                     for c in constraints
                 ],
-                "no (backtracked)" if row.get("backtracked") else "yes" if row["feasible"] else "no",
+                "no (backtracked)"
+                if row.get("backtracked")
+                else "yes"
+                if row["feasible"]
+                else "no",
                 weights,
             ]
         )
     widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
     lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    lines += ["", "eval split; constraint columns show value (slack = reference - value, >= 0 holds)", ""]
+    lines += [
+        "",
+        "eval split; constraint columns show value (slack = reference - value, >= 0 holds)",
+        "",
+    ]
     lines += [f"note: {note}" for note in records.notes]
     if not records.finished:
         return "\n".join(lines).rstrip("\n")

@@ -31,7 +31,9 @@ def base_card_path(model: dict[str, Any]) -> Path | None:
     from huggingface_hub.errors import HFValidationError
 
     try:
-        cached = try_to_load_from_cache(name, "README.md", revision=model.get("revision"), repo_type="model")
+        cached = try_to_load_from_cache(
+            name, "README.md", revision=model.get("revision"), repo_type="model"
+        )
     except (HFValidationError, ValueError):  # not a hub id either: nothing to read
         return None
     return Path(cached) if isinstance(cached, str) else None
@@ -49,6 +51,10 @@ def base_license(model: dict[str, Any]) -> dict[str, str]:
 
     try:
         data = ModelCard.load(path, ignore_metadata_errors=True).data
-    except (OSError, ValueError, yaml.YAMLError):  # unreadable, not UTF-8, or a malformed front matter
+    except (
+        OSError,
+        ValueError,
+        yaml.YAMLError,
+    ):  # unreadable, not UTF-8, or a malformed front matter
         return {}
     return {field: str(data.get(field)) for field in LICENSE_FIELDS if data.get(field)}

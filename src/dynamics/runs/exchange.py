@@ -41,7 +41,13 @@ def _system_exchange() -> Callable[[bytes, bytes], int] | None:
         renameat2 = getattr(libc, "renameat2", None)  # glibc 2.28, musl 1.2.3
         if renameat2 is None:
             return None
-        renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        renameat2.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_uint,
+        ]
         renameat2.restype = ctypes.c_int
         return lambda a, b: int(renameat2(_AT_FDCWD, a, _AT_FDCWD, b, _RENAME_EXCHANGE))
     if sys.platform == "darwin":

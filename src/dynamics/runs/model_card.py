@@ -50,7 +50,9 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _TEMPLATE = "---\n{{ card_data }}\n---\n\n{{ body }}\n"
 
 
-def write_model_card(run_folder: Path, repo_id: str | None = None, weights_folder: Path | None = None) -> Path:
+def write_model_card(
+    run_folder: Path, repo_id: str | None = None, weights_folder: Path | None = None
+) -> Path:
     """Write the model card of the finished run in ``run_folder`` (atomically) and return its
     path. ``repo_id``: the Hub repository the checkpoint goes to, named in the loading
     snippet (by default the snippet loads the local folder). ``weights_folder``: the folder
@@ -69,11 +71,15 @@ def write_model_card(run_folder: Path, repo_id: str | None = None, weights_folde
     try:
         config = yaml.safe_load((folder / CONFIG_FILE).read_text())
     except (OSError, yaml.YAMLError) as err:
-        raise RunDirError(f"{folder / CONFIG_FILE} cannot be read ({err}): the run folder is damaged") from None
+        raise RunDirError(
+            f"{folder / CONFIG_FILE} cannot be read ({err}): the run folder is damaged"
+        ) from None
     weights = checkpoint if weights_folder is None else Path(weights_folder)
     path = weights / CARD_FILE
     adapter = (weights / ADAPTER_CONFIG).is_file()
-    card = model_card(records, config, where=repo_id or str(weights), name=repo_id or folder.name, adapter=adapter)
+    card = model_card(
+        records, config, where=repo_id or str(weights), name=repo_id or folder.name, adapter=adapter
+    )
     atomic_write_text(path, str(card))
     return path
 
@@ -129,7 +135,9 @@ def lm_eval_record(folder: Path) -> dict[str, Any] | None:
     try:
         record: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise RunDirError(f"{path} cannot be read ({err}): run dynamics eval again, or remove it") from None
+        raise RunDirError(
+            f"{path} cannot be read ({err}): run dynamics eval again, or remove it"
+        ) from None
     return record
 
 
@@ -158,7 +166,9 @@ def eval_results(record: dict[str, Any]) -> list[EvalResult]:
                     task_type="text-generation",
                     dataset_type=task,
                     dataset_name=str(results.get("alias") or task).strip(" -"),
-                    dataset_args={"num_few_shot": shots[task]} if _number(shots.get(task)) else None,
+                    dataset_args={"num_few_shot": shots[task]}
+                    if _number(shots.get(task))
+                    else None,
                     metric_type=metric,
                     metric_name=metric if filter_name == "none" else f"{metric} ({filter_name})",
                     metric_value=results[key],
@@ -168,7 +178,12 @@ def eval_results(record: dict[str, Any]) -> list[EvalResult]:
 
 
 def card_data(
-    records: RunRecords, config: dict[str, Any], name: str, lm_eval: dict[str, Any] | None, *, adapter: bool
+    records: RunRecords,
+    config: dict[str, Any],
+    name: str,
+    lm_eval: dict[str, Any] | None,
+    *,
+    adapter: bool,
 ) -> ModelCardData:
     """The card's metadata (the Hub's model-card fields); ``name``: the model's name in the
     ``model-index``, made of ``lm_eval`` (``lm_eval.json``) when the run was evaluated;
@@ -182,7 +197,9 @@ def card_data(
         tags += ["lora", "qlora"] if model.get("quantization") else ["lora"]
     else:
         tags.append("full-fine-tuning")
-    hub_ids = list(dict.fromkeys(d["hub_id"] for d in config.get("datasets", []) if d.get("hub_id")))
+    hub_ids = list(
+        dict.fromkeys(d["hub_id"] for d in config.get("datasets", []) if d.get("hub_id"))
+    )
     evaluations = eval_results(lm_eval) if lm_eval is not None else []
     license = base_license(model)
     return ModelCardData(
@@ -200,7 +217,9 @@ def card_data(
 
 
 def _evaluation_at(records: RunRecords, step: int) -> dict[str, Any] | None:
-    rows = [r for r in records.evaluations if int(r["step"]) == step and not r.get("backtracked", False)]
+    rows = [
+        r for r in records.evaluations if int(r["step"]) == step and not r.get("backtracked", False)
+    ]
     return rows[-1] if rows else None
 
 
@@ -232,10 +251,17 @@ def _domains_section(records: RunRecords, config: dict[str, Any], step: int) -> 
             else ""
         )
         role = "target" if name in targets else "constraint"
-        lines.append(f"| {name} | {role} | {metric} | {_source(roles.get(name, {}))} | {base} | {now} | {slack} |")
+        lines.append(
+            f"| {name} | {role} | {metric} | {_source(roles.get(name, {}))} | {base} | {now} | {slack} |"
+        )
     others = [d for d in config.get("datasets", []) if d.get("role") == "non-target"]
     if others:
-        lines += ["", "Also trained on (non-target): " + "; ".join(f"{d['name']} ({_source(d)})" for d in others) + "."]
+        lines += [
+            "",
+            "Also trained on (non-target): "
+            + "; ".join(f"{d['name']} ({_source(d)})" for d in others)
+            + ".",
+        ]
     return lines
 
 
@@ -286,10 +312,15 @@ def _trajectory_section(records: RunRecords, config: dict[str, Any], step: int) 
     kept = [u for u in records.updates if not abandoned(u)]
     if kept:
         final = dict(zip(datasets, kept[-1]["weights"], strict=True))
-        lines += ["", f"Final mixture (update at step {kept[-1]['step']}, in force to the end of the run): {_weights(final)}."]
+        lines += [
+            "",
+            f"Final mixture (update at step {kept[-1]['step']}, in force to the end of the run): {_weights(final)}.",
+        ]
     chosen = _evaluation_at(records, step)
     if chosen is not None and chosen.get("weights"):
-        lines.append(f"Mixture trained on at the chosen step {step}: {_weights(chosen['weights'])}.")
+        lines.append(
+            f"Mixture trained on at the chosen step {step}: {_weights(chosen['weights'])}."
+        )
     return lines
 
 
@@ -386,7 +417,9 @@ def _training_section(records: RunRecords, config: dict[str, Any]) -> list[str]:
         f"schedule), seed {training.get('seed')}.",
     ]
     if summary.get("predicted_cost") is not None:
-        lines.append(f"- Compute: {float(summary['predicted_cost']):.2f}x one fixed-mixture run ({summary.get('cost_assumption', '')}).")
+        lines.append(
+            f"- Compute: {float(summary['predicted_cost']):.2f}x one fixed-mixture run ({summary.get('cost_assumption', '')})."
+        )
     lines.append(
         "- Trained with dynamics, which fine-tunes on a dynamic data mixture under performance "
         "constraints (DynaMiCS); the run folder's config.yaml holds every setting."
@@ -422,7 +455,9 @@ def _lm_eval_section(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def model_card(records: RunRecords, config: dict[str, Any], *, where: str, name: str, adapter: bool) -> ModelCard:
+def model_card(
+    records: RunRecords, config: dict[str, Any], *, where: str, name: str, adapter: bool
+) -> ModelCard:
     """The card of ``records``' best checkpoint; ``where``: what the loading snippet loads,
     ``name``: the model's name in the metadata's ``model-index``, ``adapter``: whether the
     weights are a PEFT adapter (else whole weights: full fine-tuning, or an adapter merged)."""

@@ -33,7 +33,9 @@ METRICS_FILE = "metrics.jsonl"
 CONTROLLER_FILE = "controller.jsonl"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_DIR = "best_checkpoint"
-LM_EVAL_FILE = "lm_eval.json"  # written by dynamics eval (dynamics.engine.harness), read by the model card
+LM_EVAL_FILE = (
+    "lm_eval.json"  # written by dynamics eval (dynamics.engine.harness), read by the model card
+)
 # The start of every name the run gives a temporary file or folder in its run folder.
 OWNED_PREFIX = ".dynamics-"
 
@@ -92,7 +94,10 @@ def fsync_dir(path: Path) -> None:
     try:
         os.fsync(fd)
     except OSError as err:
-        if err.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file system that cannot sync a folder
+        if err.errno not in (
+            errno.EINVAL,
+            errno.ENOTSUP,
+        ):  # a file system that cannot sync a folder
             raise
     finally:
         os.close(fd)
@@ -106,7 +111,9 @@ def fsync_tree(folder: Path) -> None:
     for path in entries:
         if path.is_file() and not path.is_symlink():
             fsync_file(path)
-    for path in sorted((p for p in entries if p.is_dir() and not p.is_symlink()), key=lambda p: -len(p.parts)):
+    for path in sorted(
+        (p for p in entries if p.is_dir() and not p.is_symlink()), key=lambda p: -len(p.parts)
+    ):
         fsync_dir(path)
     fsync_dir(folder)
 
@@ -126,7 +133,9 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def atomic_write_dir(path: Path, write: Callable[[Path], None], keep_previous: Path | None = None) -> None:
+def atomic_write_dir(
+    path: Path, write: Callable[[Path], None], keep_previous: Path | None = None
+) -> None:
     """Fill a fresh temporary folder with ``write``, make it durable (:func:`fsync_tree`),
     then put it in place of ``path`` and sync the parent's entries after the rename. If
     ``write`` fails (a full disk, say) the temporary folder is removed and ``path`` stays as
@@ -346,7 +355,9 @@ def _config_summary(folder: Path, num_updates: int) -> dict[str, Any]:
             "selection_margin": float(config.get("evaluation", {}).get("selection_margin", 0.0)),
         }
     except (yaml.YAMLError, KeyError, TypeError, ValueError) as err:
-        raise RunDirError(f"{path} cannot be read as a run config ({err!r}): the run folder is damaged") from None
+        raise RunDirError(
+            f"{path} cannot be read as a run config ({err!r}): the run folder is damaged"
+        ) from None
 
 
 def read_run(path: str | Path, unfinished: bool = False) -> RunRecords:
@@ -375,7 +386,9 @@ def read_run(path: str | Path, unfinished: bool = False) -> RunRecords:
     updates = logs[CONTROLLER_FILE].rows
     return RunRecords(
         path=folder,
-        summary=json.loads(summary_path.read_text()) if finished else _config_summary(folder, len(updates)),
+        summary=json.loads(summary_path.read_text())
+        if finished
+        else _config_summary(folder, len(updates)),
         evaluations=logs[METRICS_FILE].rows,
         updates=updates,
         finished=finished,

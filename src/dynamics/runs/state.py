@@ -90,7 +90,9 @@ def _remove_left(path: Path) -> None:
         path.unlink()
 
 
-def write_resume_point(run_folder: Path, step: int, write: Callable[[Path], None], name: str = RESUME_DIR) -> None:
+def write_resume_point(
+    run_folder: Path, step: int, write: Callable[[Path], None], name: str = RESUME_DIR
+) -> None:
     """Fill a fresh folder with ``write``, add the manifest, and swap it in as ``name``
     (``last_checkpoint/``); the resume point it replaces becomes ``previous_checkpoint/``
     (whose own older one is deleted first, to free its space). If ``write`` fails, the
@@ -101,14 +103,19 @@ def write_resume_point(run_folder: Path, step: int, write: Callable[[Path], None
         files = sorted(p for p in folder.rglob("*") if p.is_file())
         manifest = {
             "step": step,
-            "files": {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files},
+            "files": {
+                str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+                for p in files
+            },
         }
         (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
 
     previous = _previous(name)
     if previous is not None and (run_folder / name).is_dir():
         _remove(run_folder / previous)
-    atomic_write_dir(run_folder / name, fill, keep_previous=None if previous is None else run_folder / previous)
+    atomic_write_dir(
+        run_folder / name, fill, keep_previous=None if previous is None else run_folder / previous
+    )
 
 
 def check_resume_point(folder: Path) -> tuple[int | None, str | None]:
@@ -154,7 +161,11 @@ def choose_resume_point(run_folder: Path, name: str = RESUME_DIR) -> ResumeChoic
     """The newest complete resume point ``name`` of ``run_folder`` (or the one before it),
     and the damaged ones passed over."""
     previous = _previous(name)
-    candidates = [run_folder / name, *([run_folder / previous] if previous else []), replaced_name(run_folder / name)]
+    candidates = [
+        run_folder / name,
+        *([run_folder / previous] if previous else []),
+        replaced_name(run_folder / name),
+    ]
     good: list[tuple[int, Path]] = []
     damaged: list[tuple[Path, str]] = []
     for folder in candidates:
@@ -188,7 +199,9 @@ def clear_unfinished(run_folder: Path, keep: Path | None, damaged: Iterable[Path
             continue
         if owned(path.name):
             _remove_left(path)
-        elif path.resolve() in remove or (path.name == RESUME_DIR and (keep is None or keep.name != RESUME_DIR)):
+        elif path.resolve() in remove or (
+            path.name == RESUME_DIR and (keep is None or keep.name != RESUME_DIR)
+        ):
             shutil.rmtree(path)
         elif path.name == PREVIOUS_DIR and keep is None:
             shutil.rmtree(path)
@@ -235,7 +248,9 @@ def read_loop_file(resume_point: Path) -> dict[str, Any]:
     try:
         data: dict[str, Any] = json.loads((resume_point / LOOP_FILE).read_text())
     except (OSError, ValueError) as err:
-        raise RunDirError(f"{resume_point / LOOP_FILE} cannot be read ({err}): the resume point is damaged") from None
+        raise RunDirError(
+            f"{resume_point / LOOP_FILE} cannot be read ({err}): the resume point is damaged"
+        ) from None
     return data
 
 
