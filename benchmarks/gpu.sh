@@ -92,7 +92,7 @@ section() {
 skip() { echo "$2" >"$OUT/$1.skip"; }
 
 section engine 150 "$PYTHON" benchmarks/engine.py "${SIZE[@]}" --steps "$ENGINE_STEPS" --profile "$PROFILE"
-section run_overhead 210 "$PYTHON" benchmarks/run_overhead.py "${SIZE[@]}" "${OVERHEAD[@]}" --paper-evaluation
+section run_overhead 300 "$PYTHON" benchmarks/run_overhead.py "${SIZE[@]}" "${OVERHEAD[@]}" --paper-evaluation
 section paper_shape $((${DYNAMICS_PAPER_SECONDS:-90} + 90)) "$PYTHON" benchmarks/run_overhead.py --paper-shape "${PAPER[@]}"
 
 # The machine, read once: the GPU count, then the torch version and the device's name.
