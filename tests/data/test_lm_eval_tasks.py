@@ -311,7 +311,7 @@ def test_documents_longer_than_the_sequence_are_counted_in_one_warning(model_dir
     assert 0 < expected < len(longest)
     for metric in ("accuracy", "loss"):
         caplog.clear()
-        with caplog.at_level("WARNING", logger="dynamics.data.formatting"):
+        with caplog.at_level("WARNING", logger="dynamics.data.formats.lm_eval_choices"):
             build_examples(rows, tokenizer, _source(metric), sequence_length=length)
         warnings = [
             r.getMessage()

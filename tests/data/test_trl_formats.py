@@ -398,7 +398,7 @@ def test_generation_blocks_without_the_end_of_turn_token_are_warned_about(
     )
     assert before_end != GENERATION_TEMPLATE
     rows = rows_of("multi_turn.jsonl")
-    with caplog.at_level(logging.WARNING, logger="dynamics.data.formatting"):
+    with caplog.at_level(logging.WARNING, logger="dynamics.data.chat_templates"):
         ours(rows, tiny_tokenizer(chat_template=GENERATION_TEMPLATE), loss_on="all-assistant")
         assert "end-of-turn" not in caplog.text
         ours(rows, tiny_tokenizer(chat_template=before_end), loss_on="all-assistant")

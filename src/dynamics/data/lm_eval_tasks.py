@@ -48,13 +48,16 @@ import logging
 import random
 from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from dynamics.data.loading import DataError, DataSource, one_line
+from dynamics.data.errors import DataError, one_line
+
+if TYPE_CHECKING:
+    from dynamics.data.source import DataSource
 
 logger = logging.getLogger(__name__)
 

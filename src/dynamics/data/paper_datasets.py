@@ -32,8 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dynamics.data.loading import LOCAL_BUILDERS, DataError, FieldSpec, RowFormat
+from dynamics.data.errors import DataError
+from dynamics.data.formats import FORMATS
+from dynamics.data.loading import LOCAL_BUILDERS
 from dynamics.data.scenarios import DATASETS
+from dynamics.data.source import FieldSpec, FormatName
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ class PaperDataset:
     abbrev: str
     hub_id: str
     split: str
-    format: RowFormat
+    format: FormatName
     checked_against: str
     """Where its schema (column names and types) was checked: a dataset card or viewer page."""
     config_name: str | None = None
@@ -493,7 +496,7 @@ def dataset_entry(
         entry["eval_size"] = entry["test_size"] = 0  # only trained on: nothing to hold out
     if role != "constraint":
         entry["budget"] = budget
-    if spec.format == "multiple_choice" or role == "constraint":
+    if len(FORMATS[spec.format].metrics) > 1 or role == "constraint":  # a choice of metric
         entry["metric"] = metric
     for key in ("columns", "fields"):
         if getattr(spec, key):
