@@ -39,8 +39,8 @@ def read_chat_template(source: DataSource) -> str:
     where = f"{source.description}: chat_template_path {str(path)!r}"
     if not path.is_file():
         raise DataError(
-            f"{where} is not a file; give the path of a Jinja chat template (relative paths are read from the "
-            f"working directory {Path.cwd()})"
+            f"{where} is not a file; give the path of a Jinja chat template (relative paths are "
+            f"read from the working directory {Path.cwd()})"
         )
     try:
         text = path.read_text(encoding="utf-8")
@@ -88,9 +88,9 @@ def _assistant_template(
     )
     if not is_chat_template_stop_token_trained(rendering, chat_template=chosen):
         logger.warning(
-            "%s: the chat template's {%% generation %%} blocks leave out the assistant's end-of-turn token, so "
-            "the model is not trained to stop; put the end-of-turn token inside {%% generation %%}...{%% "
-            "endgeneration %%} (chat_template_path)",
+            "%s: the chat template's {%% generation %%} blocks leave out the assistant's "
+            "end-of-turn token, so the model is not trained to stop; put the end-of-turn token "
+            "inside {%% generation %%}...{%% endgeneration %%} (chat_template_path)",
             source.description,
         )
     return chosen
@@ -104,10 +104,11 @@ def _training_template(tokenizer: PreTrainedTokenizerBase, source: DataSource) -
         return get_training_chat_template(tokenizer)
     except ValueError:
         raise DataError(
-            f"{source.description}: loss_on='all-assistant' trains the tokens that the chat template's "
-            "{% generation %} blocks mark, and this template has none and is not one TRL has a training template "
-            "for; set chat_template_path to a copy of it with {% generation %}...{% endgeneration %} around each "
-            "assistant turn (TRL's trl/chat_templates/*_training.jinja show how), or use loss_on='last-assistant'"
+            f"{source.description}: loss_on='all-assistant' trains the tokens that the chat "
+            "template's {% generation %} blocks mark, and this template has none and is not one "
+            "TRL has a training template for; set chat_template_path to a copy of it with {% "
+            "generation %}...{% endgeneration %} around each assistant turn (TRL's "
+            "trl/chat_templates/*_training.jinja show how), or use loss_on='last-assistant'"
         ) from None
 
 
@@ -132,7 +133,8 @@ def render(
         )
     except (TemplateError, TypeError) as err:
         raise DataError(
-            f"{source.description}, row {index}: the chat template cannot render this row: {one_line(err)}"
+            f"{source.description}, row {index}: the chat template cannot "
+            f"render this row: {one_line(err)}"
         ) from None
 
 

@@ -74,15 +74,15 @@ def _tools(row: Mapping[str, Any], index: int, source: DataSource) -> list[Any] 
             value = json.loads(value)
         except json.JSONDecodeError as err:
             raise DataError(
-                f"{source.description}, row {index}: {source.tools_column!r} is not valid JSON ({err}); give a "
-                "list of tool schemas or its JSON text"
+                f"{source.description}, row {index}: {source.tools_column!r} is not valid JSON "
+                f"({err}); give a list of tool schemas or its JSON text"
             ) from None
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(tool, Mapping) for tool in value):
         raise DataError(
-            f"{source.description}, row {index}: {source.tools_column!r} must hold a list of tool schemas "
-            f"(JSON objects) or its JSON text, got {type(value).__name__}"
+            f"{source.description}, row {index}: {source.tools_column!r} must hold a list of tool "
+            f"schemas (JSON objects) or its JSON text, got {type(value).__name__}"
         )
     return [dict(tool) for tool in value]
 
@@ -126,8 +126,9 @@ def as_chat(row: Mapping[str, Any], index: int, source: DataSource, use_messages
         # TRL's conversational prompt/completion: two chat lists, the completion the assistant's.
         if not (isinstance(prompt, list) and isinstance(response, list)):
             raise DataError(
-                f"{source.description}, row {index}: {source.prompt_column!r} and {response_column!r} must both "
-                "be strings or both be lists of {'role', 'content'} messages (conversational prompt/completion)"
+                f"{source.description}, row {index}: {source.prompt_column!r} and "
+                f"{response_column!r} must both be strings or both be lists of {{'role', "
+                "'content'} messages (conversational prompt/completion)"
             )
         prompt_messages = _with_system(
             _messages(prompt, source.prompt_column, index, source), row, index, source
@@ -135,13 +136,13 @@ def as_chat(row: Mapping[str, Any], index: int, source: DataSource, use_messages
         completion = _messages(response, response_column, index, source)
         if completion[0]["role"] != "assistant":
             raise DataError(
-                f"{source.description}, row {index}: {response_column!r} is the response and must start with a "
-                f"message of role 'assistant', not {completion[0]['role']!r}"
+                f"{source.description}, row {index}: {response_column!r} is the response and must "
+                f"start with a message of role 'assistant', not {completion[0]['role']!r}"
             )
         if completion[-1]["role"] != "assistant":
             raise DataError(
-                f"{source.description}, row {index}: {response_column!r} must end with a message of role "
-                f"'assistant', not {completion[-1]['role']!r}"
+                f"{source.description}, row {index}: {response_column!r} must end with a message "
+                f"of role 'assistant', not {completion[-1]['role']!r}"
             )
         return Chat(
             [*prompt_messages, *completion], tools, len(prompt_messages), len(prompt_messages)

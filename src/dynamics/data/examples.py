@@ -30,7 +30,8 @@ class LMExample:
             )
         if self.position_ids is not None and self.position_ids.shape != self.input_ids.shape:
             raise ValueError(
-                f"position_ids {self.position_ids.shape} must match input_ids {self.input_ids.shape}"
+                f"position_ids {self.position_ids.shape} must match "
+                f"input_ids {self.input_ids.shape}"
             )
 
     def __len__(self) -> int:

@@ -135,8 +135,8 @@ def load_rows(
         loaded = source.rows
     elif source.path is None and source.hub_id is None:
         raise DataError(
-            f"{source.description}: no rows to read; give path= (a local file or folder), hub_id= (a hub "
-            "dataset id) or rows= (a datasets.Dataset)"
+            f"{source.description}: no rows to read; give path= (a local file or folder), hub_id= "
+            "(a hub dataset id) or rows= (a datasets.Dataset)"
         )
     elif source.path is not None:
         path = Path(source.path)
@@ -204,13 +204,13 @@ def _build_fields(
             built[name] = _field_value(row, spec)
         except _NullField as err:
             raise DataError(
-                f"{description}, row {index}: fields.{name} = {spec!r} reads {{{err}}}, which is null in this "
-                "row; fill it, or build the field from other columns"
+                f"{description}, row {index}: fields.{name} = {spec!r} reads {{{err}}}, which is "
+                "null in this row; fill it, or build the field from other columns"
             ) from None
         except (KeyError, IndexError, AttributeError, TypeError) as err:
             raise DataError(
-                f"{description}, row {index}: fields.{name} = {spec!r} reads {err}, which this row does not "
-                "have; fix the row, or the template or path"
+                f"{description}, row {index}: fields.{name} = {spec!r} reads {err}, which this row "
+                "does not have; fix the row, or the template or path"
             ) from None
     return built
 
@@ -231,8 +231,8 @@ def derive_fields(rows: datasets.Dataset, source: DataSource) -> datasets.Datase
             pass  # a null value of row 0 is reported with its row by the map below
         except (KeyError, IndexError, AttributeError, TypeError) as err:
             raise DataError(
-                f"{source.description}: fields.{name} = {spec!r} reads {err}, which row 0 does not have; its "
-                f"columns are {list(rows.column_names)}: fix the template or path"
+                f"{source.description}: fields.{name} = {spec!r} reads {err}, which row 0 does not "
+                f"have; its columns are {list(rows.column_names)}: fix the template or path"
             ) from None
 
     return rows.map(
@@ -277,8 +277,8 @@ def _drop_empty(rows: datasets.Dataset, source: DataSource) -> datasets.Dataset:
     missing = [c for c in source.drop_empty if c not in rows.column_names]
     if missing:
         raise DataError(
-            f"{source.description}: drop_empty names columns {missing} that the rows lack; its columns "
-            f"are {list(rows.column_names)}"
+            f"{source.description}: drop_empty names columns {missing} that the rows lack; its "
+            f"columns are {list(rows.column_names)}"
         )
     columns = list(source.drop_empty)
     kept = rows.filter(
@@ -364,7 +364,8 @@ def check_path(source: DataSource) -> None:
 
 def _empty(source: DataSource) -> DataError:
     return DataError(
-        f"{source.description} is empty: it has no rows (split {source.split}); fill it or remove it"
+        f"{source.description} is empty: it has no rows (split "
+        f"{source.split}); fill it or remove it"
     )
 
 
@@ -417,8 +418,9 @@ def _load(source: DataSource, path: str | None, **kwargs: object) -> object:
         )  # a stream's is its cause
         if value_error and ("split" in detail or "instruction format" in detail):
             raise DataError(
-                f"{source.description}: split {source.split!r} cannot be read ({detail}); set split "
-                "to one of the dataset's splits (a single local file is 'train'), e.g. 'train[:1000]'"
+                f"{source.description}: split {source.split!r} cannot be read ({detail}); "
+                "set split to one of the dataset's splits (a single local file is "
+                "'train'), e.g. 'train[:1000]'"
             ) from None
         if source.hub_id is not None and isinstance(
             err, OSError | datasets.exceptions.DatasetsError

@@ -111,33 +111,33 @@ Revision = Annotated[
     str | None,
     Field(
         min_length=1,
-        description="Hub dataset revision to read (a branch, tag or commit; datasets.load_dataset's revision); "
-        "needs hub_id.",
+        description="Hub dataset revision to read (a branch, tag or commit; "
+        "datasets.load_dataset's revision); needs hub_id.",
     ),
 ]
 DataFilesField = Annotated[
     DataFiles | None,
     BeforeValidator(_data_files_shape),
     Field(
-        description="Files of the hub dataset (or local folder) to read, datasets.load_dataset's data_files: a path "
-        "or glob, a list of them, or split -> path(s); e.g. the .jsonl of a repository that also holds a .csv "
-        "and declares no configs.",
+        description="Files of the hub dataset (or local folder) to read, datasets.load_dataset's "
+        "data_files: a path or glob, a list of them, or split -> path(s); e.g. the .jsonl of a "
+        "repository that also holds a .csv and declares no configs.",
     ),
 ]
 Split = Annotated[str, Field(description="Split to read; slices work, e.g. 'train[:20000]'.")]
 Format = Annotated[
     FormatName,
     Field(
-        description="Row format: plain text, prompt/response pairs (or messages, or TRL's prompt/completion: "
-        "strings or message lists), or multiple choice.",
+        description="Row format: plain text, prompt/response pairs (or messages, or TRL's "
+        "prompt/completion: strings or message lists), or multiple choice.",
     ),
 ]
 LossOnField = Annotated[
     LossOn,
     Field(
-        description="Instruction rows: the loss on the response only (the last assistant message, or a "
-        "prompt/completion pair's completion; TRL's completion_only_loss), or on every assistant turn (of the "
-        "completion, for a pair; TRL's assistant_only_loss).",
+        description="Instruction rows: the loss on the response only (the last assistant message, "
+        "or a prompt/completion pair's completion; TRL's completion_only_loss), or on every "
+        "assistant turn (of the completion, for a pair; TRL's assistant_only_loss).",
     ),
 ]
 Budget = Annotated[
@@ -147,41 +147,41 @@ Budget = Annotated[
 Fields = Annotated[
     dict[str, FieldSpec],
     Field(
-        description="Columns built from each row before formatting, by name: a template over columns "
-        "('{document}\\n\\nQuestion: {question}'), a nested column path ('mc1_targets.choices') or a "
-        "list of column paths (choices spread over several columns).",
+        description="Columns built from each row before formatting, by name: a template over "
+        "columns ('{document}\\n\\nQuestion: {question}'), a nested column path "
+        "('mc1_targets.choices') or a list of column paths (choices spread over several columns).",
     ),
 ]
 TruncationSide = Annotated[
     Literal["right", "left"],
     Field(
-        description="Which end of a too-long example is cut: left keeps the response and the end of "
-        "a long prompt (a document before a question), right keeps the start.",
+        description="Which end of a too-long example is cut: left keeps the response and the end "
+        "of a long prompt (a document before a question), right keeps the start.",
     ),
 ]
 ChatTemplatePath = Annotated[
     str | None,
     Field(
         min_length=1,
-        description="Instruction rows: a Jinja file rendering them instead of the tokenizer's chat template (as TRL's "
-        "chat_template_path), e.g. one with {% generation %} blocks for loss_on all-assistant; relative paths are "
-        "read from the working directory.",
+        description="Instruction rows: a Jinja file rendering them instead of the tokenizer's chat "
+        "template (as TRL's chat_template_path), e.g. one with {% generation %} blocks for loss_on "
+        "all-assistant; relative paths are read from the working directory.",
     ),
 ]
 ChatTemplateKwargs = Annotated[
     dict[str, Any],
     Field(
-        description="Instruction rows: variables passed to the chat template (apply_chat_template's keyword "
-        "arguments), e.g. {enable_thinking: false} for Qwen3.",
+        description="Instruction rows: variables passed to the chat template "
+        "(apply_chat_template's keyword arguments), e.g. {enable_thinking: false} for Qwen3.",
     ),
 ]
 StreamRows = Annotated[
     int | None,
     Field(
         ge=1,
-        description="Read the split as a stream (datasets streaming) and keep this many rows, shuffled "
-        "first (stream_seed, stream_shuffle_buffer), cached on disk after the first read: for huge corpora, "
-        "never downloaded whole.",
+        description="Read the split as a stream (datasets streaming) and keep this many rows, "
+        "shuffled first (stream_seed, stream_shuffle_buffer), cached on disk after the first read: "
+        "for huge corpora, never downloaded whole.",
     ),
 ]
 StreamSeed = Annotated[
@@ -191,25 +191,27 @@ StreamShuffleBuffer = Annotated[
     int,
     Field(
         ge=0,
-        description="Rows of the buffer a stream is shuffled through (IterableDataset.shuffle; the shards' "
-        "order is shuffled too); 0 keeps the stream's first rows.",
+        description="Rows of the buffer a stream is shuffled through (IterableDataset.shuffle; the "
+        "shards' order is shuffled too); 0 keeps the stream's first rows.",
     ),
 ]
 ShuffleChoices = Annotated[
     bool,
     Field(
-        description="Multiple choice: shuffle each question's choices in an order seeded by the question "
-        "(the same on every run), for a benchmark whose correct choice is always at one index.",
+        description="Multiple choice: shuffle each question's choices in an order "
+        "seeded by the question (the same on every run), for a benchmark whose correct "
+        "choice is always at one index.",
     ),
 ]
 LmEvalTask = Annotated[
     str | None,
     Field(
         min_length=1,
-        description="An lm-evaluation-harness multiple-choice task (e.g. tinyMMLU), or a group of them pooled "
-        "into one dataset, whose documents are the rows, built by the task's own prompts, choices, answers, "
-        "few-shot setting and split (instead of path or hub_id; needs the extra lm-eval). metric accuracy is "
-        "lm-eval's acc or acc_norm (lm_eval_metric; constraints only), loss the loss of the correct choice's "
+        description="An lm-evaluation-harness multiple-choice task (e.g. tinyMMLU), or a group "
+        "of them pooled into one dataset, whose documents are the rows, built by the task's "
+        "own prompts, choices, answers, few-shot setting and split (instead of path or hub_id; "
+        "needs the extra lm-eval). metric accuracy is lm-eval's acc or acc_norm "
+        "(lm_eval_metric; constraints only), loss the loss of the correct choice's "
         "continuation (any role). docs/lm-eval.md.",
     ),
 ]
@@ -217,37 +219,41 @@ LmEvalIncludePath = Annotated[
     str | None,
     Field(
         min_length=1,
-        description="A folder of lm-eval task YAMLs searched for lm_eval_task (a task over local files).",
+        description="A folder of lm-eval task YAMLs searched for "
+        "lm_eval_task (a task over local files).",
     ),
 ]
 LmEvalMetric = Annotated[
     Literal["acc", "acc_norm"],
     Field(
-        description="Which of lm-eval's multiple-choice metrics metric accuracy is: acc (the choice whose "
-        "continuation has the largest summed log-likelihood) or acc_norm (that sum divided by the choice's "
-        "length in characters, e.g. tinyMMLU, tinyHellaswag); the task must report it. docs/lm-eval.md.",
+        description="Which of lm-eval's multiple-choice metrics metric accuracy is: acc (the "
+        "choice whose continuation has the largest summed log-likelihood) or acc_norm (that sum "
+        "divided by the choice's length in characters, e.g. tinyMMLU, tinyHellaswag); the task "
+        "must report it. docs/lm-eval.md.",
     ),
 ]
 LmEvalNumFewshot = Annotated[
     int | None,
     Field(
         ge=0,
-        description="Few-shot examples before each document, as lm_eval --num_fewshot (a task whose config sets "
-        "num_fewshot: 0 keeps 0); default: the task's own.",
+        description="Few-shot examples before each document, as lm_eval --num_fewshot (a task "
+        "whose config sets num_fewshot: 0 keeps 0); default: the task's own.",
     ),
 ]
 LmEvalApplyChatTemplate = Annotated[
     bool,
     Field(
-        description="lm_eval --apply_chat_template: each context (system instruction, few-shot examples, "
-        "document) is put through the tokenizer's chat template, as lm-eval's hf model renders it.",
+        description="lm_eval --apply_chat_template: each context (system instruction, "
+        "few-shot examples, document) is put through the tokenizer's chat template, as "
+        "lm-eval's hf model renders it.",
     ),
 ]
 LmEvalFewshotAsMultiturn = Annotated[
     bool,
     Field(
-        description="lm_eval --fewshot_as_multiturn, with lm_eval_apply_chat_template: the few-shot examples as "
-        "turns of the chat (true, simple_evaluate's default) or all in the first user turn (false).",
+        description="lm_eval --fewshot_as_multiturn, with lm_eval_apply_chat_template: the "
+        "few-shot examples as turns of the chat (true, simple_evaluate's default) or all in "
+        "the first user turn (false).",
     ),
 ]
 LmEvalSystemInstruction = Annotated[
@@ -365,12 +371,14 @@ class DataSource:
         ]
         if len(given) > 1:
             raise DataError(
-                f"a DataSource reads one of path= (a local file or folder), hub_id= (a hub dataset id), "
-                f"rows= (a datasets.Dataset) or lm_eval_task= (an lm-eval task); got {' and '.join(given)}"
+                "a DataSource reads one of path= (a local file or folder), hub_id= (a hub "
+                "dataset id), rows= (a datasets.Dataset) or lm_eval_task= (an lm-eval "
+                f"task); got {' and '.join(given)}"
             )
         if self.lm_eval_task is not None and self.format != "multiple_choice":
             raise DataError(
-                f"lm_eval_task={self.lm_eval_task!r} reads a multiple-choice task: set format='multiple_choice'"
+                f"lm_eval_task={self.lm_eval_task!r} reads a multiple-choice task: "
+                "set format='multiple_choice'"
             )
         if self.lm_eval_task is None:
             self._check_no_lm_eval_settings()
@@ -401,8 +409,9 @@ class DataSource:
             raise DataError(f"lm_eval_metric={self.lm_eval_metric!r}: use 'acc' or 'acc_norm'")
         if self.lm_eval_metric != "acc" and self.metric == "loss":
             raise DataError(
-                f"lm_eval_metric={self.lm_eval_metric!r} picks what metric='accuracy' scores; metric='loss' is the "
-                "correct continuation's loss: remove lm_eval_metric or set metric='accuracy'"
+                f"lm_eval_metric={self.lm_eval_metric!r} picks what metric='accuracy' "
+                "scores; metric='loss' is the correct continuation's loss: remove "
+                "lm_eval_metric or set metric='accuracy'"
             )
         if self.stream_rows is not None and (
             isinstance(self.stream_rows, bool)
@@ -410,7 +419,8 @@ class DataSource:
             or self.stream_rows < 1
         ):
             raise DataError(
-                f"stream_rows={self.stream_rows!r}: use a positive row count, or None to read every row"
+                f"stream_rows={self.stream_rows!r}: use a positive row "
+                "count, or None to read every row"
             )
         if self.stream_rows is not None and self.rows is not None:
             raise DataError(
@@ -428,8 +438,8 @@ class DataSource:
             or self.stream_shuffle_buffer < 0
         ):
             raise DataError(
-                f"stream_shuffle_buffer={self.stream_shuffle_buffer!r}: use a row count >= 0 (0 keeps the "
-                "stream's first rows)"
+                f"stream_shuffle_buffer={self.stream_shuffle_buffer!r}: use a row count >= 0 (0 "
+                "keeps the stream's first rows)"
             )
         if self.loss_on not in LOSS_ON:
             raise DataError(f"loss_on={self.loss_on!r}: use one of {', '.join(LOSS_ON)}")
@@ -447,15 +457,16 @@ class DataSource:
             )
         if self.revision is not None and self.hub_id is None:
             raise DataError(
-                f"revision={self.revision!r} pins a hub dataset's version; it needs hub_id= (a local path or "
-                "rows in memory have no revision)"
+                f"revision={self.revision!r} pins a hub dataset's version; it needs hub_id= (a "
+                "local path or rows in memory have no revision)"
             )
         if self.data_files is not None:
             check_data_files(self.data_files)
             if self.hub_id is None and (self.path is None or Path(self.path).suffix):
                 raise DataError(
-                    f"data_files={self.data_files!r} chooses files of a hub dataset or of a local folder; it needs "
-                    "hub_id= or a folder path= (a single local file is read as it is)"
+                    f"data_files={self.data_files!r} chooses files of a hub dataset or "
+                    "of a local folder; it needs hub_id= or a folder path= (a single "
+                    "local file is read as it is)"
                 )
         for name, spec in self.fields.items():
             _check_field_spec(name, spec)
@@ -485,14 +496,15 @@ class DataSource:
             isinstance(key, str) for key in self.chat_template_kwargs
         ):
             raise DataError(
-                f"chat_template_kwargs={self.chat_template_kwargs!r}: give a mapping of template variable names "
-                "to values, e.g. {'enable_thinking': False}"
+                f"chat_template_kwargs={self.chat_template_kwargs!r}: give a mapping of template "
+                "variable names to values, e.g. {'enable_thinking': False}"
             )
         reserved = sorted(set(self.chat_template_kwargs) & CHAT_TEMPLATE_ARGUMENTS)
         if reserved:
             raise DataError(
-                f"chat_template_kwargs sets {', '.join(reserved)}, which the formatting of the rows sets itself; "
-                "remove them (tools come from the rows' tools column, the template from chat_template_path)"
+                f"chat_template_kwargs sets {', '.join(reserved)}, which the formatting of the "
+                "rows sets itself; remove them (tools come from the rows' tools column, the "
+                "template from chat_template_path)"
             )
         given = [
             name for name in ("chat_template_path", "chat_template_kwargs") if getattr(self, name)
@@ -550,8 +562,8 @@ def check_data_files(value: object) -> None:
         good = paths(value)
     if not good:
         raise DataError(
-            f"data_files={value!r}: give a file path or glob ('data.jsonl'), a non-empty list of them, or a "
-            "mapping of split names to them ({'train': 'data.jsonl'})"
+            f"data_files={value!r}: give a file path or glob ('data.jsonl'), a non-empty list of "
+            "them, or a mapping of split names to them ({'train': 'data.jsonl'})"
         )
 
 

@@ -57,7 +57,7 @@ def _source_fields() -> dict[str, Any]:
 if TYPE_CHECKING:
 
     class _SourceFields(ConfigSection):
-        """What a type checker sees of the fields built from ``DataSource``'s: values of any type."""
+        """What a type checker sees of the fields built from ``DataSource``'s: any type."""
 
         def __getattr__(self, name: str) -> Any: ...
 
@@ -72,7 +72,8 @@ class DatasetConfig(_SourceFields):
 
     role: Literal["target", "non-target", "constraint"] = Field(
         ...,
-        description="target: trained and minimised; non-target: trained only; constraint: evaluated only.",
+        description="target: trained and minimised; non-target: trained only; "
+        "constraint: evaluated only.",
     )
     metric: Literal["loss", "accuracy"] = Field(
         "loss",
@@ -81,11 +82,13 @@ class DatasetConfig(_SourceFields):
     )
     columns: dict[str, str] = Field(
         default_factory=dict,
-        description=f"Column names when they differ from the defaults; keys: {', '.join(COLUMN_KEYS)}.",
+        description="Column names when they differ from the defaults; "
+        f"keys: {', '.join(COLUMN_KEYS)}.",
     )
     eval_size: int | float | None = Field(
         None,
-        description="Rows held out for evaluation: a count or a fraction (default 0.1; 0.5 for constraints).",
+        description="Rows held out for evaluation: a count or a fraction "
+        "(default 0.1; 0.5 for constraints).",
     )
     test_size: int | float | None = Field(
         None, description="Rows held out for the test split, as eval_size."
@@ -93,8 +96,9 @@ class DatasetConfig(_SourceFields):
     eval_batch_size: int | None = Field(
         None,
         ge=1,
-        description="Evaluation batch size of this domain (default: evaluation.batch_size). Larger for "
-        "short rows, e.g. an accuracy constraint, where each question of a small sample moves it a lot.",
+        description="Evaluation batch size of this domain (default: "
+        "evaluation.batch_size). Larger for short rows, e.g. an accuracy constraint, where "
+        "each question of a small sample moves it a lot.",
     )
     drop_empty: list[str] = Field(
         default_factory=list,
@@ -102,8 +106,8 @@ class DatasetConfig(_SourceFields):
     )
     strip_strings: list[str] = Field(
         default_factory=list,
-        description="Literal strings removed from every string column of each row, e.g. a tokenizer's control "
-        "token written into the data ('<|endoftext|>').",
+        description="Literal strings removed from every string column of each row, e.g. a "
+        "tokenizer's control token written into the data ('<|endoftext|>').",
     )
 
     @field_validator("eval_size", "test_size", mode="before")
@@ -122,8 +126,8 @@ class DatasetConfig(_SourceFields):
             )
         if self.revision is not None and self.hub_id is None:
             raise ValueError(
-                f"dataset {self.name!r}: revision {self.revision!r} pins a hub dataset's version; set hub_id, or "
-                "remove revision for a local path"
+                f"dataset {self.name!r}: revision {self.revision!r} pins a hub dataset's version; "
+                "set hub_id, or remove revision for a local path"
             )
         # Neither: the rows are passed in Python (dynamics.run(config, data={name: rows})).
         unknown = sorted(set(self.columns) - set(COLUMN_KEYS))
@@ -154,8 +158,9 @@ class DatasetConfig(_SourceFields):
             for split in ("eval_size", "test_size"):
                 if getattr(self, split) == 0:
                     raise ValueError(
-                        f"dataset {self.name!r}: {split} is 0, but a {self.role} is evaluated on its eval "
-                        f"split and reported on its test split; give {split} > 0 (or leave it unset)"
+                        f"dataset {self.name!r}: {split} is 0, but a {self.role} is "
+                        "evaluated on its eval split and reported on its test split; give "
+                        f"{split} > 0 (or leave it unset)"
                     )
         try:
             self.data_source()  # the data layer's own checks of sizes and budget
@@ -177,7 +182,8 @@ class DatasetConfig(_SourceFields):
     def _check_lm_eval(self) -> None:
         if self.lm_eval_task is None:
             raise ValueError(
-                f"dataset {self.name!r}: {', '.join(self._lm_eval_settings())} configure lm_eval_task; set lm_eval_task"
+                f"dataset {self.name!r}: {', '.join(self._lm_eval_settings())} configure "
+                "lm_eval_task; set lm_eval_task"
             )
         fields = ("path", "hub_id", "config_name", "revision", "data_files", "stream_rows")
         given = [f for f in fields if getattr(self, f) is not None]
@@ -193,14 +199,14 @@ class DatasetConfig(_SourceFields):
         )
         if given:
             raise ValueError(
-                f"dataset {self.name!r}: lm_eval_task {self.lm_eval_task!r} builds its rows with the task's own "
-                f"split, prompts and choices; remove {', '.join(given)}"
+                f"dataset {self.name!r}: lm_eval_task {self.lm_eval_task!r} builds its rows with "
+                f"the task's own split, prompts and choices; remove {', '.join(given)}"
             )
         if self.metric == "accuracy" and self.role != "constraint":
             raise ValueError(
-                f"dataset {self.name!r}: accuracy on lm_eval_task {self.lm_eval_task!r} is evaluated only and "
-                "can only be a constraint: set role: constraint, or metric: loss to train on the correct "
-                "continuations"
+                f"dataset {self.name!r}: accuracy on lm_eval_task {self.lm_eval_task!r} is "
+                "evaluated only and can only be a constraint: set role: constraint, or metric: "
+                "loss to train on the correct continuations"
             )
 
     def data_source(self, rows: datasets.Dataset | None = None) -> DataSource:

@@ -103,8 +103,9 @@ def _instruction_documents(
     if template is None and tokenizer.chat_template is None:
         if source.chat_template_kwargs:
             raise DataError(
-                f"{source.description}: chat_template_kwargs are passed to a chat template, and the tokenizer has "
-                "none; set chat_template_path to the model's Jinja chat template, or remove chat_template_kwargs"
+                f"{source.description}: chat_template_kwargs are passed to a chat template, and "
+                "the tokenizer has none; set chat_template_path to the model's Jinja chat "
+                "template, or remove chat_template_kwargs"
             )
         return [
             _fallback_document(tokenizer, chat, start + i, source) for i, chat in enumerate(chats)
@@ -113,9 +114,9 @@ def _instruction_documents(
         return _response_documents(tokenizer, chats, template, source, start)
     if not tokenizer.is_fast:
         raise DataError(
-            f"{source.description}: loss_on='all-assistant' locates the assistant's tokens by their character "
-            "offsets, which only a fast tokenizer gives; load a fast tokenizer (use_fast=True) or use "
-            "loss_on='last-assistant'"
+            f"{source.description}: loss_on='all-assistant' locates the assistant's tokens by "
+            "their character offsets, which only a fast tokenizer gives; load a fast tokenizer "
+            "(use_fast=True) or use loss_on='last-assistant'"
         )
     return [
         _assistant_document(tokenizer, chat, template, source, start + i)
@@ -197,11 +198,11 @@ def _assistant_document(
         trained[: _common_prefix_length(prompt, ids.tolist())] = False
     if not trained.any():
         raise DataError(
-            f"{source.description}, row {index}: the chat template marks none of its tokens as the assistant's "
-            "({% generation %} blocks), which loss_on='all-assistant' trains; set chat_template_path to a template "
-            "with {% generation %}...{% endgeneration %} around each assistant turn, install TRL "
-            "(pip install 'dynamics[trl]') for its training template of this model family, or use "
-            "loss_on='last-assistant'"
+            f"{source.description}, row {index}: the chat template marks none of its tokens as the "
+            "assistant's ({% generation %} blocks), which loss_on='all-assistant' trains; set "
+            "chat_template_path to a template with {% generation %}...{% endgeneration %} around "
+            "each assistant turn, install TRL (pip install 'dynamics[trl]') for its training "
+            "template of this model family, or use loss_on='last-assistant'"
         )
     return LMExample(input_ids=ids, labels=np.where(trained, ids, IGNORE_INDEX).astype(np.int32))
 
@@ -258,8 +259,8 @@ def _check_fallback(chat: Chat, index: int, source: DataSource) -> None:
     )
     if unrendered:
         raise DataError(
-            f"{source.description}, row {index}: its {', '.join(unrendered)} need a chat template, and the "
-            "tokenizer has none; set chat_template_path to the model's Jinja chat template"
+            f"{source.description}, row {index}: its {', '.join(unrendered)} need a chat template, "
+            "and the tokenizer has none; set chat_template_path to the model's Jinja chat template"
         )
 
 

@@ -103,7 +103,8 @@ LM_EVAL_CHOICES = LmEvalChoicesFormat()
 def _continuation_pairs(
     rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, source: DataSource
 ) -> list[list[tuple[list[int], list[int]]]]:
-    """Each lm-eval row's (context ids, continuation ids) per choice, encoded as lm-eval encodes them."""
+    """Each lm-eval row's (context ids, continuation ids) per choice, encoded as lm-eval
+    encodes them."""
     from dynamics.data.lm_eval_tasks import encode_pairs, render_chats
 
     contexts = [c for row in rows for c in row["contexts"]]
@@ -170,9 +171,9 @@ def _continuation_examples(
     ):
         if max(lengths) >= sequence_length:
             raise DataError(
-                f"{source.description}, question {index}: a continuation of {max(lengths)} tokens does not fit "
-                f"after a context within sequence_length={sequence_length}; raise sequence_length "
-                "(training.sequence_length in a run config)"
+                f"{source.description}, question {index}: a continuation of {max(lengths)} tokens "
+                f"does not fit after a context within sequence_length={sequence_length}; raise "
+                "sequence_length (training.sequence_length in a run config)"
             )
         kept = [np.asarray(ids[-sequence_length:], dtype=np.int32) for ids in sequences]
         examples.append(
@@ -195,9 +196,9 @@ def _warn_cut_documents(source: DataSource, longest: Sequence[int], sequence_len
     cut = sum(length > sequence_length for length in longest)
     if cut:
         logger.warning(
-            "%s: %d of %d documents have a context and continuation longer than sequence_length=%d; their "
-            "contexts keep their last tokens, so their scores differ from lm-eval's (raise "
-            "training.sequence_length)",
+            "%s: %d of %d documents have a context and continuation longer than "
+            "sequence_length=%d; their contexts keep their last tokens, so their scores differ "
+            "from lm-eval's (raise training.sequence_length)",
             source.description,
             cut,
             len(longest),
