@@ -70,7 +70,7 @@ def _assistant_template(
     tokenizer's own) when it has such blocks, else TRL's training template of its model
     family (``get_training_chat_template``: Qwen3, Llama 3, Gemma, ...). As TRL, a warning
     says when the blocks leave out the assistant's end-of-turn token. Without TRL installed
-    the template is kept; a row it marks no token of is refused (``_assistant_document``)."""
+    the template is kept; a row it marks no token of is refused (``formats.instruction``)."""
     try:
         from trl.chat_template_utils import (
             has_generation_markers,

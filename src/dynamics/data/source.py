@@ -322,10 +322,10 @@ class DataSource:
     test_size: int | float = 0.1
     """Rows held out for the test split, as ``eval_size``."""
     metric: ChoiceMetric | None = None
-    """How the domain is scored. ``multiple_choice``: ``accuracy`` scores the
-    letter-restricted argmax, ``loss`` is the loss of the correct choice's text after the
-    question (see ``formatting``). Other formats are scored by ``loss`` only. None (the
-    default) becomes ``accuracy`` for ``multiple_choice`` and ``loss`` otherwise."""
+    """How the domain is scored: one of its format's ``metrics``. ``multiple_choice``:
+    ``accuracy`` scores the letter-restricted argmax, ``loss`` is the loss of the correct
+    choice's text after the question (see ``formats.multiple_choice``). The other formats are
+    scored by ``loss`` only. None (the default) becomes the format's first metric."""
     fields: Fields = field(default_factory=dict)
     drop_empty: tuple[str, ...] = ()
     """Columns whose empty or null rows are dropped (after ``fields``), e.g. a response

@@ -1,5 +1,6 @@
 """Token ids every row format needs: the pad, EOS and answer-letter ids of a tokenizer, a
-batch of texts encoded, and a prompt/response pair as an example whose loss is on the response."""
+batch of texts encoded, a prompt/response pair as an example whose loss is on the response,
+and where a completion starts after its prompt."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
 
 
 def eos_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The EOS id that ends every document; ``DataError`` when the tokenizer has none."""
     if tokenizer.eos_token_id is None:
         raise DataError(
             "the tokenizer has no EOS token, needed to end documents; set tokenizer.eos_token"
@@ -72,3 +74,10 @@ def masked_example(prompt_ids: Sequence[int], response_ids: Sequence[int]) -> LM
     labels = ids.copy()
     labels[: len(prompt_ids)] = IGNORE_INDEX
     return LMExample(input_ids=ids, labels=labels)
+
+
+def common_prefix_length(ids: list[int], other_ids: list[int]) -> int:
+    """How many leading tokens the two share (TRL's ``common_prefix_length``): where a
+    completion starts in the ids of its prompt followed by it."""
+    differences = (i for i, (a, b) in enumerate(zip(ids, other_ids, strict=False)) if a != b)
+    return next(differences, min(len(ids), len(other_ids)))

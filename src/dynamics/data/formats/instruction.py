@@ -49,7 +49,12 @@ from dynamics.data.errors import DataError
 from dynamics.data.examples import IGNORE_INDEX, LMExample
 from dynamics.data.formats.base import RowFormat
 from dynamics.data.formats.registry import register
-from dynamics.data.tokens import encode_texts, eos_token_id, masked_example
+from dynamics.data.tokens import (
+    common_prefix_length,
+    encode_texts,
+    eos_token_id,
+    masked_example,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -195,7 +200,7 @@ def _assistant_document(
             return_dict=True,
             add_generation_prompt=True,
         )["input_ids"]
-        trained[: _common_prefix_length(prompt, ids.tolist())] = False
+        trained[: common_prefix_length(prompt, ids.tolist())] = False
     if not trained.any():
         raise DataError(
             f"{source.description}, row {index}: the chat template marks none of its tokens as the "
@@ -205,12 +210,6 @@ def _assistant_document(
             "template of this model family, or use loss_on='last-assistant'"
         )
     return LMExample(input_ids=ids, labels=np.where(trained, ids, IGNORE_INDEX).astype(np.int32))
-
-
-def _common_prefix_length(ids: list[int], other_ids: list[int]) -> int:
-    """How many leading tokens the two share (TRL's ``common_prefix_length``)."""
-    differences = (i for i, (a, b) in enumerate(zip(ids, other_ids, strict=False)) if a != b)
-    return next(differences, min(len(ids), len(other_ids)))
 
 
 def _fallback_document(
