@@ -29,7 +29,7 @@ import datasets
 from pydantic import BeforeValidator, Field
 
 from dynamics.data.errors import DataError
-from dynamics.data.formats import FORMATS, format_names
+from dynamics.data.formats import FORMATS, LM_EVAL_CHOICES, format_names
 
 if TYPE_CHECKING:
     FormatName = str
@@ -128,8 +128,9 @@ Split = Annotated[str, Field(description="Split to read; slices work, e.g. 'trai
 Format = Annotated[
     FormatName,
     Field(
-        description="Row format: plain text, prompt/response pairs (or messages, or TRL's "
-        "prompt/completion: strings or message lists), or multiple choice.",
+        description="Row format, a name of dynamics.data.formats.FORMATS: text (plain text), "
+        "instruction (prompt/response pairs, messages, or TRL's prompt/completion: strings or "
+        "message lists), multiple_choice (docs/datasets.md).",
     ),
 ]
 LossOnField = Annotated[
@@ -375,10 +376,10 @@ class DataSource:
                 "dataset id), rows= (a datasets.Dataset) or lm_eval_task= (an lm-eval "
                 f"task); got {' and '.join(given)}"
             )
-        if self.lm_eval_task is not None and self.format != "multiple_choice":
+        if self.lm_eval_task is not None and self.format != LM_EVAL_CHOICES.name:
             raise DataError(
                 f"lm_eval_task={self.lm_eval_task!r} reads a multiple-choice task: "
-                "set format='multiple_choice'"
+                f"set format={LM_EVAL_CHOICES.name!r}"
             )
         if self.lm_eval_task is None:
             self._check_no_lm_eval_settings()

@@ -12,7 +12,7 @@ from pydantic import Field, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from dynamics.data.errors import DataError
-from dynamics.data.formats import FORMATS
+from dynamics.data.formats import FORMATS, LM_EVAL_CHOICES
 from dynamics.data.source import DataSource
 from dynamics.engine.config_section import ConfigSection
 
@@ -194,7 +194,7 @@ class DatasetConfig(_SourceFields):
         ]
         given += (
             ["format"]
-            if "format" in self.model_fields_set and self.format != "multiple_choice"
+            if "format" in self.model_fields_set and self.format != LM_EVAL_CHOICES.name
             else []
         )
         if given:
@@ -215,7 +215,7 @@ class DatasetConfig(_SourceFields):
         are split between eval and test (half each unless set)."""
         shared: dict[str, Any] = {name: getattr(self, name) for name in SHARED_FIELDS}
         if self.lm_eval_task is not None:
-            shared["format"] = "multiple_choice"
+            shared["format"] = LM_EVAL_CHOICES.name
         elif rows is not None:
             shared.update(path=None, hub_id=None, rows=rows)
         default_held_out = 0.5 if self.role == "constraint" else 0.1

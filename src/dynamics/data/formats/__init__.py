@@ -20,7 +20,7 @@ from dynamics.data.formats.registry import FORMATS
 if TYPE_CHECKING:
     from dynamics.data.source import DataSource
 
-__all__ = ["FORMATS", "RowFormat", "format_names", "format_of"]
+__all__ = ["FORMATS", "LM_EVAL_CHOICES", "RowFormat", "format_names", "format_of"]
 
 
 def format_names() -> tuple[str, ...]:

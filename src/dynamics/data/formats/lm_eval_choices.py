@@ -50,7 +50,8 @@ CONTINUATION_FEATURES = datasets.Features(
 
 
 class LmEvalChoicesFormat(MultipleChoiceFormat):
-    name = "multiple_choice"
+    """The multiple-choice rows an lm-eval task builds; a source names it ``multiple_choice``,
+    its own name inherited."""
 
     def required_columns(self, source: DataSource, columns: list[str]) -> list[str]:
         return ["contexts", "continuations", "answer"]  # what lm_eval_tasks.task_rows builds
