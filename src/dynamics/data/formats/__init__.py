@@ -5,14 +5,18 @@ its ``RowFormat``; ``format_of(source)`` is the format a source's rows are read 
 
 A format is one module of this package holding a ``RowFormat`` subclass (its columns, its
 metrics, how a batch of rows becomes token ids and loss labels) that ends with
-``register(...)`` of an instance, plus its name in the import line below.
+``register(...)`` of an instance, plus its name in the import of the format modules below.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dynamics.data.formats import instruction, multiple_choice, text  # noqa: F401 (registers)
+from dynamics.data.formats import (  # noqa: F401 (each module registers its format)
+    instruction,
+    multiple_choice,
+    text,
+)
 from dynamics.data.formats.base import RowFormat
 from dynamics.data.formats.lm_eval_choices import LM_EVAL_CHOICES
 from dynamics.data.formats.registry import FORMATS
