@@ -11,16 +11,16 @@ import pytest
 def tokenized_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The number of instruction rows of each tokenization call made during the test, so
     a test can tell rows tokenized from rows read from datasets' cache."""
-    from dynamics.data import formatting
+    from dynamics.data.formats.instruction import InstructionFormat
 
     calls: list[int] = []
-    tokenize = formatting._instruction_documents
+    tokenize = InstructionFormat.documents
 
-    def counting(rows: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
+    def counting(self: Any, rows: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
         calls.append(len(rows))
-        return tokenize(rows, *args, **kwargs)
+        return tokenize(self, rows, *args, **kwargs)
 
-    monkeypatch.setattr(formatting, "_instruction_documents", counting)
+    monkeypatch.setattr(InstructionFormat, "documents", counting)
     return calls
 
 

@@ -259,7 +259,8 @@ def test_multiple_choice_prompt_letters_and_answers(tokenizer: PreTrainedTokeniz
     first = examples[0]
     assert isinstance(first, ChoiceExample)
     assert tokenizer.decode(first.input_ids.tolist()) == (
-        "Which planet is known as the Red Planet?\nA. Venus\nB. Mars\nC. Jupiter\nD. Saturn\nAnswer:"
+        "Which planet is known as the Red Planet?\nA. Venus\nB. "
+        "Mars\nC. Jupiter\nD. Saturn\nAnswer:"
     )
     letters = letter_token_ids(tokenizer, 4)
     assert first.choice_token_ids.tolist() == letters

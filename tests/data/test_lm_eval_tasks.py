@@ -311,7 +311,7 @@ def test_documents_longer_than_the_sequence_are_counted_in_one_warning(model_dir
     assert 0 < expected < len(longest)
     for metric in ("accuracy", "loss"):
         caplog.clear()
-        with caplog.at_level("WARNING", logger="dynamics.data.formatting"):
+        with caplog.at_level("WARNING", logger="dynamics.data.formats.lm_eval_choices"):
             build_examples(rows, tokenizer, _source(metric), sequence_length=length)
         warnings = [
             r.getMessage()
@@ -492,13 +492,15 @@ def test_lm_evals_own_tiny_mmlu_names_the_package_its_aggregation_needs(in_repo)
 def test_the_metric_asked_for_is_the_one_checked(in_repo):
     with pytest.raises(
         DataError,
-        match=r"task 'tinyMMLU' reports no 'acc' \(it reports \['acc_norm'\]\); set lm_eval_metric: acc_norm",
+        match=r"task 'tinyMMLU' reports no 'acc' \(it reports \['acc_norm'\]\); "
+        r"set lm_eval_metric: acc_norm",
     ):
         load_rows(_source("accuracy", "tinyMMLU"))
     # The loss of the correct continuation needs neither (the answer is acc_norm's).
     assert load_rows(_source("loss", "tinyMMLU"))["answer"] == [1, 0, 2, 3, 1, 1]
     with pytest.raises(
         DataError,
-        match=r"task 'quiz_spaces' reports no 'acc_norm' \(it reports \['acc'\]\); set lm_eval_metric: acc",
+        match=r"task 'quiz_spaces' reports no 'acc_norm' \(it reports \['acc'\]\); "
+        r"set lm_eval_metric: acc",
     ):
         load_rows(_source("accuracy", "quiz_spaces", "acc_norm"))

@@ -423,11 +423,13 @@ def test_stream_stamp_has_every_file_of_a_folder_and_the_hub_revision(tmp_path: 
     [
         (
             [{"q": "a", "c": "x"}, {"q": "b", "c": None}],
-            r"file .*rows.jsonl, row 1: fields.prompt = '\{q\} \{c\}' reads \{c\}, which is null in this row",
+            r"file .*rows.jsonl, row 1: fields.prompt = '\{q\} \{c\}' reads \{c\}, "
+            r"which is null in this row",
         ),
         (
             [{"q": "a", "c": ["x", "y"]}, {"q": "b", "c": ["x"]}],
-            r"file .*rows.jsonl, row 1: fields.prompt = '\{q\} \{c\[1\]\}' reads .*, which this row does not have",
+            r"file .*rows.jsonl, row 1: fields.prompt = '\{q\} \{c\[1\]\}' reads .*, "
+            r"which this row does not have",
         ),
     ],
 )

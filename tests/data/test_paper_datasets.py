@@ -1,4 +1,5 @@
-"""The registry of the paper's 22 datasets: every loader reads fixture rows shaped like the hub's."""
+"""The registry of the paper's 22 datasets: every loader reads fixture rows shaped like the
+hub's."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def test_the_registry_covers_the_papers_table_and_the_docs_list_it() -> None:
     assert list(PAPER_DATASETS) == list(DATASETS)
     assert sorted(p.stem for p in PAPER_FIXTURES.glob("*.jsonl")) == sorted(DATASETS)
     assert datasets_reference_table() in (ROOT / "docs" / "datasets.md").read_text(), (
-        "docs/datasets.md is stale: paste dynamics.data.paper_datasets.datasets_reference_table() into it"
+        "docs/datasets.md is stale: paste "
+        "dynamics.data.paper_datasets.datasets_reference_table() into it"
     )
 
 
@@ -53,7 +55,8 @@ def test_the_registry_covers_the_papers_table_and_the_docs_list_it() -> None:
 def test_each_dataset_reads_rows_shaped_like_the_hubs(
     abbrev: str, tokenizer: PreTrainedTokenizerFast
 ) -> None:
-    """The hub entry and the local entry read the same columns; the fixture's rows become examples."""
+    """The hub entry and the local entry read the same columns; the fixture's rows become
+    examples."""
     role = role_of(abbrev)
     hub = DatasetConfig(**dataset_entry(abbrev, role=role))
     local = DatasetConfig(**dataset_entry(abbrev, role=role, data_root=PAPER_FIXTURES))

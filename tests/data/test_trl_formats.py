@@ -39,13 +39,11 @@ QWEN3_STYLE = TRL_FIXTURES / "qwen3_style_training.jinja"
 """A small template modelled on TRL's Qwen3 training template, with {% generation %} blocks."""
 
 GENERATION_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'assistant' %}"
-    "{{ '<|im_start|>assistant\\n' }}"
-    "{% generation %}{{ message['content'] + '<|im_end|>\\n' }}{% endgeneration %}"
-    "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    "{% for message in messages %}{% if message['role'] == 'assistant' %}{{ "
+    "'<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] + '<|im_end|>\\n' }}{% "
+    "endgeneration %}{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|im_start|>assistant\\n' }}{% endif %}"
 )
 """The ChatML template of SmolLM2 and Qwen with TRL's ``{% generation %}`` block around each
 assistant turn after its generation prompt, which TRL's ``assistant_only_loss`` needs."""
@@ -199,7 +197,8 @@ def test_string_prompt_completion_reads_as_prompt_response(
                 "prompt": [{"role": "user", "content": "Hi"}],
                 "completion": [{"role": "user", "content": "Hello"}],
             },
-            r"row 0: 'completion' is the response and must start with a message of role 'assistant', not 'user'",
+            r"row 0: 'completion' is the response and must start with a message of role "
+            r"'assistant', not 'user'",
         ),
     ],
 )
@@ -258,7 +257,8 @@ def test_tools_tool_calls_and_reasoning_reach_the_template_as_in_trl(tmp_path: P
     assert '<tool_response>\n{"temperature": 21, "sky": "sunny"}\n</tool_response>' in rendered
     assert loss_text(plain, examples[0]) == (
         "<think>\nThe user wants the weather, so I call get_weather.\n</think>\n\n"
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        "</tool_call><|im_end|>\n"
         "|<think>\n\n</think>\n\nIt is sunny and 21 degrees in Paris.<|im_end|>\n"
     )
 
@@ -303,8 +303,8 @@ def test_a_template_without_generation_blocks_that_trl_cannot_patch_is_refused()
     chatml = tiny_tokenizer(chat_template=CHATML_TEMPLATE)
     rows = rows_of("multi_turn.jsonl")
     message = (
-        r"dataset 'chat' \(rows in memory\): loss_on='all-assistant' .* set chat_template_path to a "
-        r"copy of it with \{% generation %\}"
+        r"dataset 'chat' \(rows in memory\): loss_on='all-assistant' .* set chat_template_path "
+        r"to a copy of it with \{% generation %\}"
     )
     with pytest.raises(DataError, match=message):
         build_examples(
@@ -398,7 +398,7 @@ def test_generation_blocks_without_the_end_of_turn_token_are_warned_about(
     )
     assert before_end != GENERATION_TEMPLATE
     rows = rows_of("multi_turn.jsonl")
-    with caplog.at_level(logging.WARNING, logger="dynamics.data.formatting"):
+    with caplog.at_level(logging.WARNING, logger="dynamics.data.chat_templates"):
         ours(rows, tiny_tokenizer(chat_template=GENERATION_TEMPLATE), loss_on="all-assistant")
         assert "end-of-turn" not in caplog.text
         ours(rows, tiny_tokenizer(chat_template=before_end), loss_on="all-assistant")

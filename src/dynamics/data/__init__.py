@@ -1,5 +1,15 @@
-"""Datasets: loading (``loading``), formatting and tokenization (``formatting``), splits
-(``splits``) and the paper's scenarios (``scenarios``).
+"""Datasets, from where their rows are to the token examples a run trains and evaluates on.
+
+- ``source``: ``DataSource``, one dataset described once (a run config's ``datasets:``
+  entry is built from its fields); ``errors``: ``DataError``.
+- ``loading``: reading the rows (``load_rows``); ``lm_eval_tasks``: an lm-eval task's rows.
+- ``formats``: the row formats (``text``, ``instruction``, ``multiple_choice``), one module
+  each, by name in ``formats.FORMATS``: the columns a row needs and how it is tokenized.
+- ``conversations`` and ``chat_templates``: instruction rows as chats, and their rendering.
+- ``formatting``: rows to examples (``tokenize_rows``, ``build_examples``); ``examples``,
+  ``tokens`` and ``fixed_length``: the examples, a tokenizer's ids, truncation and packing.
+- ``splits``: the train/eval/test parts of a dataset; ``scenarios``, ``paper_datasets`` and
+  ``offline``: the paper's scenarios and datasets, and the generated offline domains.
 
 The data pipeline of one dataset, as the engine uses it::
 
@@ -21,30 +31,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dynamics.data.formatting import (
-        IGNORE_INDEX,
-        ChoiceExample,
-        Example,
-        LMExample,
-        build_examples,
-        letter_token_ids,
-        pad_token_id,
-        tokenize_rows,
-    )
-    from dynamics.data.loading import DataError, DataSource, check_columns, load_rows
+    from dynamics.data.errors import DataError
+    from dynamics.data.examples import IGNORE_INDEX, ChoiceExample, Example, LMExample
+    from dynamics.data.formatting import build_examples, tokenize_rows
+    from dynamics.data.loading import check_columns, load_rows
+    from dynamics.data.source import DataSource
     from dynamics.data.splits import Splits, prepare_examples, split_examples, split_sizes
+    from dynamics.data.tokens import letter_token_ids, pad_token_id
 
 _EXPORTS: dict[str, str] = {
-    "IGNORE_INDEX": "formatting",
-    "ChoiceExample": "formatting",
-    "Example": "formatting",
-    "LMExample": "formatting",
+    "IGNORE_INDEX": "examples",
+    "ChoiceExample": "examples",
+    "Example": "examples",
+    "LMExample": "examples",
     "build_examples": "formatting",
-    "letter_token_ids": "formatting",
-    "pad_token_id": "formatting",
+    "letter_token_ids": "tokens",
+    "pad_token_id": "tokens",
     "tokenize_rows": "formatting",
-    "DataError": "loading",
-    "DataSource": "loading",
+    "DataError": "errors",
+    "DataSource": "source",
     "check_columns": "loading",
     "load_rows": "loading",
     "Splits": "splits",

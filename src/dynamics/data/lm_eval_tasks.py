@@ -48,13 +48,16 @@ import logging
 import random
 from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from dynamics.data.loading import DataError, DataSource, one_line
+from dynamics.data.errors import DataError, one_line
+
+if TYPE_CHECKING:
+    from dynamics.data.source import DataSource
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +89,8 @@ def _lm_eval() -> Any:
         import lm_eval.tasks
     except ImportError:
         raise DataError(
-            "lm_eval_task needs lm-evaluation-harness: pip install 'dynamics[lm-eval]' (or lm_eval==0.4.13)"
+            "lm_eval_task needs lm-evaluation-harness: pip install "
+            "'dynamics[lm-eval]' (or lm_eval==0.4.13)"
         ) from None
     return lm_eval.tasks
 
@@ -115,8 +119,8 @@ def load_tasks(source: DataSource) -> dict[str, Any]:
         loaded = task_manager([name], source.lm_eval_include_path).load([name])["tasks"]
     except Exception as err:  # lm-eval raises plain KeyErrors and ValueErrors, and datasets' errors
         raise DataError(
-            f"{source.description}: lm-eval task {name!r} could not be loaded ({one_line(err)}); check "
-            "lm_eval_task (and lm_eval_include_path, the folder of a local task's YAML)"
+            f"{source.description}: lm-eval task {name!r} could not be loaded ({one_line(err)}); "
+            "check lm_eval_task (and lm_eval_include_path, the folder of a local task's YAML)"
         ) from None
     for task_name, task in loaded.items():
         _check_task(task, task_name, source)
@@ -128,8 +132,8 @@ def load_tasks(source: DataSource) -> dict[str, Any]:
 def _check_task(task: Any, name: str, source: DataSource) -> None:
     if task.OUTPUT_TYPE != "multiple_choice":
         raise DataError(
-            f"{source.description}: lm-eval task {name!r} has output_type {task.OUTPUT_TYPE!r}; only "
-            "multiple_choice tasks (scored by acc or acc_norm) can be a dataset"
+            f"{source.description}: lm-eval task {name!r} has output_type {task.OUTPUT_TYPE!r}; "
+            "only multiple_choice tasks (scored by acc or acc_norm) can be a dataset"
         )
     reported = [metric for metric in ("acc", "acc_norm") if metric in task._metric_fn_list]
     if source.metric == "accuracy" and source.lm_eval_metric not in reported:
@@ -137,13 +141,14 @@ def _check_task(task: Any, name: str, source: DataSource) -> None:
             f"set lm_eval_metric: {reported[0]}" if reported else "add it to the task's metric_list"
         )
         raise DataError(
-            f"{source.description}: lm-eval task {name!r} reports no {source.lm_eval_metric!r} (it reports "
-            f"{sorted(task._metric_fn_list)}); {fix}"
+            f"{source.description}: lm-eval task {name!r} reports no {source.lm_eval_metric!r} (it "
+            f"reports {sorted(task._metric_fn_list)}); {fix}"
         )
     if not reported:
         raise DataError(
-            f"{source.description}: lm-eval task {name!r} reports neither acc nor acc_norm (it reports "
-            f"{sorted(task._metric_fn_list)}), which name its correct choice; add acc to its metric_list"
+            f"{source.description}: lm-eval task {name!r} reports neither acc nor "
+            f"acc_norm (it reports {sorted(task._metric_fn_list)}), which name its "
+            "correct choice; add acc to its metric_list"
         )
 
 
@@ -169,8 +174,9 @@ def _correct_choice(task: Any, doc: dict[str, Any], requests: int, choices: int,
             correct.append(k)
     if len(correct) != 1:
         raise DataError(
-            f"{where}: {len(correct)} of its {choices} choices count as correct for lm-eval's {metric} "
-            "(its doc_to_target names none of them, or several); one correct choice is supported"
+            f"{where}: {len(correct)} of its {choices} choices count as correct for "
+            f"lm-eval's {metric} (its doc_to_target names none of them, or several); "
+            "one correct choice is supported"
         )
     return correct[0]
 

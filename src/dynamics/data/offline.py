@@ -14,7 +14,7 @@ Public API:
   the demo's base model is pretrained on.
 - ``DomainSizes``: rows per domain; ``STDLIB_MODULES``: the modules read.
 - ``choice_prompt(question, choices)``: a multiple-choice prompt exactly as
-  ``dynamics.data.formatting`` renders it for scoring.
+  ``dynamics.data.formats.multiple_choice`` renders it for scoring.
 
 The domains (rows per file with the default ``DomainSizes``):
 
@@ -387,7 +387,7 @@ def sample_quiz_facts(
 
 
 def choice_prompt(question: str, choices: Sequence[str]) -> str:
-    """The scoring prompt of a multiple-choice row, as ``dynamics.data.formatting`` renders it."""
+    """The scoring prompt of a multiple-choice row, as ``formats.multiple_choice`` renders it."""
     lines = [question, *(f"{ascii_uppercase[k]}. {c}" for k, c in enumerate(choices)), "Answer:"]
     return "\n".join(lines)
 

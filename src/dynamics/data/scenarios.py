@@ -141,7 +141,8 @@ def _parse_datasets(rows: list[dict[str, Any]]) -> dict[str, DatasetInfo]:
     for row in rows:
         if row["group"] not in _GROUPS:
             raise ValueError(
-                f"paper_scenarios.json: dataset {row['abbrev']!r} has unknown group {row['group']!r}"
+                f"paper_scenarios.json: dataset {row['abbrev']!r} has "
+                f"unknown group {row['group']!r}"
             )
         datasets[row["abbrev"]] = DatasetInfo(
             abbrev=row["abbrev"],
@@ -213,7 +214,8 @@ def load_scenario(name: str) -> Scenario:
     if scenario is not None:
         return scenario
     hint = ""
-    # Suggest the canonical spelling for the obvious near misses: "s28", "28", "paper/28", "paper/s028".
+    # Suggest the canonical spelling for the obvious near misses: "s28", "28", "paper/28",
+    # "paper/s028".
     match = re.fullmatch(r"(?:paper/)?s?0*(\d+)", name.strip())
     if match and f"{SCENARIO_PREFIX}{match.group(1)}" in SCENARIOS:
         hint = f" (did you mean '{SCENARIO_PREFIX}{match.group(1)}'?)"

@@ -39,8 +39,12 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from dynamics.data.formatting import ChoiceExample, LMExample, Packing, build_examples
-from dynamics.data.loading import DataError, DataSource, load_rows
+from dynamics.data.errors import DataError
+from dynamics.data.examples import ChoiceExample, LMExample
+from dynamics.data.fixed_length import Packing
+from dynamics.data.formatting import build_examples
+from dynamics.data.loading import load_rows
+from dynamics.data.source import DataSource
 
 T = TypeVar("T")
 P = TypeVar("P")

@@ -4,90 +4,91 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+import typing
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import datasets
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
-from dynamics.data.loading import (
-    STREAM_SHUFFLE_BUFFER,
-    Budget,
-    ChatTemplateKwargs,
-    ChatTemplatePath,
-    ConfigName,
-    DataError,
-    DataFilesField,
-    DataSource,
-    Fields,
-    Format,
-    HubId,
-    LmEvalApplyChatTemplate,
-    LmEvalFewshotAsMultiturn,
-    LmEvalIncludePath,
-    LmEvalMetric,
-    LmEvalNumFewshot,
-    LmEvalSystemInstruction,
-    LmEvalTask,
-    LossOnField,
-    Revision,
-    ShuffleChoices,
-    SourcePath,
-    Split,
-    StreamRows,
-    StreamSeed,
-    StreamShuffleBuffer,
-    TruncationSide,
-)
+from dynamics.data.errors import DataError
+from dynamics.data.formats import FORMATS, LM_EVAL_CHOICES
+from dynamics.data.source import DataSource
 from dynamics.engine.config_section import ConfigSection
 
-COLUMN_KEYS = (
-    "text",
-    "prompt",
-    "response",
-    "completion",
-    "system",
-    "messages",
-    "tools",
-    "question",
-    "choices",
-    "answer",
+COLUMN_KEYS: tuple[str, ...] = tuple(
+    f.name.removesuffix("_column")
+    for f in dataclasses.fields(DataSource)
+    if f.name.endswith("_column")
 )
+"""The keys of ``columns``: ``DataSource``'s ``*_column`` fields without the suffix."""
+
+CONFIG_ONLY = ("eval_size", "test_size", "drop_empty", "strip_strings", "metric")
+"""``DataSource`` fields the config declares itself: its defaults differ (the held-out sizes
+follow the role, the metric is ``loss`` unless set) or YAML writes them as lists."""
+
+REQUIRED = ("name",)
+"""``DataSource`` fields that a run config must set (a ``str``, not ``None``)."""
 
 
-class DatasetConfig(ConfigSection):
-    # The fields shared with DataSource are typed, described and constrained once, by the
-    # annotated types of dynamics.data.loading; the others are what the run config adds (the
-    # name, role, metric, column names, held-out sizes and evaluation batch size). A class
-    # docstring would become the description of the config's JSON schema.
+def _source_fields() -> dict[str, Any]:
+    """The fields of a dataset entry that ``DataSource`` describes: each ``DataSource`` field
+    whose annotated type carries pydantic ``Field`` metadata (its description and
+    constraints), with ``DataSource``'s default, in ``DataSource``'s order."""
+    hints = typing.get_type_hints(DataSource, include_extras=True)
+    fields: dict[str, Any] = {}
+    for source_field in dataclasses.fields(DataSource):
+        hint = hints[source_field.name]
+        described = typing.get_origin(hint) is Annotated and any(
+            isinstance(meta, FieldInfo) for meta in hint.__metadata__
+        )
+        if not described or source_field.name in CONFIG_ONLY:
+            continue
+        if source_field.default_factory is not dataclasses.MISSING:
+            default: Any = Field(default_factory=source_field.default_factory)
+        else:
+            default = source_field.default
+        if source_field.name in REQUIRED:
+            hint, default = Annotated[(str, *hint.__metadata__)], ...
+        fields[source_field.name] = (hint, default)
+    return fields
 
-    name: str = Field(..., min_length=1, description="Short unique name, used in logs and weights.")
-    path: SourcePath = None
-    hub_id: HubId = None
-    config_name: ConfigName = None
-    revision: Revision = None
-    data_files: DataFilesField = None
-    split: Split = "train"
+
+if TYPE_CHECKING:
+
+    class _SourceFields(ConfigSection):
+        """What a type checker sees of the fields built from ``DataSource``'s: any type."""
+
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    _SourceFields = create_model("SourceFields", __base__=ConfigSection, **_source_fields())
+
+
+class DatasetConfig(_SourceFields):
+    # The fields a run config adds to DataSource's (a class docstring would become the
+    # description of the config's JSON schema): the role, metric, column names, held-out
+    # sizes and evaluation batch size.
+
     role: Literal["target", "non-target", "constraint"] = Field(
         ...,
-        description="target: trained and minimised; non-target: trained only; constraint: evaluated only.",
+        description="target: trained and minimised; non-target: trained only; "
+        "constraint: evaluated only.",
     )
-    format: Format = "text"
-    loss_on: LossOnField = "last-assistant"
-    chat_template_path: ChatTemplatePath = None
-    chat_template_kwargs: ChatTemplateKwargs = Field(default_factory=dict)
     metric: Literal["loss", "accuracy"] = Field(
         "loss",
         description="Constraint metric; accuracy needs format multiple_choice. A multiple_choice "
         "constraint on loss is the loss of the correct answer's text after the question.",
     )
-    budget: Budget = None
     columns: dict[str, str] = Field(
         default_factory=dict,
-        description=f"Column names when they differ from the defaults; keys: {', '.join(COLUMN_KEYS)}.",
+        description="Column names when they differ from the defaults; "
+        f"keys: {', '.join(COLUMN_KEYS)}.",
     )
     eval_size: int | float | None = Field(
         None,
-        description="Rows held out for evaluation: a count or a fraction (default 0.1; 0.5 for constraints).",
+        description="Rows held out for evaluation: a count or a fraction "
+        "(default 0.1; 0.5 for constraints).",
     )
     test_size: int | float | None = Field(
         None, description="Rows held out for the test split, as eval_size."
@@ -95,31 +96,19 @@ class DatasetConfig(ConfigSection):
     eval_batch_size: int | None = Field(
         None,
         ge=1,
-        description="Evaluation batch size of this domain (default: evaluation.batch_size). Larger for "
-        "short rows, e.g. an accuracy constraint, where each question of a small sample moves it a lot.",
+        description="Evaluation batch size of this domain (default: "
+        "evaluation.batch_size). Larger for short rows, e.g. an accuracy constraint, where "
+        "each question of a small sample moves it a lot.",
     )
-    fields: Fields = Field(default_factory=dict)
     drop_empty: list[str] = Field(
         default_factory=list,
         description="Columns whose rows are dropped where they are empty or null.",
     )
-    truncation_side: TruncationSide = "right"
-    stream_rows: StreamRows = None
-    stream_seed: StreamSeed = 0
-    stream_shuffle_buffer: StreamShuffleBuffer = STREAM_SHUFFLE_BUFFER
-    shuffle_choices: ShuffleChoices = False
     strip_strings: list[str] = Field(
         default_factory=list,
-        description="Literal strings removed from every string column of each row, e.g. a tokenizer's control "
-        "token written into the data ('<|endoftext|>').",
+        description="Literal strings removed from every string column of each row, e.g. a "
+        "tokenizer's control token written into the data ('<|endoftext|>').",
     )
-    lm_eval_task: LmEvalTask = None
-    lm_eval_include_path: LmEvalIncludePath = None
-    lm_eval_metric: LmEvalMetric = "acc"
-    lm_eval_num_fewshot: LmEvalNumFewshot = None
-    lm_eval_system_instruction: LmEvalSystemInstruction = None
-    lm_eval_apply_chat_template: LmEvalApplyChatTemplate = False
-    lm_eval_fewshot_as_multiturn: LmEvalFewshotAsMultiturn = True
 
     @field_validator("eval_size", "test_size", mode="before")
     @classmethod
@@ -137,8 +126,8 @@ class DatasetConfig(ConfigSection):
             )
         if self.revision is not None and self.hub_id is None:
             raise ValueError(
-                f"dataset {self.name!r}: revision {self.revision!r} pins a hub dataset's version; set hub_id, or "
-                "remove revision for a local path"
+                f"dataset {self.name!r}: revision {self.revision!r} pins a hub dataset's version; "
+                "set hub_id, or remove revision for a local path"
             )
         # Neither: the rows are passed in Python (dynamics.run(config, data={name: rows})).
         unknown = sorted(set(self.columns) - set(COLUMN_KEYS))
@@ -148,18 +137,14 @@ class DatasetConfig(ConfigSection):
             )
         if self.lm_eval_task is not None or self._lm_eval_settings():
             self._check_lm_eval()
-        elif self.metric == "accuracy" and self.format != "multiple_choice":
+        elif self.metric not in FORMATS[self.format].metrics:
+            scored = " or ".join(repr(n) for n, f in FORMATS.items() if self.metric in f.metrics)
+            raise ValueError(f"dataset {self.name!r}: metric {self.metric!r} needs format {scored}")
+        trainable = FORMATS[self.format].trainable or self.lm_eval_task is not None
+        if not trainable and self.role != "constraint":
             raise ValueError(
-                f"dataset {self.name!r}: metric 'accuracy' needs format 'multiple_choice'"
-            )
-        if (
-            self.format == "multiple_choice"
-            and self.role != "constraint"
-            and self.lm_eval_task is None
-        ):
-            raise ValueError(
-                f"dataset {self.name!r}: multiple-choice data is evaluated only (by accuracy or by the loss "
-                "of the correct answer) and can only be a constraint: set role: constraint"
+                f"dataset {self.name!r}: format {self.format} is evaluated only (by its metric) "
+                "and can only be a constraint: set role: constraint"
             )
         if self.role == "constraint" and self.budget is not None:
             raise ValueError(
@@ -173,8 +158,9 @@ class DatasetConfig(ConfigSection):
             for split in ("eval_size", "test_size"):
                 if getattr(self, split) == 0:
                     raise ValueError(
-                        f"dataset {self.name!r}: {split} is 0, but a {self.role} is evaluated on its eval "
-                        f"split and reported on its test split; give {split} > 0 (or leave it unset)"
+                        f"dataset {self.name!r}: {split} is 0, but a {self.role} is "
+                        "evaluated on its eval split and reported on its test split; give "
+                        f"{split} > 0 (or leave it unset)"
                     )
         try:
             self.data_source()  # the data layer's own checks of sizes and budget
@@ -196,7 +182,8 @@ class DatasetConfig(ConfigSection):
     def _check_lm_eval(self) -> None:
         if self.lm_eval_task is None:
             raise ValueError(
-                f"dataset {self.name!r}: {', '.join(self._lm_eval_settings())} configure lm_eval_task; set lm_eval_task"
+                f"dataset {self.name!r}: {', '.join(self._lm_eval_settings())} configure "
+                "lm_eval_task; set lm_eval_task"
             )
         fields = ("path", "hub_id", "config_name", "revision", "data_files", "stream_rows")
         given = [f for f in fields if getattr(self, f) is not None]
@@ -207,19 +194,19 @@ class DatasetConfig(ConfigSection):
         ]
         given += (
             ["format"]
-            if "format" in self.model_fields_set and self.format != "multiple_choice"
+            if "format" in self.model_fields_set and self.format != LM_EVAL_CHOICES.name
             else []
         )
         if given:
             raise ValueError(
-                f"dataset {self.name!r}: lm_eval_task {self.lm_eval_task!r} builds its rows with the task's own "
-                f"split, prompts and choices; remove {', '.join(given)}"
+                f"dataset {self.name!r}: lm_eval_task {self.lm_eval_task!r} builds its rows with "
+                f"the task's own split, prompts and choices; remove {', '.join(given)}"
             )
         if self.metric == "accuracy" and self.role != "constraint":
             raise ValueError(
-                f"dataset {self.name!r}: accuracy on lm_eval_task {self.lm_eval_task!r} is evaluated only and "
-                "can only be a constraint: set role: constraint, or metric: loss to train on the correct "
-                "continuations"
+                f"dataset {self.name!r}: accuracy on lm_eval_task {self.lm_eval_task!r} is "
+                "evaluated only and can only be a constraint: set role: constraint, or metric: "
+                "loss to train on the correct continuations"
             )
 
     def data_source(self, rows: datasets.Dataset | None = None) -> DataSource:
@@ -228,7 +215,7 @@ class DatasetConfig(ConfigSection):
         are split between eval and test (half each unless set)."""
         shared: dict[str, Any] = {name: getattr(self, name) for name in SHARED_FIELDS}
         if self.lm_eval_task is not None:
-            shared["format"] = "multiple_choice"
+            shared["format"] = LM_EVAL_CHOICES.name
         elif rows is not None:
             shared.update(path=None, hub_id=None, rows=rows)
         default_held_out = 0.5 if self.role == "constraint" else 0.1
@@ -245,11 +232,6 @@ class DatasetConfig(ConfigSection):
         )
 
 
-SHARED_FIELDS: tuple[str, ...] = tuple(
-    f.name
-    for f in dataclasses.fields(DataSource)
-    if f.name in DatasetConfig.model_fields
-    and f.name not in ("eval_size", "test_size", "drop_empty", "strip_strings")
-)
-"""The fields ``data_source`` passes to ``DataSource`` as they are: the name, the metric and
-the fields the two share (``dynamics.data.loading``'s annotated types)."""
+SHARED_FIELDS: tuple[str, ...] = (*_source_fields(), "metric")
+"""The fields ``data_source`` passes to ``DataSource`` as they are: those built from
+``DataSource``'s (``dynamics.data.source``'s annotated types) and the metric."""

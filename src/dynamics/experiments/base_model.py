@@ -488,7 +488,7 @@ def _examples(
     sequence_length: int,
     packing: bool,
 ) -> list[LMExample] | list[ChoiceExample]:
-    source = DataSource(path=f"{name}.jsonl", format=DOMAIN_FORMATS[name])  # type: ignore[arg-type]
+    source = DataSource(path=f"{name}.jsonl", format=DOMAIN_FORMATS[name])
     return build_examples(
         datasets.Dataset.from_list(rows),
         tokenizer,

@@ -1,0 +1,17 @@
+"""``FORMATS``: every row format by name, filled by ``register`` as each format's module is
+imported (``dynamics.data.formats`` imports them all)."""
+
+from __future__ import annotations
+
+from dynamics.data.formats.base import RowFormat
+
+FORMATS: dict[str, RowFormat] = {}
+"""Each row format by its name (``DataSource.format``)."""
+
+
+def register(row_format: RowFormat) -> RowFormat:
+    """Add ``row_format`` to ``FORMATS`` under its name, once."""
+    if row_format.name in FORMATS:
+        raise ValueError(f"row format {row_format.name!r} is registered twice")
+    FORMATS[row_format.name] = row_format
+    return row_format
