@@ -15,7 +15,7 @@ from dynamics.core.records import EvaluationRecord, RunHistory
 from dynamics.engine.components import build_run
 from dynamics.engine.config import RunConfig
 from dynamics.engine.run import run
-from dynamics.engine.run_folder import BestCheckpoint
+from dynamics.runs.writer import BestCheckpoint
 from dynamics.runs.model_card import MARKER
 from dynamics.runs.rundir import read_run
 from tests.fixtures.tiny_tokenizer import FIXTURES
