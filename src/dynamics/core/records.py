@@ -173,8 +173,8 @@ class UpdateRecord:
 
     The policy's details and the loop's own marks (``abandoned``, ``backtrack``,
     ``margins``) are stored in the line's ``extra`` object (docs/method.md lists its keys).
-    A new field is one field here, with :func:`held` metadata: the line holds it, every reader reads it,
-    and with ``report=`` ``dynamics report`` shows it.
+    A new field is one field here, with :func:`held` metadata: the line holds it, every
+    reader reads it, and with ``report=`` ``dynamics report`` shows it.
     """
 
     policy: str
@@ -194,7 +194,7 @@ class UpdateRecord:
     solver: dict[str, Any] | None = None  # lambda, eps, feasible, max_violation, LP result
     # (M,) at step + horizon
     realized_losses: np.ndarray | None = field(default=None, metadata=held(read=_array))
-    probe_seconds: float = field(default=0.0, metadata=held(read=float, report="probe s"))
+    probe_seconds: float = field(default=0.0, metadata=held(read=float, report="probe seconds"))
     # (N,) wall time of each dataset's probe
     dataset_probe_seconds: np.ndarray | None = field(default=None, metadata=held(read=_array))
     probe_ranks: list[list[int]] | None = None  # per dataset, the processes that probed it
@@ -230,6 +230,12 @@ class UpdateRecord:
     backtrack: dict[str, Any] | None = field(default=None, metadata=held(in_extra=True))
     # the references' margins learned from past backtracks
     margins: dict[str, float] | None = field(default=None, metadata=held(in_extra=True))
+
+    @classmethod
+    def report_columns(cls) -> list[tuple[str, str]]:
+        """``(column title, field name)`` of every field ``dynamics report`` shows per
+        update: those whose :func:`held` metadata names a ``report`` column."""
+        return [(spec.metadata["report"], spec.name) for spec in fields(cls) if _shown(spec)]
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -286,6 +292,10 @@ class UpdateRecord:
         values["step"], values["horizon"] = int(row["step"]), int(row["horizon"])
         values["probe_budget"] = int(row["probe_budget"])
         return cls(**values)
+
+
+def _shown(spec: Any) -> bool:
+    return bool(spec.metadata.get("report"))
 
 
 @dataclass
