@@ -507,8 +507,7 @@ def test_without_expected_accuracies_the_measured_ones_decide_and_the_record_say
     read, plain = (accuracy_updates(measured_only(), on) for on in (True, False))
     assert [u.weights.tolist() for u in read] == [u.weights.tolist() for u in plain]
     assert all(
-        u.accuracy_slopes.startswith("measured: the learner reports no expected")
-        for u in read
+        u.accuracy_slopes.startswith("measured: the learner reports no expected") for u in read
     )
     # Without an accuracy domain there is nothing to read: the same decisions, no record.
     loss_only = [

@@ -93,7 +93,9 @@ def test_the_trainer_with_the_callback_makes_the_same_run_as_dynamics_run(
     for mine, theirs in zip(trainer.evaluations, engine.evaluations, strict=True):
         for split in ("eval", "test"):
             np.testing.assert_allclose(
-                list(mine[split].values()), list(theirs[split].values()), rtol=1e-6
+                list(getattr(mine, split).values()),
+                list(getattr(theirs, split).values()),
+                rtol=1e-6,
             )
     assert callback.summary is not None
     assert callback.summary["constrained_ppl_reduction"] == pytest.approx(

@@ -280,10 +280,7 @@ class UpdateRecord:
         specs = {spec.name: spec for spec in fields(cls)}
         unknown = sorted(set(extra) - {n for n, s in specs.items() if s.metadata.get("in_extra")})
         if unknown:
-            raise ValueError(
-                f"the update record of step {row.get('step')} holds extra.{unknown[0]}, which "
-                "this version of dynamics does not know: read it with the version that wrote it"
-            )
+            raise ValueError(f"extra.{unknown[0]} is not a field of an update record")
         values = {}
         for name, spec in specs.items():
             source = extra if spec.metadata.get("in_extra") else row

@@ -301,26 +301,7 @@ def summarize(parts: RunComponents, history: RunHistory, wall_seconds: float) ->
     )
     config = parts.config
     schedule = parts.policy.schedule
-    cost_model = dataclasses.replace(
-        CostModel.for_predictor(config.method.predictor),
-        eval_interval=config.evaluation.interval,
-        main_eval_batches=config.evaluation.batches,
-        reduced_eval_batches=config.evaluation.reduced_batches,
-    )
-    cost = recorded_relative_cost(
-        history.updates,
-        n_datasets=len(history.dataset_names),
-        n_domains=len(history.domain_names),
-        total_steps=schedule.total_steps,
-        trained_steps=schedule.total_steps + sum(b["retrained_steps"] for b in history.backtracks),
-        evaluations=len(history.evaluations),
-        plain_evaluations=len(evaluation_steps(schedule.total_steps, config.evaluation.interval)),
-        test_eval_batches=config.evaluation.batches,
-        model=cost_model,
-        alignment_batches=config.method.alignment_batches
-        if config.method.name == "gradient-alignment"
-        else None,
-    )
+    cost, cost_model = _predicted_cost(parts, history)
     errors = [u.prediction_error for u in history.updates if u.prediction_error is not None]
     return {
         "method": config.method.name,
@@ -362,3 +343,31 @@ def summarize(parts: RunComponents, history: RunHistory, wall_seconds: float) ->
         if errors
         else None,
     }
+
+
+def _predicted_cost(parts: RunComponents, history: RunHistory) -> tuple[float, CostModel]:
+    """The run's compute as a multiple of one fixed-mixture run (``predicted_cost``), and the
+    cost model it assumed."""
+    config = parts.config
+    schedule = parts.policy.schedule
+    cost_model = dataclasses.replace(
+        CostModel.for_predictor(config.method.predictor),
+        eval_interval=config.evaluation.interval,
+        main_eval_batches=config.evaluation.batches,
+        reduced_eval_batches=config.evaluation.reduced_batches,
+    )
+    cost = recorded_relative_cost(
+        history.updates,
+        n_datasets=len(history.dataset_names),
+        n_domains=len(history.domain_names),
+        total_steps=schedule.total_steps,
+        trained_steps=schedule.total_steps + sum(b["retrained_steps"] for b in history.backtracks),
+        evaluations=len(history.evaluations),
+        plain_evaluations=len(evaluation_steps(schedule.total_steps, config.evaluation.interval)),
+        test_eval_batches=config.evaluation.batches,
+        model=cost_model,
+        alignment_batches=config.method.alignment_batches
+        if config.method.name == "gradient-alignment"
+        else None,
+    )
+    return cost, cost_model

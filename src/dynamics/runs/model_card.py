@@ -16,20 +16,19 @@ results against the base model, how to load it and how it was trained.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import ModelCard, ModelCardData
 
 from dynamics.core.records import EvaluationLine
 from dynamics.runs.base_card import base_license
+from dynamics.runs.card_lm_eval import eval_results, lm_eval_record, lm_eval_section
 from dynamics.runs.rundir import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
-    LM_EVAL_FILE,
     RunDirError,
     RunRecords,
     atomic_write_text,
@@ -129,56 +128,6 @@ def _base_model(config: dict[str, Any]) -> str | None:
     if isinstance(name, str) and _HUB_ID.match(name) and not Path(name).expanduser().is_dir():
         return name
     return None
-
-
-def lm_eval_record(folder: Path) -> dict[str, Any] | None:
-    """The run's ``lm_eval.json`` (``dynamics eval``), or None when it has not been evaluated."""
-    path = folder / LM_EVAL_FILE
-    if not path.is_file():
-        return None
-    try:
-        record: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise RunDirError(
-            f"{path} cannot be read ({err}): run dynamics eval again, or remove it"
-        ) from None
-    return record
-
-
-def _metric_keys(results: dict[str, Any]) -> list[str]:
-    """lm-eval's ``metric,filter`` keys of one task's results, its stderr keys left out."""
-    return [k for k in results if "," in k and "_stderr," not in k]
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def eval_results(record: dict[str, Any]) -> list[EvalResult]:
-    """The best checkpoint's lm-evaluation-harness results of ``lm_eval.json`` as the Hub's
-    evaluation results (its ``model-index``): one per task and metric with a value."""
-    best = record["models"]["best_checkpoint"]
-    shots = best.get("n-shot") or {}
-    found = []
-    for task, results in sorted(best["results"].items()):
-        for key in _metric_keys(results):
-            if not _number(results[key]):
-                continue
-            metric, _, filter_name = key.partition(",")
-            found.append(
-                EvalResult(
-                    task_type="text-generation",
-                    dataset_type=task,
-                    dataset_name=str(results.get("alias") or task).strip(" -"),
-                    dataset_args={"num_few_shot": shots[task]}
-                    if _number(shots.get(task))
-                    else None,
-                    metric_type=metric,
-                    metric_name=metric if filter_name == "none" else f"{metric} ({filter_name})",
-                    metric_value=results[key],
-                )
-            )
-    return found
 
 
 def card_data(
@@ -441,35 +390,6 @@ def _training_section(records: RunRecords, config: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _lm_eval_section(record: dict[str, Any]) -> list[str]:
-    """The lm-evaluation-harness results of ``lm_eval.json``: the base model's and this one's."""
-    models = record["models"]
-    base, best = models["base"]["results"], models["best_checkpoint"]["results"]
-    limit = record.get("limit")
-    if limit is None:
-        scope = "every document of each task"
-    elif limit < 1:  # lm-eval's --limit below 1 is a fraction of each task's documents
-        scope = f"the first {limit:.0%} of each task's documents"
-    else:
-        scope = f"at most {int(limit)} documents per task"
-    lines = [
-        "## lm-evaluation-harness",
-        "",
-        f"lm-evaluation-harness {record.get('lm_eval_version', '')} on {scope} (`dynamics eval`; "
-        f"the "
-        "metadata's model-index holds this model's values).",
-        "",
-        "| task | metric | base model | this model |",
-        "| --- | --- | --- | --- |",
-    ]
-    for task in sorted(set(base) | set(best)):
-        before, after = base.get(task, {}), best.get(task, {})
-        for key in _metric_keys({**before, **after}):
-            shown = [f"{v:.4f}" if _number(v) else "-" for v in (before.get(key), after.get(key))]
-            lines.append(f"| {task} | {key.replace(',none', '')} | {shown[0]} | {shown[1]} |")
-    return lines
-
-
 def model_card(
     records: RunRecords, config: dict[str, Any], *, where: str, name: str, adapter: bool
 ) -> ModelCard:
@@ -502,7 +422,7 @@ def model_card(
         "",
         *_results_section(records, step),
         "",
-        *([*_lm_eval_section(lm_eval), ""] if lm_eval is not None else []),
+        *([*lm_eval_section(lm_eval), ""] if lm_eval is not None else []),
         *_trajectory_section(records, config, step),
         "",
         *_loading_section(config, where, adapter),

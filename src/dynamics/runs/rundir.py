@@ -432,8 +432,9 @@ def _read_line(
     try:
         return read(row)
     except (KeyError, TypeError, ValueError) as err:
+        why = f"it has no {err.args[0]!r}" if isinstance(err, KeyError) else str(err)
         raise RunDirError(
-            f"{path}, line {n}: not a record this version of dynamics reads ({err!r}): "
+            f"{path}, line {n}: not a record this version of dynamics reads ({why}): "
             "read the run with the version that wrote it"
         ) from None
 
