@@ -38,11 +38,23 @@ def test_the_probe_seconds_are_a_report_column_of_the_update_record():
     assert "weights" not in {name for _, name in UpdateRecord.report_columns()}
 
 
+def cells(line: str, header: str) -> dict[str, str]:
+    """A table line's cells under each column title of ``header``: a title starts where its
+    column does, after the two spaces between columns."""
+    starts = [k for k, c in enumerate(header) if c != " " and (k == 0 or header[k - 2 : k] == "  ")]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): line[a:b].strip() for a, b in zip(starts, ends, strict=True)}
+
+
 def test_each_update_gets_a_line_with_its_columns_and_abandoned_ones_say_so():
     header, first, second = update_lines(records())
-    assert header.split() == ["update", "horizon", "probe", "seconds", "weights"]
-    assert first.split() == ["0", "4", "1.235", "math=0.75", "wiki=0.25"]
-    assert second.split() == ["4", "(abandoned)", "4", "0.5", "math=0.50", "wiki=0.50"]
+    titles = ["update", "horizon", *[title for title, _ in UpdateRecord.report_columns()]]
+    assert list(cells(first, header)) == [*titles, "weights"]
+    assert cells(first, header)["update"] == "0" and cells(first, header)["horizon"] == "4"
+    assert cells(first, header)["probe seconds"] == "1.235"
+    assert cells(first, header)["weights"] == "math=0.75 wiki=0.25"
+    assert cells(second, header)["update"] == "4 (abandoned)"
+    assert cells(second, header)["probe seconds"] == "0.5"
     assert "\n".join([header, first, second]) in run_report(records())
 
 
