@@ -426,11 +426,11 @@ def test_a_diverged_probe_leaves_its_dataset_out_of_that_update(raises, variant)
     learner = DivergingLearner(SLOPES, INITIAL, diverging={0}, raises=raises)
     history = run(DynamicsPolicy(build_schedule([0, 32], 64), options=VARIANTS[variant]), learner)
     for update in history.updates:
-        assert update.extra["unreliable_datasets"] == ["d0"]
+        assert update.unreliable_datasets == ["d0"]
         assert update.weights[0] == 0.0 and abs(update.weights.sum() - 1) < 1e-12
         assert np.isnan(update.slope_matrix[:, 0]).all()
         np.testing.assert_allclose(update.slope_matrix[:, 1:], SLOPES[:, 1:], atol=1e-12)
-        assert np.isnan(np.asarray(update.extra["slope_errors"])[:, 0]).all()
+        assert np.isnan(np.asarray(update.slope_errors)[:, 0]).all()
     # The diverged probes were rolled back like any other: only the main run trained.
     assert learner.trained_steps == 64 and learner.steps_per_dataset[0] == 0
 

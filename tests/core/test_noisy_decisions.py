@@ -392,8 +392,8 @@ def test_an_accuracy_read_from_its_expected_value_shows_a_harm_before_any_answer
     assert measured_end[1] >= 0.02 - 1e-9  # the case happens: at least one answer lost
     assert expected_end[1] <= 1e-9  # no answer lost
     assert expected_end[0] <= measured_end[0] + 0.01  # and the target learned about as much
-    assert all(u.extra["accuracy_slopes"] == "expected" for u in expected.updates)
-    assert all("accuracy_slopes" not in u.extra for u in measured.updates)
+    assert all(u.accuracy_slopes == "expected" for u in expected.updates)
+    assert all(u.accuracy_slopes is None for u in measured.updates)
 
 
 # A quiz of 48 questions (4 batches of 12) whose correct choices every dataset makes a
@@ -507,8 +507,7 @@ def test_without_expected_accuracies_the_measured_ones_decide_and_the_record_say
     read, plain = (accuracy_updates(measured_only(), on) for on in (True, False))
     assert [u.weights.tolist() for u in read] == [u.weights.tolist() for u in plain]
     assert all(
-        u.extra["accuracy_slopes"].startswith("measured: the learner reports no expected")
-        for u in read
+        u.accuracy_slopes.startswith("measured: the learner reports no expected") for u in read
     )
     # Without an accuracy domain there is nothing to read: the same decisions, no record.
     loss_only = [
@@ -516,4 +515,4 @@ def test_without_expected_accuracies_the_measured_ones_decide_and_the_record_say
         for on in (True, False)
     ]
     assert [u.weights.tolist() for u in loss_only[0]] == [u.weights.tolist() for u in loss_only[1]]
-    assert all("accuracy_slopes" not in u.extra for u in loss_only[0])
+    assert all(u.accuracy_slopes is None for u in loss_only[0])

@@ -389,7 +389,7 @@ def test_paper_variant_records_are_unchanged_by_the_options_code():
         assert "robust" not in update.extra
         assert update.solver["source"] == "grid"
         # The toy's per-batch offsets cancel in paired differences: exact slopes, no spread.
-        np.testing.assert_allclose(update.extra["slope_errors"], 0.0, atol=1e-12)
+        np.testing.assert_allclose(update.slope_errors, 0.0, atol=1e-12)
 
 
 def test_robust_variant_keeps_constraints_and_beats_the_papers_target_on_the_toy():
@@ -408,7 +408,7 @@ def test_robust_variant_keeps_constraints_and_beats_the_papers_target_on_the_toy
         # The toy is linear, so diminishing returns can only under-predict its improvements:
         # the realized losses end at or below the predictions, and a correction that would
         # loosen the constraints is clipped to zero.
-        bias = np.asarray(update.extra["calibration_bias"])
+        bias = np.asarray(update.calibration_bias)
         assert np.all(bias >= 0.0) and np.all(bias <= 1e-12)
 
 
@@ -431,5 +431,5 @@ def test_calibration_learns_a_bias_the_probes_cannot_see():
         history = run(policy, learner)
         weights[calibration] = np.array([u.weights[0] for u in history.updates])
         if calibration:
-            assert history.updates[-1].extra["calibration_bias"][1] > 0
+            assert history.updates[-1].calibration_bias[1] > 0
     assert weights[True][-1] < weights[False][-1]

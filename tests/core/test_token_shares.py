@@ -51,7 +51,7 @@ def test_the_predicted_losses_are_the_losses_the_drawn_batches_realize() -> None
     history, _ = token_run(lambda unit: DynamicsPolicy(schedule, unit=unit))
     assert len(history.updates) == 2
     for update in history.updates:
-        batch_shares = np.asarray(update.extra["batch_shares"], dtype=float)
+        batch_shares = np.asarray(update.batch_shares, dtype=float)
         # The solver mixes a short and a long dataset: batch and token shares differ.
         assert np.count_nonzero(batch_shares > 0.05) >= 2
         assert np.abs(update.weights - batch_shares).max() > 0.1
@@ -73,7 +73,7 @@ def test_fixed_weights_are_token_shares_and_the_run_trains_them() -> None:
     history, learner = token_run(lambda unit: FixedWeightsPolicy(user, TOTAL_STEPS, unit=unit))
     (update,) = history.updates
     assert update.weights == pytest.approx(user, abs=0)
-    batch_shares = np.asarray(update.extra["batch_shares"], dtype=float)
+    batch_shares = np.asarray(update.batch_shares, dtype=float)
     assert batch_shares == pytest.approx(learner.unit.batch_shares(user))
     # Realized token shares against the user's: the counts' multinomial spread carried to
     # token shares, tau_j = n_j t_j / sum_k n_k t_k, to first order (delta method).
@@ -90,11 +90,11 @@ def test_min_weight_holds_the_batch_shares() -> None:
     schedule = build_schedule([0, 2000], TOTAL_STEPS)
     history, _ = token_run(lambda unit: DynamicsPolicy(schedule, unit=unit, min_weight=0.2))
     for update in history.updates:
-        batch_shares = np.asarray(update.extra["batch_shares"], dtype=float)
+        batch_shares = np.asarray(update.batch_shares, dtype=float)
         assert batch_shares.min() >= 0.2 - 1e-12
         assert update.solver["min_weight"] == 0.2
     # The long dataset's token share is above its floored batch share, the short one's below.
-    assert any(u.weights[0] < u.extra["batch_shares"][0] for u in history.updates)
+    assert any(u.weights[0] < u.batch_shares[0] for u in history.updates)
 
 
 def test_batch_shares_and_token_shares_map_one_to_one() -> None:

@@ -49,10 +49,8 @@ def test_a_run_from_python_objects_equals_the_run_from_files(
 
     a, b = read_run(tmp_path / "files"), read_run(tmp_path / "objects")
     for mine, theirs in zip(b.updates, a.updates, strict=True):
-        np.testing.assert_allclose(
-            mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-9, atol=1e-12
-        )
-        np.testing.assert_allclose(mine["weights"], theirs["weights"], atol=1e-12)
+        np.testing.assert_allclose(mine.slope_matrix, theirs.slope_matrix, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(mine.weights, theirs.weights, atol=1e-12)
     assert summary["constrained_ppl_reduction"] == pytest.approx(
         a.summary["constrained_ppl_reduction"], rel=1e-9
     )

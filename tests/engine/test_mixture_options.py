@@ -111,12 +111,12 @@ def test_a_run_by_tokens_records_token_shares_and_the_batch_shares_it_trains(
     records = read_run(tmp_path / "run")
     assert len(records.updates) == 3
     for update in records.updates:
-        batch_shares = np.array(update["extra"]["batch_shares"])
-        assert update["weights"] == pytest.approx(unit.weights_of(batch_shares), abs=1e-12)
-    in_force = {row["step"]: row["weights"] for row in records.evaluations}
+        batch_shares = np.array(update.batch_shares)
+        assert update.weights == pytest.approx(unit.weights_of(batch_shares), abs=1e-12)
+    in_force = {row.step: row.weights for row in records.evaluations}
     assert [in_force[0][name] for name in ("math", "wiki")] == pytest.approx(
-        records.updates[0]["weights"], abs=0
+        records.updates[0].weights, abs=0
     )
     assert [in_force[4][name] for name in ("math", "wiki")] == pytest.approx(
-        records.updates[2]["weights"], abs=0
+        records.updates[2].weights, abs=0
     )

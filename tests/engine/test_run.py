@@ -15,9 +15,9 @@ from dynamics.core.records import EvaluationRecord, RunHistory
 from dynamics.engine.components import build_run
 from dynamics.engine.config import RunConfig
 from dynamics.engine.run import run
-from dynamics.engine.run_folder import BestCheckpoint
 from dynamics.runs.model_card import MARKER
 from dynamics.runs.rundir import read_run
+from dynamics.runs.writer import BestCheckpoint
 from tests.fixtures.tiny_tokenizer import FIXTURES
 
 TINY_LLAMA = {
@@ -82,17 +82,17 @@ def test_dynamics_run_writes_a_complete_run_folder(tokenizer_dir, tmp_path):
     assert records.dataset_names == ["math", "wiki"]
     assert records.domain_names == ["math", "orca", "mmlu"]
     assert records.targets == [0] and records.constraints == [1, 2]
-    assert [row["step"] for row in records.evaluations] == [0, 4, 8]
-    assert [row["step"] for row in records.updates] == [0, 2, 4]
+    assert [row.step for row in records.evaluations] == [0, 4, 8]
+    assert [row.step for row in records.updates] == [0, 2, 4]
     for update in records.updates:
-        slopes = np.array(update["slope_matrix"])
+        slopes = np.array(update.slope_matrix)
         assert slopes.shape == (3, 2) and np.isfinite(slopes).all()
-        assert abs(sum(update["weights"]) - 1) < 1e-9
+        assert abs(sum(update.weights) - 1) < 1e-9
         # Every horizon is closed by a later anchor or the final evaluation.
-        assert update["realized_losses"] is not None and update["prediction_error"] is not None
-    assert records.updates[0]["recycled_anchor"] and not records.updates[1]["recycled_anchor"]
+        assert update.realized_losses is not None and update.prediction_error is not None
+    assert records.updates[0].recycled_anchor and not records.updates[1].recycled_anchor
     # Accuracy is stored as -accuracy, in [-1, 0].
-    assert all(-1.0 <= row["eval"]["mmlu"] <= 0.0 for row in records.evaluations)
+    assert all(-1.0 <= row.eval["mmlu"] <= 0.0 for row in records.evaluations)
 
     # The core metrics read the folder back and agree with the summary.
     points = records.eval_points()
@@ -141,8 +141,8 @@ def test_fixed_run_through_the_cli_with_overrides(tokenizer_dir, tmp_path, capsy
     assert code == 0
     records = read_run(out)
     assert len(records.updates) == 1
-    assert records.updates[0]["weights"] == [0.25, 0.75]
-    assert all(row["weights"] == {"math": 0.25, "wiki": 0.75} for row in records.evaluations)
+    assert records.updates[0].weights.tolist() == [0.25, 0.75]
+    assert all(row.weights == {"math": 0.25, "wiki": 0.75} for row in records.evaluations)
     assert json.loads((out / "summary.json").read_text())["method"] == "fixed"
 
 
@@ -175,14 +175,14 @@ def test_gradient_alignment_run(tokenizer_dir, tmp_path):
     summary = run(RunConfig.from_dict(data), progress=False)
     records = read_run(tmp_path / "ga")
     assert summary["method"] == "gradient-alignment"
-    assert [u["step"] for u in records.updates] == [0, 2, 4]
+    assert [u.step for u in records.updates] == [0, 2, 4]
     for update in records.updates:
-        assert update["policy"] == "gradient-alignment"
-        slopes = np.array(update["slope_matrix"])
+        assert update.policy == "gradient-alignment"
+        slopes = np.array(update.slope_matrix)
         assert (
             slopes.shape == (2, 2)
             and np.isfinite(slopes).all()
-            and abs(sum(update["weights"]) - 1) < 1e-9
+            and abs(sum(update.weights) - 1) < 1e-9
         )
     # The cost counts the alignment gradients, 3 updates x (2 domains + 2 datasets) x 2 batches
     # at a training step's cost, and the anchor of step 2 (2 domains x 2 reduced batches), over
@@ -230,18 +230,18 @@ def test_backtracking_returns_to_the_last_feasible_state_and_marks_what_it_left(
     # The progress bar's total grew by the steps trained again, and it ended full.
     work = 8 + backtrack["retrained_steps"]
     assert backtrack["retrained_steps"] > 0 and f"{work}/{work}" in capsys.readouterr().err
-    marked = [row["step"] for row in records.evaluations if row["backtracked"]]
+    marked = [row.step for row in records.evaluations if row.backtracked]
     assert marked == [backtrack["from_step"]] and not any(
-        r["feasible"] for r in records.evaluations if r["backtracked"]
+        r.feasible for r in records.evaluations if r.backtracked
     )
     assert [p.step for p in records.eval_points()] == [0, 4, 8]
-    abandoned = [u for u in records.updates if u["extra"].get("abandoned")]
-    redecided = [u for u in records.updates if "backtrack" in u["extra"]]
-    assert [u["step"] for u in redecided] == [backtrack["to_step"]]
-    assert abandoned and all(u["step"] >= backtrack["to_step"] for u in abandoned)
+    abandoned = [u for u in records.updates if u.abandoned]
+    redecided = [u for u in records.updates if u.backtrack is not None]
+    assert [u.step for u in redecided] == [backtrack["to_step"]]
+    assert abandoned and all(u.step >= backtrack["to_step"] for u in abandoned)
     # The learner is back in exactly the state it left: the same anchor, bit for bit.
-    first = next(u for u in abandoned if u["step"] == backtrack["to_step"])
-    assert redecided[0]["current_losses"] == first["current_losses"]
+    first = next(u for u in abandoned if u.step == backtrack["to_step"])
+    assert np.array_equal(redecided[0].current_losses, first.current_losses)
 
 
 def orca_only(data: dict) -> dict:
@@ -288,8 +288,7 @@ def test_backtrack_patience_returns_only_after_broken_evaluations_in_a_row(
         scripted_orca(patch, broken_steps={8})
         assert not run(RunConfig.from_dict(data), progress=False)["backtracks"]
     slack = {
-        row["step"]: row["constraint_slack"]["orca"]
-        for row in read_run(tmp_path / "once").evaluations
+        row.step: row.constraint_slack["orca"] for row in read_run(tmp_path / "once").evaluations
     }
     assert slack[8] == pytest.approx(-0.01) and slack[12] == pytest.approx(0.01)
     # Every 2 steps, broken at steps 8 and 10: the run returns to step 6 after both, both
@@ -305,11 +304,9 @@ def test_backtrack_patience_returns_only_after_broken_evaluations_in_a_row(
         6,
         4,
     )
-    assert [row["step"] for row in records.evaluations if row["backtracked"]] == [8, 10]
-    assert not any(row["feasible"] for row in records.evaluations if row["backtracked"])
-    assert all(
-        row["feasible"] for row in records.evaluations if row["step"] > 0 and not row["backtracked"]
-    )
+    assert [row.step for row in records.evaluations if row.backtracked] == [8, 10]
+    assert not any(row.feasible for row in records.evaluations if row.backtracked)
+    assert all(row.feasible for row in records.evaluations if row.step > 0 and not row.backtracked)
     assert [p.step for p in records.eval_points()] == list(range(0, 13, 2))
 
 
@@ -404,9 +401,9 @@ def test_a_nan_training_step_is_skipped_and_recorded(tokenizer_dir, tmp_path, mo
     assert all(s["datasets"] for s in summary["skipped_steps"])
     records = read_run(tmp_path / "run")
     for row in records.evaluations:
-        assert all(np.isfinite(v) for v in row["eval"].values())
+        assert all(np.isfinite(v) for v in row.eval.values())
     for update in records.updates:
-        assert np.isfinite(np.array(update["slope_matrix"])).all()
+        assert np.isfinite(np.array(update.slope_matrix)).all()
 
 
 def test_too_many_nan_steps_stop_the_run_with_one_line(tokenizer_dir, tmp_path, monkeypatch):
@@ -430,8 +427,8 @@ def test_a_diverging_probe_is_discarded_and_its_dataset_left_out(
     )  # every "wiki" probe
     summary = run(RunConfig.from_dict(tiny_config(tokenizer_dir, tmp_path / "run")), progress=False)
     records = read_run(tmp_path / "run")
-    assert [u["extra"]["unreliable_datasets"] for u in records.updates] == [["wiki"]] * 3
-    assert all(u["weights"] == [1.0, 0.0] for u in records.updates)
+    assert [u.unreliable_datasets for u in records.updates] == [["wiki"]] * 3
+    assert all(u.weights.tolist() == [1.0, 0.0] for u in records.updates)
     assert summary["skipped_steps"] == []  # the main run itself never saw a bad step
 
 
@@ -444,8 +441,8 @@ def test_relative_noise_perturbs_every_evaluation_repeatably(tokenizer_dir, tmp_
         data["evaluation"].update(evaluation)
         run(RunConfig.from_dict(data), progress=False)
         records = read_run(tmp_path / name)
-        evals = np.array([list(row["eval"].values()) for row in records.evaluations])
-        return np.array(records.updates[0]["slope_matrix"]), evals
+        evals = np.array([list(row.eval.values()) for row in records.evaluations])
+        return np.array(records.updates[0].slope_matrix), evals
 
     plain_slopes, plain_evals = slopes_and_evals("plain")
     slopes, evals = slopes_and_evals("noisy", relative_noise=1e-3)
@@ -525,5 +522,5 @@ def test_probe_min_lengthens_the_probes_of_short_updates(tokenizer_dir, tmp_path
         progress=False,
     )
     records = read_run(tmp_path / "run")
-    assert [(u["horizon"], u["probe_budget"]) for u in records.updates] == [(2, 3), (2, 3), (4, 4)]
+    assert [(u.horizon, u.probe_budget) for u in records.updates] == [(2, 3), (2, 3), (4, 4)]
     assert probed == [3, 3, 3, 3, 4, 4]  # two datasets at each update

@@ -74,13 +74,13 @@ def test_demo_writes_table_report_and_figures(small_demo):
         paper.summary["constrained_ppl_reduction"]
     )
     assert yaml.safe_load((paper.path / "config.yaml").read_text())["method"]["variant"] == "paper"
-    assert all("robust" not in u["extra"] for u in paper.updates)
+    assert all("robust" not in u.extra for u in paper.updates)
     assert "The paper's method (method.variant: paper, the reference): " in result["verdict"]
     dynamics = read_run(out / "runs" / "dynamics")
     assert (
         yaml.safe_load((dynamics.path / "config.yaml").read_text())["method"]["variant"] == "robust"
     )
-    assert all(u["extra"]["robust"]["lp_candidate"] for u in dynamics.updates)
+    assert all(u.extra["robust"]["lp_candidate"] for u in dynamics.updates)
     assert result["verdict"].startswith("DynaMiCS (method.variant: robust): ")
     assert rows["DynaMiCS"]["ppl_reduction"] == pytest.approx(
         dynamics.summary["constrained_ppl_reduction"]
@@ -100,9 +100,9 @@ def test_demo_writes_table_report_and_figures(small_demo):
     assert dynamics.summary["domain_metrics"][-1] == "accuracy"
 
     # The report lists where DynaMiCS broke each constraint, as the metrics file has it.
-    first, later = dynamics.evaluations[0]["eval"], dynamics.evaluations[1:]
+    first, later = dynamics.evaluations[0].eval, dynamics.evaluations[1:]
     for name in ("code-heldout", "prose-heldout", "quiz"):
-        steps = [row["step"] for row in later if row["eval"][name] > first[name]]
+        steps = [row.step for row in later if row.eval[name] > first[name]]
         assert f"- `{name}`: {', '.join(map(str, steps)) if steps else 'never'}" in report
 
     # Held-out constraint rows are exactly the rows pretraining held out: disjoint from training.
@@ -127,10 +127,12 @@ def test_the_numbers_do_not_depend_on_how_many_runs_train_at_once(small_demo, tm
             read_run(tmp_path / "demo" / "runs" / label),
             read_run(root / "demo" / "runs" / label),
         )
-        assert [(e["eval"], e["test"]) for e in one.evaluations] == [
-            (e["eval"], e["test"]) for e in two.evaluations
+        assert [(e.eval, e.test) for e in one.evaluations] == [
+            (e.eval, e.test) for e in two.evaluations
         ]
-        assert [u["weights"] for u in one.updates] == [u["weights"] for u in two.updates]
+        assert [u.weights.tolist() for u in one.updates] == [
+            u.weights.tolist() for u in two.updates
+        ]
 
 
 @pytest.mark.parametrize("jobs", [1, 2])

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
+from dynamics.core.records import UpdateRecord
 from dynamics.experiments.robustness import prediction_errors
 
 NAMES = ["target", "held-out", "quiz"]
@@ -18,16 +20,19 @@ def update(
     losses: list[float],
     slopes: list[list[float]],
     weights: list[float],
-    **extra,
-):
-    return {
-        "step": step,
-        "horizon": horizon,
-        "current_losses": losses,
-        "slope_matrix": slopes,
-        "weights": weights,
-        "extra": extra,
-    }
+    **details,
+) -> UpdateRecord:
+    return UpdateRecord(
+        policy="dynamics",
+        step=step,
+        horizon=horizon,
+        probe_budget=1,
+        weights=np.array(weights),
+        current_losses=np.array(losses),
+        recycled_anchor=False,
+        slope_matrix=np.array(slopes),
+        **details,
+    )
 
 
 SLOPES = [[-1e-2, 0.0], [1e-3, -1e-3], [2e-3, 0.0]]

@@ -222,10 +222,10 @@ def test_single_run_report_draws_weights_losses_slack_and_predictions(swept, cap
     records = rundir.read_run(run)
     assert report["steps"] == [0, 4, 8]
     assert report["eval"]["mmlu"] == [
-        -row["eval"]["mmlu"] for row in records.evaluations
+        -row.eval["mmlu"] for row in records.evaluations
     ]  # shown as accuracy
     assert [u["step"] for u in report["updates"]] == [0, 4]
-    assert report["updates"][0]["realized"]["math"] == records.updates[0]["realized_losses"][0]
+    assert report["updates"][0]["realized"]["math"] == records.updates[0].realized_losses[0]
     page = (out / "index.html").read_text()
     assert page.count("data:image/png;base64,") == 4
     # Without --out the text report is unchanged.

@@ -83,19 +83,19 @@ def test_the_trainer_with_the_callback_makes_the_same_run_as_dynamics_run(
     callback = train_with_callback(RunConfig.from_dict(data), tmp_path / "hf")
 
     engine, trainer = read_run(tmp_path / "engine"), read_run(tmp_path / "trainer")
-    assert [u["step"] for u in trainer.updates] == [u["step"] for u in engine.updates] == [0, 2, 4]
+    assert [u.step for u in trainer.updates] == [u.step for u in engine.updates] == [0, 2, 4]
     assert len(trainer.evaluations) == len(engine.evaluations) == 3
     # The same batches, probes, optimizer steps and evaluations: on CPU the two runs agree to
     # the last bit; the tolerance leaves room for float reduction order elsewhere.
     for mine, theirs in zip(trainer.updates, engine.updates, strict=True):
-        np.testing.assert_allclose(
-            mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-6, atol=1e-9
-        )
-        np.testing.assert_allclose(mine["weights"], theirs["weights"], atol=1e-6)
+        np.testing.assert_allclose(mine.slope_matrix, theirs.slope_matrix, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(mine.weights, theirs.weights, atol=1e-6)
     for mine, theirs in zip(trainer.evaluations, engine.evaluations, strict=True):
         for split in ("eval", "test"):
             np.testing.assert_allclose(
-                list(mine[split].values()), list(theirs[split].values()), rtol=1e-6
+                list(getattr(mine, split).values()),
+                list(getattr(theirs, split).values()),
+                rtol=1e-6,
             )
     assert callback.summary is not None
     assert callback.summary["constrained_ppl_reduction"] == pytest.approx(
@@ -115,7 +115,7 @@ def test_the_callbacks_run_folder_is_complete_and_its_adapter_loads(
     records = read_run(out)
     assert records.summary["trainer"] is True
     assert records.summary["feasible"]  # this tiny run keeps its constraints (as in test_run)
-    assert all(u["realized_losses"] is not None for u in records.updates)
+    assert all(u.realized_losses is not None for u in records.updates)
     assert RunConfig.from_yaml(out / "config.yaml") == config
     base = load_causal_lm(config.model)
     adapted = PeftModel.from_pretrained(base, out / "best_checkpoint")
@@ -149,7 +149,7 @@ def test_trl_sft_trainer_with_lora_and_the_callback_writes_a_loadable_adapter(
     )
     trainer.train()
     records = read_run(out)
-    assert [u["step"] for u in records.updates] == [0, 2, 4]
+    assert [u.step for u in records.updates] == [0, 2, 4]
     assert callback.source.drawn == config.training.total_steps
     assert (
         records.summary["feasible"]
@@ -209,16 +209,12 @@ def test_resuming_the_trainer_from_its_checkpoint_continues_the_mixture(
     second.train(resume_from_checkpoint=str(tmp_path / "cut" / "hf" / "checkpoint-4"))
 
     a, b = read_run(tmp_path / "whole"), read_run(tmp_path / "cut")
-    assert [u["step"] for u in a.updates] == [u["step"] for u in b.updates] == [0, 2, 4]
+    assert [u.step for u in a.updates] == [u.step for u in b.updates] == [0, 2, 4]
     for mine, theirs in zip(b.updates, a.updates, strict=True):
-        np.testing.assert_allclose(mine["weights"], theirs["weights"], atol=1e-9)
-        np.testing.assert_allclose(
-            mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-6, atol=1e-9
-        )
+        np.testing.assert_allclose(mine.weights, theirs.weights, atol=1e-9)
+        np.testing.assert_allclose(mine.slope_matrix, theirs.slope_matrix, rtol=1e-6, atol=1e-9)
     for mine, theirs in zip(b.evaluations, a.evaluations, strict=True):
-        np.testing.assert_allclose(
-            list(mine["eval"].values()), list(theirs["eval"].values()), rtol=1e-6
-        )
+        np.testing.assert_allclose(list(mine.eval.values()), list(theirs.eval.values()), rtol=1e-6)
     assert (
         resumed.sampler.state_dict() == whole.sampler.state_dict()
     )  # same data position at the end
@@ -250,12 +246,10 @@ def test_gradient_alignment_through_the_callback_matches_dynamics_run(
     data["output_dir"] = str(tmp_path / "trainer")
     train_with_callback(RunConfig.from_dict(data), tmp_path / "hf")
     engine, trainer = read_run(tmp_path / "engine"), read_run(tmp_path / "trainer")
-    assert [u["step"] for u in trainer.updates] == [0, 2, 4]
+    assert [u.step for u in trainer.updates] == [0, 2, 4]
     for mine, theirs in zip(trainer.updates, engine.updates, strict=True):
-        np.testing.assert_allclose(
-            mine["slope_matrix"], theirs["slope_matrix"], rtol=1e-6, atol=1e-12
-        )
-        np.testing.assert_allclose(mine["weights"], theirs["weights"], atol=1e-6)
+        np.testing.assert_allclose(mine.slope_matrix, theirs.slope_matrix, rtol=1e-6, atol=1e-12)
+        np.testing.assert_allclose(mine.weights, theirs.weights, atol=1e-6)
 
 
 class Recorder(TrainerCallback):
@@ -297,7 +291,7 @@ def test_the_mixture_reaches_the_trainers_log_and_its_trackers_once_moved_first(
             "dynamics/worst_slack",
             "dynamics/feasible",
         } <= set(log)
-    assert step_logs[-1]["dynamics/weight/math"] == pytest.approx(last["weights"][0])
+    assert step_logs[-1]["dynamics/weight/math"] == pytest.approx(last.weights[0])
     tracked = [log for log in tracker.logs if "loss" in log]
     assert len(tracked) == 2
     assert all(("dynamics/weight/math" in log) == moved for log in tracked)
@@ -475,12 +469,10 @@ def test_two_processes_under_the_trainer_match_one_process(tmp_path):
             assert result.returncode == 0, result.stderr[-3000:]
         updates[name] = read_run(tmp_path / name).updates
     single, double = updates["single"], updates["double"]
-    assert [u["step"] for u in single] == [u["step"] for u in double] == [0, 2, 4]
-    assert [u["probe_ranks"] for u in double] == [
-        [[0], [1]]
-    ] * 3  # each rank probed one dataset alone
+    assert [u.step for u in single] == [u.step for u in double] == [0, 2, 4]
+    assert [u.probe_ranks for u in double] == [[[0], [1]]] * 3  # each rank probed one dataset alone
     for one, two in zip(single, double, strict=True):
-        np.testing.assert_allclose(two["slope_matrix"], one["slope_matrix"], rtol=1e-3, atol=1e-5)
-        np.testing.assert_allclose(two["weights"], one["weights"], atol=1e-4)
-        np.testing.assert_allclose(two["current_losses"], one["current_losses"], rtol=1e-5)
+        np.testing.assert_allclose(two.slope_matrix, one.slope_matrix, rtol=1e-3, atol=1e-5)
+        np.testing.assert_allclose(two.weights, one.weights, atol=1e-4)
+        np.testing.assert_allclose(two.current_losses, one.current_losses, rtol=1e-5)
     assert read_run(tmp_path / "double").summary["trainer"] is True

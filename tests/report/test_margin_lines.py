@@ -3,20 +3,23 @@ references, in standard errors of their change on the eval batches."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+from dynamics.core.records import EvaluationLine
 from dynamics.report.text import margin_lines
 from dynamics.runs.rundir import RunRecords
+from tests.report.lines import evaluation
 
 NAMES = ["math", "code-heldout", "quiz"]
 
 
-def _row(step: int, batches: dict[str, list[float]]) -> dict:
+def _row(step: int, batches: dict[str, list[float]]) -> EvaluationLine:
     means = {name: sum(values) / len(values) for name, values in batches.items()}
-    return {"step": step, "eval": means, "test": means, "eval_batches": batches}
+    return evaluation(step, means, batches)
 
 
-def _records(rows: list[dict]) -> RunRecords:
+def _records(rows: list[EvaluationLine]) -> RunRecords:
     summary = {
         "domain_names": NAMES,
         "domain_metrics": ["loss", "loss", "accuracy"],
@@ -61,8 +64,8 @@ def test_a_constraint_with_room_or_unchanged_is_not_named():
 
 
 def test_a_run_without_per_batch_values_says_nothing_of_them():
+    assert BASE.eval_batches is not None
     rows = [
-        {k: v for k, v in row.items() if k != "eval_batches"}
-        for row in (BASE, _row(8, BASE["eval_batches"]))
+        dataclasses.replace(row, eval_batches=None) for row in (BASE, _row(8, BASE.eval_batches))
     ]
     assert margin_lines(_records(rows), 8) == []

@@ -21,6 +21,7 @@ from dynamics.report.sweep import (
 )
 from dynamics.runs import rundir
 from dynamics.runs.rundir import RunRecords
+from tests.report.lines import update
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -39,7 +40,7 @@ def result(
         path=path,
         summary={"total_steps": 8, "dataset_names": ["a", "b"]},
         evaluations=[],
-        updates=[{"step": 0, "weights": [0.5, 0.5]}, {"step": 4, "weights": [0.9, 0.1]}],
+        updates=[update(0, [0.5, 0.5]), update(4, [0.9, 0.1])],
     )
     return RunResult(
         path=path,
@@ -87,7 +88,8 @@ def test_oracle_best_at_k_feasible_at_k_and_violations_follow_the_paper():
     assert numbers["methods"][DYN] == {
         "scenarios": 2,
         "median_reduction": pytest.approx(0.075),
-        # Per seed, the median over scenarios: seed 0 (0.2 + 0) / 2, seed 1 (0.1 + 0) / 2; their std.
+        # Per seed, the median over scenarios: seed 0 (0.2 + 0) / 2, seed 1 (0.1 + 0) / 2;
+        # their std.
         "median_reduction_std_over_seeds": pytest.approx(np.std([0.1, 0.05])),
         "feasibility_rate": 0.5,
         "feasibility_rate_std_over_seeds": 0.0,
@@ -150,7 +152,8 @@ def test_the_same_run_twice_is_refused_instead_of_overwriting_a_seed(index):
     )
     what = f"method {DYN}" if index == 0 else "fixed mixture w1"
     message = (
-        f"{RESULTS[index].path} and {again.path} are the same run (the same config, {what}, seed 0): "
+        f"{RESULTS[index].path} and {again.path} are the same run (the same config, {what}, "
+        "seed 0): "
         "report them separately (one dynamics report each), or leave one of them out"
     )
     with pytest.raises(rundir.RunDirError, match=re.escape(message)):
@@ -190,8 +193,8 @@ def test_weight_lines_cycle_through_the_dashes_past_four_datasets():
         summary={"total_steps": 8, "dataset_names": names},
         evaluations=[],
         updates=[
-            {"step": 0, "weights": [0.2] * 5},
-            {"step": 4, "weights": [0.6, 0.1, 0.1, 0.1, 0.1]},
+            update(0, [0.2] * 5),
+            update(4, [0.6, 0.1, 0.1, 0.1, 0.1]),
         ],
     )
     fig, ax = pyplot().subplots()

@@ -6,25 +6,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+from dynamics.core.records import UpdateRecord
 from dynamics.report.text import run_report, target_data_lines
 from dynamics.runs.rundir import RunRecords
+from tests.report.lines import update
 
 TOTAL_STEPS = 64
 # Datasets math, code, prose, chat; math and chat are also target domains.
 DATASETS = ["math", "code", "prose", "chat"]
 
 
-def _update(step: int, horizon: int, weights: list[float], feasible: bool = True, **extra) -> dict:
-    return {
-        "step": step,
-        "horizon": horizon,
-        "weights": weights,
-        "solver": {"feasible": feasible},
-        "extra": extra,
-    }
+def _update(
+    step: int, horizon: int, weights: list[float], feasible: bool = True, **fields
+) -> UpdateRecord:
+    return update(step, weights, horizon, solver={"feasible": feasible}, **fields)
 
 
-def _base_updates() -> list[dict]:
+def _base_updates() -> list[UpdateRecord]:
     """Math and chat half each for 8 steps; then a quarter on math for the 8 steps until the
     next update (its horizon, 16, runs past it); no target data from step 16 on, where no
     mixture was predicted feasible; the last horizon (64) runs past the end."""
@@ -37,7 +37,7 @@ def _base_updates() -> list[dict]:
 
 
 def _records(
-    updates: list[dict], *, kept: bool = True, constraints: tuple[int, ...] = (2,)
+    updates: list[UpdateRecord], *, kept: bool = True, constraints: tuple[int, ...] = (2,)
 ) -> RunRecords:
     summary = {
         "method": "dynamics",
@@ -46,7 +46,9 @@ def _records(
         "targets": [0, 1],
         "constraints": list(constraints),
         "total_steps": TOTAL_STEPS,
-        "best_checkpoint": {"step": 8, "path": "best_checkpoint"} if kept else None,
+        "best_checkpoint": {"step": 8, "eval": {}, "test": {}, "path": "best_checkpoint"}
+        if kept
+        else None,
     }
     return RunRecords(path=Path("run"), summary=summary, evaluations=[], updates=updates)
 
@@ -55,7 +57,8 @@ def test_each_update_counts_until_the_next_one_and_the_run_ends():
     lines = target_data_lines(_records(_base_updates()))
     # math 4 + 2 steps, chat 4, of 64.
     assert lines[0] == (
-        "target data: 15.6% of the 64 steps (math 9.4%, chat 6.2%); none from step 16 to the end (48 steps)"
+        "target data: 15.6% of the 64 steps (math 9.4%, chat 6.2%); "
+        "none from step 16 to the end (48 steps)"
     )
     assert lines[1].startswith(
         "no mixture was predicted to keep every constraint at 1 of 4 updates (steps 16):"
@@ -64,7 +67,7 @@ def test_each_update_counts_until_the_next_one_and_the_run_ends():
     assert len(lines) == 3
     # Target data in the last update counts to the run's end (32 steps), not its horizon.
     updates = _base_updates()
-    updates[-1]["weights"] = [0.25, 0.75, 0.0, 0.0]
+    updates[-1].weights = np.array([0.25, 0.75, 0.0, 0.0])
     lines = target_data_lines(_records(updates))
     assert lines[0] == "target data: 28.1% of the 64 steps (math 21.9%, chat 6.2%)"
     assert not any(line.startswith("hint") for line in lines)
@@ -73,8 +76,8 @@ def test_each_update_counts_until_the_next_one_and_the_run_ends():
 def test_under_token_sampling_the_steps_are_counted_by_batch_shares():
     updates = _base_updates()
     # The first update's token shares are 0.2 math and 0.8 chat; it drew half its steps from each.
-    updates[0]["weights"] = [0.2, 0.0, 0.0, 0.8]
-    updates[0]["extra"]["batch_shares"] = [0.5, 0.0, 0.0, 0.5]
+    updates[0].weights = np.array([0.2, 0.0, 0.0, 0.8])
+    updates[0].batch_shares = np.array([0.5, 0.0, 0.0, 0.5])
     assert target_data_lines(_records(updates)) == target_data_lines(_records(_base_updates()))
 
 
@@ -86,19 +89,21 @@ def test_updates_a_backtrack_abandoned_are_left_out():
 
 def test_the_robust_verdict_decides_and_a_floor_already_set_gets_no_hint():
     updates = _base_updates()
-    for update in updates:
+    for record in updates:
         # The robust variant's own verdict, the opposite of the nominal solver's.
-        update["extra"]["robust"] = {"feasible": update["solver"]["feasible"], "target_floor": 0.0}
-        update["solver"]["feasible"] = not update["solver"]["feasible"]
+        assert record.solver is not None
+        record.robust = {"feasible": record.solver["feasible"], "target_floor": 0.0}
+        record.solver["feasible"] = not record.solver["feasible"]
     lines = target_data_lines(_records(updates))
     assert "at 1 of 4 updates (steps 16)" in lines[1] and lines[2].startswith("hint: ")
-    for update in updates:
-        update["extra"]["robust"]["target_floor"] = 0.02
+    for record in updates:
+        assert record.robust is not None
+        record.robust["target_floor"] = 0.02
     assert target_data_lines(_records(updates)) == lines[:2]
 
 
 def test_the_hint_needs_a_quarter_of_the_run_dry_and_a_checkpoint_that_kept_the_constraints():
-    def dry_from(step: int) -> list[dict]:
+    def dry_from(step: int) -> list[UpdateRecord]:
         first = _base_updates()[:2]
         return [
             *first,
@@ -119,15 +124,7 @@ def test_without_constraints_only_the_share_is_reported():
 
 
 def test_a_fixed_mixture_and_a_run_without_target_data_get_no_account():
-    fixed = [
-        {
-            "step": 0,
-            "horizon": TOTAL_STEPS,
-            "weights": [0.1, 0.45, 0.45, 0.0],
-            "solver": None,
-            "extra": {},
-        }
-    ]
+    fixed = [update(0, [0.1, 0.45, 0.45, 0.0], TOTAL_STEPS, policy="fixed")]
     assert target_data_lines(_records(fixed)) == []
     records = _records(_base_updates())
     records.summary["dataset_names"] = [

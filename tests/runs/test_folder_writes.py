@@ -34,7 +34,8 @@ def checkpoint_writer(step: int):
 
 
 def read_checkpoint(folder: Path) -> int:
-    """The step of a whole checkpoint written by :func:`checkpoint_writer` (every file says the same)."""
+    """The step of a whole checkpoint written by :func:`checkpoint_writer` (every file says
+    the same)."""
     step = int((folder / "step.txt").read_text())
     assert (folder / "adapter_config.json").read_text() == f'{{"step": {step}}}'
     assert (folder / "adapter_model.safetensors").read_bytes() == bytes([step]) * 4096
@@ -68,7 +69,8 @@ sys.path.insert(0, {tests!r})
 from dynamics.runs import rundir
 from tests.runs.test_folder_writes import checkpoint_writer
 
-run_folder, call, when, exchanges = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "True"
+run_folder, call, when = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+exchanges = sys.argv[4] == "True"
 best = run_folder / rundir.CHECKPOINT_DIR
 rundir.atomic_write_dir(best, checkpoint_writer(1))
 real_exchange, real_replace = rundir.exchange, os.replace

@@ -275,7 +275,8 @@ class RecordingApi:
     """A stand-in for ``huggingface_hub.HfApi``: records the calls, touches no network. It
     holds the Hub's repositories (id -> private) and answers as the Hub does: ``create_repo``
     with ``exist_ok`` leaves an existing repository's visibility as it is, ``repo_info`` says
-    it, and ``update_repo_settings`` changes it (or refuses, as for a token without admin rights)."""
+    it, and ``update_repo_settings`` changes it (or refuses, as for a token without admin
+    rights)."""
 
     calls: ClassVar[list[tuple[str, dict]]] = []
     repos: ClassVar[dict[str, bool]] = {}

@@ -10,7 +10,7 @@ Each policy holds the run's :class:`~dynamics.core.shares.MixtureUnit`: the solv
 batch shares (the unit of the slopes, and of ``min_weight`` and the floors), and a record's
 ``weights`` are those batch shares in the run's unit, the weights the sampler is given.
 Under token shares the record also keeps the batch shares its predictions assume, as
-``extra["batch_shares"]``; a fixed policy's weights are the user's, in the run's unit.
+``batch_shares``; a fixed policy's weights are the user's, in the run's unit.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _update_record(
         predicted_losses=np.asarray(solution.predicted_losses, dtype=float),
         solver=solution.to_dict(),
         probe_seconds=probe_seconds,
-        extra=extra,
+        **extra,
     )
 
 
@@ -101,17 +101,13 @@ def _in_unit(record: UpdateRecord, unit: MixtureUnit) -> UpdateRecord:
     """``record``, whose weights are the batch shares it solved, with its weights in ``unit``."""
     batch_shares = np.asarray(record.weights, dtype=float)
     record.weights = unit.weights_of(batch_shares)
-    record.extra.update(_named_batch_shares(unit, batch_shares))
+    record.batch_shares = _kept_batch_shares(unit, batch_shares)
     return record
 
 
-def _named_batch_shares(unit: MixtureUnit, batch_shares: np.ndarray) -> dict[str, np.ndarray]:
+def _kept_batch_shares(unit: MixtureUnit, batch_shares: np.ndarray) -> np.ndarray | None:
     """The batch shares a record keeps beside its weights: none where the weights are them."""
-    return (
-        {}
-        if unit.name == BatchShares.name
-        else {"batch_shares": np.asarray(batch_shares, dtype=float)}
-    )
+    return None if unit.name == BatchShares.name else np.asarray(batch_shares, dtype=float)
 
 
 def _widen(record: UpdateRecord, columns: list[int], num_datasets: int) -> None:
@@ -124,17 +120,19 @@ def _widen(record: UpdateRecord, columns: list[int], num_datasets: int) -> None:
         slopes = np.full((record.slope_matrix.shape[0], num_datasets), np.nan)
         slopes[:, columns] = record.slope_matrix
         record.slope_matrix = slopes
-    errors = record.extra.get("slope_errors")
+    errors = record.slope_errors
     if errors is not None:
         widened = np.full((errors.shape[0], num_datasets), np.nan)
         widened[:, columns] = errors
-        record.extra["slope_errors"] = widened
+        record.slope_errors = widened
     for key in ("slope_models", "extrapolation_guarded"):
-        if key in record.extra:
-            placed = [dict(zip(columns, row, strict=True)) for row in record.extra[key]]
-            record.extra[key] = [
-                [by_column.get(j) for j in range(num_datasets)] for by_column in placed
-            ]
+        if getattr(record, key) is not None:
+            placed = [dict(zip(columns, row, strict=True)) for row in getattr(record, key)]
+            setattr(
+                record,
+                key,
+                [[by_column.get(j) for j in range(num_datasets)] for by_column in placed],
+            )
 
 
 @dataclass
@@ -228,7 +226,7 @@ class DynamicsPolicy:
         record.probe_ranks = probes.ranks
         if len(reliable) < num_datasets:
             _widen(record, reliable, num_datasets)
-            record.extra["unreliable_datasets"] = [
+            record.unreliable_datasets = [
                 learner.dataset_names[j] for j in range(num_datasets) if j not in reliable
             ]
         return _in_unit(record, self.unit)
@@ -372,7 +370,7 @@ class FixedWeightsPolicy:
             weights=self.weights.copy(),
             current_losses=context.anchor.means(),
             recycled_anchor=context.recycled_anchor,
-            extra=_named_batch_shares(self.unit, self.unit.batch_shares(self.weights)),
+            batch_shares=_kept_batch_shares(self.unit, self.unit.batch_shares(self.weights)),
         )
 
     def state_dict(self) -> dict[str, Any]:

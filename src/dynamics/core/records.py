@@ -1,12 +1,18 @@
-"""Plain-data records a run produces: one per main evaluation, one per mixture update.
+"""Plain-data records a run produces, and the lines of the run folder that hold them.
 
-These are what the run folder stores (``metrics.jsonl``, ``controller.jsonl``) and what
-metrics and reports read back; nothing here refers to a live model.
+:class:`EvaluationRecord` and :class:`UpdateRecord` are what the loop produces, one per main
+evaluation and one per mixture update; :class:`UpdateRecord` is also a line of
+``controller.jsonl``. :class:`EvaluationLine` is a line of ``metrics.jsonl`` (a main
+evaluation with its values named and its feasibility judged), and :class:`CheckpointRecord`
+the best checkpoint in ``summary.json``. Each is written with ``to_dict`` and read back with
+``from_dict``, so the writer and every reader share one definition of what a line holds;
+nothing here refers to a live model.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -15,6 +21,10 @@ import numpy as np
 def _array(values: Any) -> np.ndarray:
     # JSON holds NaN as null (see _plain); a float array reads null back as NaN.
     return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def _matrix(rows: Any) -> np.ndarray:
+    return np.array([_array(row) for row in rows], dtype=float)
 
 
 def _plain(value: Any) -> Any:
@@ -32,6 +42,21 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def held(
+    *, read: Callable[[Any], Any] = _as_is, in_extra: bool = False, report: str | None = None
+) -> dict[str, Any]:
+    """The metadata of an :class:`UpdateRecord` field that says how its ``controller.jsonl``
+    line holds it: ``read`` turns the JSON value back into the field's type (None stays
+    None), ``in_extra`` places it in the line's ``extra`` object (left out while None or
+    False), and ``report`` is the column title under which ``dynamics report`` shows it
+    per update (not shown without one)."""
+    return {"read": read, "in_extra": in_extra, "report": report}
+
+
 @dataclass
 class EvaluationRecord:
     """A main evaluation at ``step``: per-domain mean metric on the eval and test splits
@@ -41,9 +66,8 @@ class EvaluationRecord:
     step: int
     eval: np.ndarray  # (M,)
     test: np.ndarray  # (M,)
-    weights: (
-        np.ndarray
-    )  # (N,) weights used for the steps that follow, in the run's unit (core.shares)
+    # (N,) weights used for the steps that follow, in the run's unit (core.shares)
+    weights: np.ndarray
     wall_seconds: float = 0.0
     backtracked: bool = False  # the run returned from this state to an earlier one
     eval_batches: np.ndarray | None = None  # (M, B); None in records written without them
@@ -68,43 +92,156 @@ class EvaluationRecord:
 
 
 @dataclass
+class EvaluationLine:
+    """A line of ``metrics.jsonl``: a main evaluation with its values named by domain (and
+    its weights by dataset), the targets' summed eval value, each constraint's slack
+    (reference - value on the eval split, >= 0 holds), and whether it is a feasible
+    checkpoint. ``eval_batches`` holds the eval split's per-batch values of each domain."""
+
+    step: int
+    eval: dict[str, float]
+    test: dict[str, float]
+    weights: dict[str, float]  # empty before any mixture was chosen
+    target_loss_sum: float
+    constraint_slack: dict[str, float]
+    feasible: bool
+    backtracked: bool
+    wall_seconds: float
+    eval_batches: dict[str, list[float]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = _plain(asdict(self))
+        if self.eval_batches is None:
+            del out["eval_batches"]
+        return out
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> EvaluationLine:
+        """The inverse of :meth:`to_dict`."""
+        return cls(
+            step=int(row["step"]),
+            eval=_floats(row["eval"]),
+            test=_floats(row["test"]),
+            weights=_floats(row["weights"]),
+            target_loss_sum=float(row["target_loss_sum"]),
+            constraint_slack=_floats(row["constraint_slack"]),
+            feasible=bool(row["feasible"]),
+            backtracked=bool(row.get("backtracked", False)),
+            wall_seconds=float(row["wall_seconds"]),
+            eval_batches=None
+            if row.get("eval_batches") is None
+            else {name: [float(v) for v in values] for name, values in row["eval_batches"].items()},
+        )
+
+
+def _floats(named: dict[str, Any]) -> dict[str, float]:
+    return {name: float(value) for name, value in named.items()}
+
+
+@dataclass
+class CheckpointRecord:
+    """The best feasible checkpoint of ``summary.json``: its step, its values on both splits
+    by domain, and its folder relative to the run folder."""
+
+    step: int
+    eval: dict[str, float]
+    test: dict[str, float]
+    path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(asdict(self))
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> CheckpointRecord:
+        """The inverse of :meth:`to_dict`."""
+        return cls(
+            step=int(row["step"]),
+            eval=_floats(row["eval"]),
+            test=_floats(row["test"]),
+            path=str(row["path"]),
+        )
+
+
+@dataclass
 class UpdateRecord:
-    """One mixture update (one iteration of Algorithm 2's ``if t in U`` branch).
+    """One mixture update (one iteration of Algorithm 2's ``if t in U`` branch), and a line
+    of ``controller.jsonl``.
 
     ``realized_losses`` is filled at the next update (or at the end of training) with the
     reduced-evaluation losses actually reached, so prediction error can be measured as
     ``realized_losses - predicted_losses``.
 
-    The loop's own marks (``abandoned``, ``backtrack``, ``margins``) are stored in the run
-    folder beside the policy's details, under ``extra`` (docs/method.md lists its keys).
+    The policy's details and the loop's own marks (``abandoned``, ``backtrack``,
+    ``margins``) are stored in the line's ``extra`` object (docs/method.md lists its keys).
+    A new field is one field here, with :func:`held` metadata: the line holds it, every
+    reader reads it, and with ``report=`` ``dynamics report`` shows it.
     """
 
     policy: str
     step: int
     horizon: int
     probe_budget: int
-    weights: (
-        np.ndarray
-    )  # (N,) in the run's unit; token shares keep extra["batch_shares"] (core.shares)
-    current_losses: np.ndarray  # (M,) reduced-evaluation anchor L_i(theta_t)
-    recycled_anchor: bool  # anchor taken from the main evaluation at this step
-    slope_matrix: np.ndarray | None = None  # (M, N)
-    predicted_losses: np.ndarray | None = None  # (M,) at step + horizon
+    # (N,) in the run's unit; under token shares batch_shares holds the batch shares
+    weights: np.ndarray = field(metadata=held(read=_array))
+    # (M,) reduced-evaluation anchor L_i(theta_t)
+    current_losses: np.ndarray = field(metadata=held(read=_array))
+    # the anchor is the main evaluation's of this step
+    recycled_anchor: bool = field(metadata=held(read=bool))
+    # (M, N) S(t), the predicted change of each domain per step on each dataset
+    slope_matrix: np.ndarray | None = field(default=None, metadata=held(read=_matrix))
+    # (M,) at step + horizon
+    predicted_losses: np.ndarray | None = field(default=None, metadata=held(read=_array))
     solver: dict[str, Any] | None = None  # lambda, eps, feasible, max_violation, LP result
-    realized_losses: np.ndarray | None = None  # (M,) at step + horizon
-    probe_seconds: float = 0.0
-    dataset_probe_seconds: np.ndarray | None = None  # (N,) wall time of each dataset's probe
+    # (M,) at step + horizon
+    realized_losses: np.ndarray | None = field(default=None, metadata=held(read=_array))
+    probe_seconds: float = field(default=0.0, metadata=held(read=float, report="probe seconds"))
+    # (N,) wall time of each dataset's probe
+    dataset_probe_seconds: np.ndarray | None = field(default=None, metadata=held(read=_array))
     probe_ranks: list[list[int]] | None = None  # per dataset, the processes that probed it
-    extra: dict[str, Any] = field(
-        default_factory=dict
-    )  # the policy's details (predictor, errors, ...)
-    abandoned: bool = False  # a later backtrack returned to a state before this update
-    backtrack: dict[str, Any] | None = (
-        None  # this update decides again after a backtrack: from, to, ...
+    # The policy's details.
+    # the slope predictor (method.predictor)
+    predictor: str | None = field(default=None, metadata=held(in_extra=True))
+    # (M, N) the curve family behind each slope (core.predictors.SlopeFit)
+    slope_models: list[list[str | None]] | None = field(default=None, metadata=held(in_extra=True))
+    # (M, N) True where the extrapolation guard replaced a fitted curve by the linear one
+    extrapolation_guarded: list[list[bool | None]] | None = field(
+        default=None, metadata=held(in_extra=True)
     )
-    margins: dict[str, float] | None = None  # the references' margins learned from past backtracks
+    # (M, N) standard error of each slope; NaN for a dataset left out of the solve
+    slope_errors: np.ndarray | None = field(
+        default=None, metadata=held(read=_matrix, in_extra=True)
+    )
+    # how accuracy slopes were measured ("expected", or why not), for accuracy domains
+    accuracy_slopes: str | None = field(default=None, metadata=held(in_extra=True))
+    # (M,) the per-step bias subtracted from the predictions (method.calibration)
+    calibration_bias: np.ndarray | None = field(
+        default=None, metadata=held(read=_array, in_extra=True)
+    )
+    # (N,) the batch shares trained under training.sampling: tokens (weights are token shares)
+    batch_shares: np.ndarray | None = field(default=None, metadata=held(read=_array, in_extra=True))
+    # the datasets whose probes diverged, left out of this update's solve
+    unreliable_datasets: list[str] | None = field(default=None, metadata=held(in_extra=True))
+    # the robust variant's choice (options, candidates, decision), as the policy wrote it
+    robust: dict[str, Any] | None = field(default=None, metadata=held(in_extra=True))
+    # The loop's marks.
+    # a later backtrack returned to a state before this update
+    abandoned: bool = field(default=False, metadata=held(read=bool, in_extra=True))
+    # this update decides again after a backtrack: from, to, ...
+    backtrack: dict[str, Any] | None = field(default=None, metadata=held(in_extra=True))
+    # the references' margins learned from past backtracks
+    margins: dict[str, float] | None = field(default=None, metadata=held(in_extra=True))
 
-    _LOOP_MARKS = ("abandoned", "backtrack", "margins")
+    @classmethod
+    def report_columns(cls) -> list[tuple[str, str]]:
+        """``(column title, field name)`` of every field ``dynamics report`` shows per
+        update: those whose :func:`held` metadata names a ``report`` column."""
+        return [(spec.metadata["report"], spec.name) for spec in fields(cls) if _shown(spec)]
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The robust variant's choice under ``"robust"`` (empty for other variants), as the
+        line's ``extra`` object holds it."""
+        return {} if self.robust is None else {"robust": self.robust}
 
     @property
     def prediction_error(self) -> np.ndarray | None:
@@ -113,47 +250,49 @@ class UpdateRecord:
             return None
         return self.realized_losses - self.predicted_losses
 
+    @property
+    def trained_shares(self) -> np.ndarray:
+        """The shares of this update's steps drawn from each dataset, the mixture its
+        predictions assume: its batch shares where it keeps them (token-share weights),
+        else its weights."""
+        return self.weights if self.batch_shares is None else self.batch_shares
+
     def to_dict(self) -> dict[str, Any]:
-        out = _plain(asdict(self))
-        marks = {name: out.pop(name) for name in self._LOOP_MARKS}
-        if marks["abandoned"]:
-            out["extra"]["abandoned"] = True
-        for name in ("backtrack", "margins"):
-            if marks[name] is not None:
-                out["extra"][name] = marks[name]
+        out: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if not spec.metadata.get("in_extra"):
+                out[spec.name] = _plain(value)
+            elif value is not None and value is not False:
+                extra[spec.name] = _plain(value)
+        out["extra"] = extra
         error = self.prediction_error
         out["prediction_error"] = None if error is None else _plain(error)
         return out
 
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> UpdateRecord:
-        """The inverse of :meth:`to_dict`."""
+        """The inverse of :meth:`to_dict` (a ``controller.jsonl`` line's other keys, its
+        ``dataset_names`` and ``prediction_error``, are left: the summary and
+        :attr:`prediction_error` hold them)."""
+        extra = row.get("extra", {})
+        specs = {spec.name: spec for spec in fields(cls)}
+        unknown = sorted(set(extra) - {n for n, s in specs.items() if s.metadata.get("in_extra")})
+        if unknown:
+            raise ValueError(f"extra.{unknown[0]} is not a field of an update record")
+        values = {}
+        for name, spec in specs.items():
+            source = extra if spec.metadata.get("in_extra") else row
+            if source.get(name) is not None:
+                values[name] = spec.metadata.get("read", _as_is)(source[name])
+        values["step"], values["horizon"] = int(row["step"]), int(row["horizon"])
+        values["probe_budget"] = int(row["probe_budget"])
+        return cls(**values)
 
-        def optional(key: str) -> np.ndarray | None:
-            return None if row.get(key) is None else _array(row[key])
 
-        slopes = row["slope_matrix"]
-        extra = dict(row["extra"])
-        return cls(
-            policy=row["policy"],
-            step=int(row["step"]),
-            horizon=int(row["horizon"]),
-            probe_budget=int(row["probe_budget"]),
-            weights=_array(row["weights"]),
-            current_losses=_array(row["current_losses"]),
-            recycled_anchor=bool(row["recycled_anchor"]),
-            slope_matrix=None if slopes is None else np.array([_array(r) for r in slopes]),
-            predicted_losses=optional("predicted_losses"),
-            solver=row["solver"],
-            realized_losses=optional("realized_losses"),
-            probe_seconds=float(row["probe_seconds"]),
-            dataset_probe_seconds=optional("dataset_probe_seconds"),
-            probe_ranks=row.get("probe_ranks"),
-            abandoned=bool(extra.pop("abandoned", False)),
-            backtrack=extra.pop("backtrack", None),
-            margins=extra.pop("margins", None),
-            extra=extra,
-        )
+def _shown(spec: Any) -> bool:
+    return bool(spec.metadata.get("report"))
 
 
 @dataclass

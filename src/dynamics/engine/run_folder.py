@@ -1,18 +1,15 @@
-"""The run folder both drivers write (docs/method.md, "The run folder"): ``metrics.jsonl``
-and ``controller.jsonl`` as the loop goes, the best feasible checkpoint, resume points, and
-``summary.json`` with the paper's metrics and the cost model's prediction at the end.
-Only rank 0 writes; under several processes the other ranks take part in gathering what it
-writes (:class:`ShardedSaves`): each rank's RNG state for a resume point, and under sharding
-the whole tensors.
+"""The engine's side of the run folder both drivers write (the files themselves are
+:class:`dynamics.runs.writer.RunFolder`'s): the progress bar and trackers, the learner's
+state gathered for a resume point and the model for the best checkpoint, and the summary's
+metrics at the end. Only rank 0 writes; under several processes the other ranks take part
+in gathering what it writes (:class:`ShardedSaves`): each rank's RNG state for a resume
+point, and under sharding the whole tensors.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,48 +20,20 @@ from tqdm.auto import tqdm
 from dynamics.core import metrics
 from dynamics.core.controller import LoopCallbacks, MixtureController, evaluation_steps
 from dynamics.core.cost import CostModel, recorded_relative_cost
-from dynamics.core.records import EvaluationRecord, RunHistory, UpdateRecord
+from dynamics.core.records import (
+    CheckpointRecord,
+    EvaluationLine,
+    EvaluationRecord,
+    RunHistory,
+    UpdateRecord,
+)
 from dynamics.engine import tracking
 from dynamics.engine.components import RunComponents
 from dynamics.engine.learner import HFLearner, TrainingSnapshot, save_snapshot
 from dynamics.engine.training_state import RNGState, save_rng_state
 from dynamics.runs import rundir
 from dynamics.runs import state as run_state
-from dynamics.runs.model_card import write_model_card
-
-
-def is_feasible(record: EvaluationRecord, history: RunHistory) -> bool:
-    """Whether a main evaluation is a feasible checkpoint (the paper's definition)."""
-    reference = history.evaluations[0]
-    return record.step > 0 and metrics.checkpoint_feasible(
-        record, reference, history.targets, history.constraints
-    )
-
-
-def _per_batch(values: np.ndarray, names: list[str]) -> dict[str, list[float]]:
-    return {name: [float(v) for v in row] for name, row in zip(names, values, strict=True)}
-
-
-class BestCheckpoint:
-    """The best checkpoint so far: the feasible evaluation with the lowest target loss sum,
-    those clearing the selection ``margin`` first (``metrics.best_feasible_checkpoint``)."""
-
-    def __init__(self, margin: float = 0.0) -> None:
-        self.margin = margin
-        self.record: EvaluationRecord | None = None
-        self.rank: tuple[bool, float] | None = None
-
-    def update(self, record: EvaluationRecord, history: RunHistory) -> bool:
-        """Whether ``record`` is the new best (and then remember it)."""
-        if not is_feasible(record, history):
-            return False
-        rank = metrics.selection_rank(
-            record, history.evaluations[0], history.targets, history.constraints, self.margin
-        )
-        if self.rank is None or rank < self.rank:
-            self.record, self.rank = record, rank
-            return True
-        return False
+from dynamics.runs.writer import BestCheckpoint, RunFolder, evaluation_line
 
 
 class ShardedSaves:
@@ -121,8 +90,9 @@ def gathered_training_state(learner: HFLearner, controller: MixtureController) -
 
 
 class RunFolderWriter:
-    """The run folder of either driver, and its progress bar (rank 0 only): the logs as the
-    loop goes, the best checkpoint, resume points, and the summary at the end.
+    """The run folder of either driver (:class:`RunFolder` writes its files), and its
+    progress bar (rank 0 only): the logs as the loop goes, the best checkpoint, resume
+    points, and the summary at the end.
 
     ``resume_how`` is the command that continues the run, said when a full disk stops it.
     """
@@ -130,14 +100,11 @@ class RunFolderWriter:
     def __init__(self, parts: RunComponents, out: Path, progress: bool, resume_how: str) -> None:
         self.parts = parts
         self.out = out
-        self.metrics_log = rundir.JsonlLog(out / rundir.METRICS_FILE)
-        self.controller_log = rundir.JsonlLog(out / rundir.CONTROLLER_FILE)
-        self.best = BestCheckpoint(parts.config.evaluation.selection_margin)
+        self.folder = RunFolder(out, resume_how, parts.config.evaluation.selection_margin)
         self.loss = float("nan")
         self.train_started = time.perf_counter()
         self.train_seconds_before = 0.0  # training time of the sessions before a resume
         self.resumed_at: list[int] = []  # the steps this run was resumed from
-        self.resume_how = resume_how
         self.bar = tqdm(
             total=parts.config.training.total_steps,
             desc=f"{parts.policy.name}",
@@ -159,7 +126,7 @@ class RunFolderWriter:
         return self.train_seconds_before + time.perf_counter() - self.train_started
 
     def on_update(self, update: UpdateRecord, history: RunHistory) -> None:
-        self.write_updates(history)
+        self.folder.write_updates(history)
         self.parts.accelerator.log(
             tracking.update_values(update, history.dataset_names), step=update.step
         )
@@ -172,72 +139,18 @@ class RunFolderWriter:
         doing = {"update": "probing + solving" if policy != "fixed" else "update"}.get(phase, phase)
         self.bar.set_description_str(f"{policy} · {doing}")
 
-    @contextlib.contextmanager
-    def writing(self, what: str, path: Path) -> Iterator[None]:
-        """Stop the run with one line (:class:`rundir.RunStopped`) when the disk is full
-        while ``what`` is written to ``path``: every write is atomic, so what was written
-        before stays whole, and the last complete resume point is where the run goes on."""
-        try:
-            yield
-        except Exception as err:
-            if not rundir.out_of_space(err):
-                raise
-            point = run_state.choose_resume_point(self.out)
-            goes_on = (
-                f"it goes on from {point.path.name}/ (step {point.step})"
-                if point.path is not None
-                else "it has no resume point yet and starts again from step 0"
-            )
-            raise rundir.RunStopped(
-                f"no space left on the device while writing {what} ({path}): free space there, then "
-                f"continue the run with {self.resume_how} ({goes_on})"
-            ) from err
-
-    def write_updates(self, history: RunHistory) -> None:
-        # The previous update's realized losses are known only now, so the whole (small)
-        # file is rewritten rather than appended to.
-        with self.writing(rundir.CONTROLLER_FILE, self.controller_log.path):
-            self.controller_log.rewrite(
-                {"dataset_names": history.dataset_names, **u.to_dict()} for u in history.updates
-            )
-
     def on_evaluation(self, record: EvaluationRecord, history: RunHistory) -> None:
-        row = self.metrics_row(record, history)
-        with self.writing(rundir.METRICS_FILE, self.metrics_log.path):
-            if record.backtracked:  # rows written before it may have been left behind with it
-                self.metrics_log.rewrite(self.metrics_row(r, history) for r in history.evaluations)
-            else:
-                self.metrics_log.append(row)
-        self.parts.accelerator.log(tracking.evaluation_values(row), step=record.step)
-        if self.best.update(record, history):
+        best = self.folder.write_evaluation(record, history)
+        line = self.metrics_row(record, history)
+        self.parts.accelerator.log(tracking.evaluation_values(line), step=record.step)
+        if best:
             self._save_checkpoint(record.step)
         if self.parts.config.training.total_steps and record.weights.size:
             self.bar.set_postfix_str(self._postfix(record.weights, history), refresh=False)
 
-    def metrics_row(self, record: EvaluationRecord, history: RunHistory) -> dict[str, Any]:
-        """The ``metrics.jsonl`` row of one main evaluation (also what trackers are shown)."""
-        names = history.domain_names
-        reference = history.evaluations[0]
-        feasible = is_feasible(record, history)
-        slack = metrics.constraint_slack(record, reference, history.constraints)
-        return {
-            "step": record.step,
-            "eval": rundir.named(record.eval, names),
-            "test": rundir.named(record.test, names),
-            "weights": rundir.named(record.weights, history.dataset_names)
-            if record.weights.size
-            else {},
-            "target_loss_sum": float(record.eval[list(history.targets)].sum()),
-            "constraint_slack": rundir.named(slack, [names[i] for i in history.constraints]),
-            "feasible": bool(feasible),
-            "backtracked": record.backtracked,
-            "wall_seconds": record.wall_seconds,
-            **(
-                {}
-                if record.eval_batches is None
-                else {"eval_batches": _per_batch(record.eval_batches, names)}
-            ),
-        }
+    def metrics_row(self, record: EvaluationRecord, history: RunHistory) -> EvaluationLine:
+        """The ``metrics.jsonl`` line of one main evaluation (also what trackers are shown)."""
+        return evaluation_line(record, history)
 
     def resume(
         self, history: RunHistory, step: int, saved: dict[str, Any], resume_point: Path
@@ -250,14 +163,7 @@ class RunFolderWriter:
         self.resumed_at = [*saved.get("resumed_at", []), step]
         if not self.parts.accelerator.is_main_process:
             return  # the files are rank 0's
-        rows = [self.metrics_row(record, history) for record in history.evaluations]
-        with self.writing(rundir.METRICS_FILE, self.metrics_log.path):
-            self.metrics_log.rewrite(rows)
-        for record in history.evaluations:
-            self.best.update(record, history)
-        self.write_updates(history)
-        with self.writing("the best checkpoint", self.out / rundir.CHECKPOINT_DIR):
-            run_state.restore_best_copy(self.out, resume_point)
+        self.folder.restore(history, resume_point)
         self.bar.update(step)
 
     def on_checkpoint(self, controller: MixtureController) -> None:
@@ -290,40 +196,25 @@ class RunFolderWriter:
         (a Trainer's checkpoint holds the model and optimizer itself), each rank's RNG states
         in ``rng/`` when given (``rank_rngs``, under several processes), and a copy of the
         best checkpoint."""
-        train_seconds = self.train_seconds()
-        config = self.parts.config
-        processes = self.parts.accelerator.num_processes
+        loop_file = {
+            "loop": loop,
+            "train_seconds": self.train_seconds(),
+            "resumed_at": self.resumed_at,
+            "processes": self.parts.accelerator.num_processes,
+            **(extra or {}),
+        }
 
-        def write(folder: Path) -> None:
+        def write_state(folder: Path) -> None:
             if learner_state is not None:
                 save_snapshot(learner_state, folder, "learner")
             if feasible_state is not None:
                 save_snapshot(feasible_state, folder, "feasible")
             if rank_rngs is not None:
-                rng_folder = folder / run_state.RNG_DIR
-                rng_folder.mkdir()
-                for rank, (learner_rng, feasible_rng) in enumerate(rank_rngs):
-                    save_rng_state(
-                        learner_rng, rng_folder, run_state.rank_rng_name("learner", rank)
-                    )
-                    if feasible_rng is not None:
-                        save_rng_state(
-                            feasible_rng, rng_folder, run_state.rank_rng_name("feasible", rank)
-                        )
-            saved = {
-                "loop": loop,
-                "train_seconds": train_seconds,
-                "resumed_at": self.resumed_at,
-                "processes": processes,
-                **(extra or {}),
-            }
-            (folder / run_state.LOOP_FILE).write_text(json.dumps(saved, allow_nan=False))
-            (folder / rundir.CONFIG_FILE).write_text(config.to_yaml())
-            run_state.save_best_copy(self.out, folder)
+                _save_rank_rngs(rank_rngs, folder / run_state.RNG_DIR)
 
-        step = int(loop["step"])
-        with self.writing(f"the resume point of step {step}", root / name):
-            run_state.write_resume_point(root, step, write, name=name)
+        self.folder.write_resume_point(
+            root, name, loop_file, self.parts.config.to_yaml(), write_state
+        )
 
     def finish(
         self, history: RunHistory, wall_seconds: float, extra: dict[str, Any] | None = None
@@ -337,12 +228,7 @@ class RunFolderWriter:
         summary["skipped_steps"] = self.parts.learner.skipped_steps
         summary.update(extra or {})
         if self.parts.accelerator.is_main_process:
-            self.write_updates(history)  # the final evaluation closed the last horizon
-            with self.writing(rundir.SUMMARY_FILE, self.out / rundir.SUMMARY_FILE):
-                rundir.write_json(self.out / rundir.SUMMARY_FILE, summary)
-            if summary["best_checkpoint"] is not None:
-                with self.writing("the model card", self.out / rundir.CHECKPOINT_DIR):
-                    write_model_card(self.out)
+            self.folder.write_summary(summary, history)
         return summary
 
     def on_train(self, steps: int, step_now: int) -> None:
@@ -374,17 +260,23 @@ class RunFolderWriter:
         # Under sharding, gathered from every rank (a state dict of shards would save parts).
         whole = self.parts.learner.gathered_model_state()
 
-        def write(folder: Path) -> None:
+        def write_model(folder: Path) -> None:
             # PEFT models save only the adapter (adapter_model.safetensors +
             # adapter_config.json); full fine-tuning saves model.safetensors. No state dict
             # (unsharded): the model's own.
             model.save_pretrained(folder, state_dict=whole)
             self.parts.tokenizer.save_pretrained(folder)
-            (folder / "step.txt").write_text(f"{step}\n")
 
-        path = self.out / rundir.CHECKPOINT_DIR
-        with self.writing(f"the best checkpoint of step {step}", path):
-            rundir.atomic_write_dir(path, write)
+        self.folder.write_best_checkpoint(step, write_model)
+
+
+def _save_rank_rngs(rank_rngs: list[tuple[RNGState, RNGState | None]], folder: Path) -> None:
+    """Each rank's learner and feasible RNG states, in ``rng/`` of a resume point."""
+    folder.mkdir()
+    for rank, (learner_rng, feasible_rng) in enumerate(rank_rngs):
+        save_rng_state(learner_rng, folder, run_state.rank_rng_name("learner", rank))
+        if feasible_rng is not None:
+            save_rng_state(feasible_rng, folder, run_state.rank_rng_name("feasible", rank))
 
 
 def summarize(parts: RunComponents, history: RunHistory, wall_seconds: float) -> dict[str, Any]:
@@ -409,26 +301,7 @@ def summarize(parts: RunComponents, history: RunHistory, wall_seconds: float) ->
     )
     config = parts.config
     schedule = parts.policy.schedule
-    cost_model = dataclasses.replace(
-        CostModel.for_predictor(config.method.predictor),
-        eval_interval=config.evaluation.interval,
-        main_eval_batches=config.evaluation.batches,
-        reduced_eval_batches=config.evaluation.reduced_batches,
-    )
-    cost = recorded_relative_cost(
-        history.updates,
-        n_datasets=len(history.dataset_names),
-        n_domains=len(history.domain_names),
-        total_steps=schedule.total_steps,
-        trained_steps=schedule.total_steps + sum(b["retrained_steps"] for b in history.backtracks),
-        evaluations=len(history.evaluations),
-        plain_evaluations=len(evaluation_steps(schedule.total_steps, config.evaluation.interval)),
-        test_eval_batches=config.evaluation.batches,
-        model=cost_model,
-        alignment_batches=config.method.alignment_batches
-        if config.method.name == "gradient-alignment"
-        else None,
-    )
+    cost, cost_model = _predicted_cost(parts, history)
     errors = [u.prediction_error for u in history.updates if u.prediction_error is not None]
     return {
         "method": config.method.name,
@@ -443,12 +316,12 @@ def summarize(parts: RunComponents, history: RunHistory, wall_seconds: float) ->
         "feasible": feasible,
         "best_checkpoint": None
         if best is None
-        else {
-            "step": best.step,
-            "eval": rundir.named(best.eval, history.domain_names),
-            "test": rundir.named(best.test, history.domain_names),
-            "path": rundir.CHECKPOINT_DIR,
-        },
+        else CheckpointRecord(
+            step=best.step,
+            eval=rundir.named(best.eval, history.domain_names),
+            test=rundir.named(best.test, history.domain_names),
+            path=rundir.CHECKPOINT_DIR,
+        ).to_dict(),
         "selection_margin": margin,
         "constrained_ppl_reduction": metrics.constrained_perplexity_reduction(
             points, targets, constraints, margin
@@ -470,3 +343,31 @@ def summarize(parts: RunComponents, history: RunHistory, wall_seconds: float) ->
         if errors
         else None,
     }
+
+
+def _predicted_cost(parts: RunComponents, history: RunHistory) -> tuple[float, CostModel]:
+    """The run's compute as a multiple of one fixed-mixture run (``predicted_cost``), and the
+    cost model it assumed."""
+    config = parts.config
+    schedule = parts.policy.schedule
+    cost_model = dataclasses.replace(
+        CostModel.for_predictor(config.method.predictor),
+        eval_interval=config.evaluation.interval,
+        main_eval_batches=config.evaluation.batches,
+        reduced_eval_batches=config.evaluation.reduced_batches,
+    )
+    cost = recorded_relative_cost(
+        history.updates,
+        n_datasets=len(history.dataset_names),
+        n_domains=len(history.domain_names),
+        total_steps=schedule.total_steps,
+        trained_steps=schedule.total_steps + sum(b["retrained_steps"] for b in history.backtracks),
+        evaluations=len(history.evaluations),
+        plain_evaluations=len(evaluation_steps(schedule.total_steps, config.evaluation.interval)),
+        test_eval_batches=config.evaluation.batches,
+        model=cost_model,
+        alignment_batches=config.method.alignment_batches
+        if config.method.name == "gradient-alignment"
+        else None,
+    )
+    return cost, cost_model

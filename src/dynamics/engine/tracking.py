@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dynamics.core.records import UpdateRecord
+from dynamics.core.records import EvaluationLine, UpdateRecord
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -72,21 +72,21 @@ def flat_config(tree: Mapping[str, Any], prefix: str = "") -> dict[str, int | fl
     return flat
 
 
-def evaluation_values(row: Mapping[str, Any]) -> dict[str, float]:
-    """The scalars of one ``metrics.jsonl`` row (see the module doc for the names)."""
+def evaluation_values(row: EvaluationLine) -> dict[str, float]:
+    """The scalars of one ``metrics.jsonl`` line (see the module doc for the names)."""
     values: dict[str, float] = {}
-    for key, prefix in (
-        ("eval", "eval"),
-        ("test", "test"),
-        ("weights", "weight"),
-        ("constraint_slack", "slack"),
+    for named, prefix in (
+        (row.eval, "eval"),
+        (row.test, "test"),
+        (row.weights, "weight"),
+        (row.constraint_slack, "slack"),
     ):
-        values.update({f"{prefix}/{name}": float(v) for name, v in row[key].items()})
-    if row["constraint_slack"]:
-        values["worst_slack"] = min(float(v) for v in row["constraint_slack"].values())
-    values["feasible"] = float(row["feasible"])
-    values["target_loss_sum"] = float(row["target_loss_sum"])
-    values["evaluation_seconds"] = float(row["wall_seconds"])
+        values.update({f"{prefix}/{name}": float(v) for name, v in named.items()})
+    if row.constraint_slack:
+        values["worst_slack"] = min(float(v) for v in row.constraint_slack.values())
+    values["feasible"] = float(row.feasible)
+    values["target_loss_sum"] = float(row.target_loss_sum)
+    values["evaluation_seconds"] = float(row.wall_seconds)
     return values
 
 

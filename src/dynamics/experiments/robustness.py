@@ -50,6 +50,7 @@ import numpy as np
 
 from dynamics.core import metrics
 from dynamics.core.fixed_mixtures import fixed_mixture_sweep
+from dynamics.core.records import UpdateRecord
 from dynamics.experiments.demo import (
     RUN_THREADS,
     DemoSettings,
@@ -414,7 +415,7 @@ def run_result(folder: Path, margin: float | None = None) -> dict[str, Any]:
 
 def run_outcome(
     folder: Path, margin: float | None = None
-) -> tuple[dict[str, Any], tuple[list[dict[str, Any]], list[str], list[int]]]:
+) -> tuple[dict[str, Any], tuple[list[UpdateRecord], list[str], list[int]]]:
     """A finished run read once: its :func:`run_result`, and its update records, domain
     names and constraint indices (what :func:`prediction_errors` reads)."""
     records = rundir.read_run(folder)
@@ -625,7 +626,7 @@ extrapolations the main run lives by, not the dense warmup's one-step updates.""
 
 
 def prediction_errors(
-    runs: Sequence[tuple[Sequence[dict[str, Any]], Sequence[str], Sequence[int]]],
+    runs: Sequence[tuple[Sequence[UpdateRecord], Sequence[str], Sequence[int]]],
     min_horizon: int = PREDICTION_HORIZON,
 ) -> dict[str, dict[str, float]]:
     """How well eq. 3.3 predicted each constraint over the runs' long horizons.
@@ -640,17 +641,13 @@ def prediction_errors(
     pairs: dict[str, list[tuple[float, float]]] = {}
     for updates, names, constraints in runs:
         for update, following in itertools.pairwise(updates):
-            horizon = int(update["horizon"])
-            if horizon < min_horizon or rundir.abandoned(update) or update["slope_matrix"] is None:
+            horizon = update.horizon
+            if horizon < min_horizon or update.abandoned or update.slope_matrix is None:
                 continue
-            if int(following["step"]) != int(update["step"]) + horizon:
+            if following.step != update.step + horizon:
                 continue
-            slopes = np.asarray(update["slope_matrix"], dtype=float)
-            trained = np.asarray(rundir.batch_shares(update), dtype=float)
-            predicted = horizon * np.nan_to_num(slopes) @ trained
-            realized = np.asarray(following["current_losses"], dtype=float) - np.asarray(
-                update["current_losses"], dtype=float
-            )
+            predicted = horizon * np.nan_to_num(update.slope_matrix) @ update.trained_shares
+            realized = following.current_losses - update.current_losses
             for i in constraints:
                 pairs.setdefault(names[i], []).append((float(predicted[i]), float(realized[i])))
     errors = {}

@@ -85,7 +85,8 @@ def write_demo_report(
         markdown_table(rows),
         "",
         "Reduction: relative target perplexity reduction (geometric mean over the targets) on the",
-        "test split at the best feasible checkpoint chosen on the eval split; 0% when no checkpoint",
+        "test split at the best feasible checkpoint chosen on the eval split; 0% when no "
+        "checkpoint",
         "after step 0 keeps every constraint at or below its step-0 value (paper section 4.5).",
         "Worst slack: the smallest (reference - value) over the constraints at that checkpoint",
         "(or at the checkpoint closest to feasibility); negative means a constraint was broken.",
@@ -129,28 +130,41 @@ def write_demo_report(
         "",
         "## How well DynaMiCS predicted",
         "",
-        "Mean |realized - predicted| loss at the next update, per domain (linear predictor, eq. 3.3):",
+        "Mean |realized - predicted| loss at the next update, per domain (linear predictor, eq. "
+        "3.3):",
         "",
         *[f"- `{name}`: {value:.4f}" for name, value in errors.items()],
         "",
-        "Per-update slopes, predictions and realized values are in `runs/dynamics/controller.jsonl`.",
+        "Per-update slopes, predictions and realized values are in "
+        "`runs/dynamics/controller.jsonl`.",
         "",
         "## Settings",
         "",
         f"- base model: {base_model}; built or reused in {base_seconds:.0f} s (cached under "
-        "$XDG_CACHE_HOME/dynamics, by default ~/.cache/dynamics). The shipped weights are the same on every "
-        "machine; a base model pretrained here (`dynamics demo --pretrain`) is not: a CPU whose float32 sums "
-        "round differently pretrains another one from the same data and seed, and the numbers above move with it",
-        f"- seed: {settings.seed} (the data order, the splits and the mixture sampling; `dynamics demo "
-        "--seed N`). What to expect from another seed: from the shipped base model, seeds 0-6 of the default "
-        "(the robust variant) reached 73.1%, 65.7%, 75.1%, 68.0%, 71.2%, 72.2% and 61.9% (median 71.2%, each "
-        "keeping every constraint on the eval split), and the best of eight fixed mixtures, chosen on eval "
-        "among w = 0, 0.05, 0.1, 0.15, 0.2, 0.5, 0.8, 1, reached 58.1% to 74.7% (median 71.5%); the paper's "
-        "method reached 37.0% and 54.9% on seeds 0 and 1. On the test split the checkpoint chosen on eval "
-        "broke a constraint on seeds 2 and 3 of seeds 0-4: whether a run is feasible can hinge on one of the "
+        "$XDG_CACHE_HOME/dynamics, by default ~/.cache/dynamics). The shipped weights are the same "
+        "on every "
+        "machine; a base model pretrained here (`dynamics demo --pretrain`) is not: a CPU whose "
+        "float32 sums "
+        "round differently pretrains another one from the same data and seed, and the numbers "
+        "above move with it",
+        f"- seed: {settings.seed} (the data order, the splits and the mixture sampling; `dynamics "
+        f"demo "
+        "--seed N`). What to expect from another seed: from the shipped base model, seeds 0-6 of "
+        "the default "
+        "(the robust variant) reached 73.1%, 65.7%, 75.1%, 68.0%, 71.2%, 72.2% and 61.9% (median "
+        "71.2%, each "
+        "keeping every constraint on the eval split), and the best of eight fixed mixtures, chosen "
+        "on eval "
+        "among w = 0, 0.05, 0.1, 0.15, 0.2, 0.5, 0.8, 1, reached 58.1% to 74.7% (median 71.5%); "
+        "the paper's "
+        "method reached 37.0% and 54.9% on seeds 0 and 1. On the test split the checkpoint chosen "
+        "on eval "
+        "broke a constraint on seeds 2 and 3 of seeds 0-4: whether a run is feasible can hinge on "
+        "one of the "
         "quiz's 72 questions (benchmarks/results/beyond-the-paper-notebook.md, "
         "benchmarks/results/default_goal.json)",
-        f"- quick: {settings.quick}; schedule: {settings.schedule}; fine-tuning lr: {settings.fine_tuning_lr:g}",
+        f"- quick: {settings.quick}; schedule: {settings.schedule}; fine-tuning lr: "
+        f"{settings.fine_tuning_lr:g}",
         _run_settings(records["dynamics"].path / "config.yaml"),
         f"- runs: {', '.join(records)}; each on one torch thread, "
         + (
@@ -182,8 +196,10 @@ def _run_settings(config_path: Path) -> str:
     config = yaml.safe_load(config_path.read_text())
     training, evaluation = config["training"], config["evaluation"]
     return (
-        f"- {training['total_steps']} steps of {training['batch_size']} x {training['sequence_length']} "
-        f"tokens; evaluation every {evaluation['interval']} steps on {evaluation['batches']} batches per "
+        f"- {training['total_steps']} steps of {training['batch_size']} x "
+        f"{training['sequence_length']} "
+        f"tokens; evaluation every {evaluation['interval']} steps on {evaluation['batches']} "
+        f"batches per "
         f"domain, probes on the first {evaluation['reduced_batches']}"
     )
 
@@ -210,8 +226,10 @@ def _verdict(
         else ""
     )
     head = (
-        f"DynaMiCS (method.variant: {variant}): {'feasible' if dynamics.feasible else 'infeasible'}, "
-        f"{100 * dynamics.ppl_reduction:.1f}% target perplexity reduction at {dynamics.cost:.2f}x the cost "
+        f"DynaMiCS (method.variant: {variant}): "
+        f"{'feasible' if dynamics.feasible else 'infeasible'}, "
+        f"{100 * dynamics.ppl_reduction:.1f}% target perplexity reduction at {dynamics.cost:.2f}x "
+        f"the cost "
         f"of one fixed run. Best of all {k} fixed runs ({k:.0f}x the cost): {best_fixed.label}, "
         f"{100 * best_fixed.ppl_reduction:.1f}%.{paper}"
     )
@@ -235,10 +253,12 @@ def _paper_verdict(paper: MethodRow, dynamics: MethodRow, best_fixed: MethodRow 
     and the best fixed mixture."""
     head = (
         f"The paper's method (method.variant: paper, the reference): "
-        f"{'feasible' if paper.feasible else 'infeasible'}, {100 * paper.ppl_reduction:.1f}% at {paper.cost:.2f}x"
+        f"{'feasible' if paper.feasible else 'infeasible'}, {100 * paper.ppl_reduction:.1f}% at "
+        f"{paper.cost:.2f}x"
     )
     compared = [
-        f"{'above' if paper.ppl_reduction > dynamics.ppl_reduction else 'not above'} the default variant"
+        f"{'above' if paper.ppl_reduction > dynamics.ppl_reduction else 'not above'} the default "
+        f"variant"
     ]
     if best_fixed is not None:
         better = paper.ppl_reduction >= best_fixed.ppl_reduction

@@ -27,7 +27,10 @@ from dynamics.report.sweep import (
 from dynamics.runs import rundir
 
 STYLE = """
-body { font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; }
+body {
+  font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em;
+  color: #222;
+}
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
@@ -53,13 +56,15 @@ def _figure(folder: Path, name: str, caption: str) -> str:
     data = base64.b64encode((folder / name).read_bytes()).decode("ascii")
     return (
         f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
-        f"<figcaption>{html.escape(caption)} (<code>{html.escape(name)}</code>)</figcaption></figure>"
+        f"<figcaption>{html.escape(caption)} "
+        f"(<code>{html.escape(name)}</code>)</figcaption></figure>"
     )
 
 
 def _page(title: str, body: list[str]) -> str:
     return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta '
+        f'charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>\n"
         + "\n".join(body)
         + "\n</body></html>\n"
@@ -86,13 +91,14 @@ def write_run_report(path: Path, out: Path) -> dict[str, Any]:
     numbers = {"kind": "run", **run_numbers(records), "figures": files}
     rundir.write_json(out / "report.json", numbers)
     summary = records.summary
-    best = summary["best_checkpoint"]
+    best = records.best_checkpoint
     closest = summary.get("closest_to_feasible")
     verdict = (
-        f"Feasible: best checkpoint at step {best['step']}, test perplexity reduction on the targets "
+        f"Feasible: best checkpoint at step {best.step}, test perplexity reduction on the targets "
         f"{_pct(summary['constrained_ppl_reduction'])}."
         if best is not None
-        else "Infeasible: no checkpoint after step 0 kept every constraint while lowering the targets (reduction 0%)"
+        else "Infeasible: no checkpoint after step 0 kept every constraint while lowering the "
+        "targets (reduction 0%)"
         + (
             f"; closest at step {closest['step']}, worst violation {closest['max_violation']:+.4f}."
             if closest
@@ -101,17 +107,21 @@ def write_run_report(path: Path, out: Path) -> dict[str, Any]:
     )
     captions = {
         "weights": "Mixture weights over training, piecewise constant between updates.",
-        "losses": "Every evaluation domain over training, eval and test splits, against its step-0 value "
-        "(dashed). Loss domains in nats (lower is better), accuracy domains as accuracy (higher is better).",
-        "slack": "Each constraint's slack (step-0 reference minus value, eval split): at or above 0 the "
-        "constraint holds.",
-        "predictions": "At each update: the value predicted for the next update (circles) and the value "
-        "realized there (crosses), per domain.",
+        "losses": "Every evaluation domain over training, eval and test splits, against its "
+        "step-0 value (dashed). Loss domains in nats (lower is better), accuracy domains as "
+        "accuracy (higher is "
+        "better).",
+        "slack": "Each constraint's slack (step-0 reference minus value, eval split): at or "
+        "above 0 the constraint holds.",
+        "predictions": "At each update: the value predicted for the next update (circles) and "
+        "the value realized there (crosses), per domain.",
     }
     body = [
-        f"<p>Run folder <code>{html.escape(str(path))}</code>; method <code>{html.escape(summary['policy'])}</code>, "
+        f"<p>Run folder <code>{html.escape(str(path))}</code>; method "
+        f"<code>{html.escape(summary['policy'])}</code>, "
         f"{summary['num_updates']} updates, {summary['total_steps']} steps, predicted cost "
-        f"{summary['predicted_cost']:.2f}x one fixed run ({html.escape(summary['cost_assumption'])}).</p>",
+        f"{summary['predicted_cost']:.2f}x one fixed run "
+        f"({html.escape(summary['cost_assumption'])}).</p>",
         f"<p><b>{html.escape(verdict)}</b></p>",
         *[
             _figure(out, files[key], captions[key])
@@ -185,21 +195,26 @@ def write_sweep_report(results: list[Any], unfinished: list[Path], out: Path) ->
         cells.append(_pct(entry["fixed"]["oracle_reduction"]) if "fixed" in entry else "-")
         scenario_rows.append(cells)
     captions = {
-        "reduction": "Test perplexity reduction per scenario (mean over seeds; 0 for an infeasible run), one dot per "
-        "scenario. Fixed baselines as the oracle best: the best fixed mixture of the scenario per seed.",
-        "cost": "Left: median reduction against cost. Stars: best@k, the expected best of k fixed runs (cost k), "
-        "median over scenarios; circles: one run of each method at its cost-model cost, with the std over seeds "
-        "of the per-seed median. Right: the share of feasible runs (std over seeds); stars: feasible@k, the "
-        "chance that one of k fixed runs is feasible.",
+        "reduction": "Test perplexity reduction per scenario (mean over seeds; 0 for an "
+        "infeasible run), one dot per scenario. Fixed baselines as the oracle best: the best fixed "
+        "mixture of the scenario per "
+        "seed.",
+        "cost": "Left: median reduction against cost. Stars: best@k, the expected best of k "
+        "fixed runs (cost k), median over scenarios; circles: one run of each method at its "
+        "cost-model cost, with the std over seeds of the per-seed median. Right: the share of "
+        "feasible runs (std over seeds); stars: feasible@k, the chance that one of k fixed runs "
+        "is feasible.",
         "by_constraints": "Reduction grouped by the scenarios' number of constraints.",
-        "violation": "Maximum constraint violation at the checkpoint closest to feasibility, in the scenarios "
-        "where the method and every fixed run were infeasible on every seed (clipped at 0).",
+        "violation": "Maximum constraint violation at the checkpoint closest to feasibility, in "
+        "the scenarios where the method and every fixed run were infeasible on every seed (clipped "
+        "at 0).",
     }
     body = [
         f"<p>{len(results)} finished runs in {len(numbers['scenarios'])} scenarios"
         + (f"; {len(unfinished)} unfinished run folders left out" if unfinished else "")
-        + ". Reduction: constrained test perplexity reduction (best feasible checkpoint chosen on the eval "
-        "split, 0 when infeasible). Cost: the cost model's multiple of one fixed run.</p>",
+        + ". Reduction: constrained test perplexity reduction (best feasible checkpoint chosen "
+        "on the eval split, 0 when infeasible). Cost: the cost model's multiple of one fixed "
+        "run.</p>",
         "<h2>Methods</h2>",
         _table(["method", "scenarios", "median reduction", "feasible", "cost"], rows),
         *[
@@ -213,7 +228,8 @@ def write_sweep_report(results: list[Any], unfinished: list[Path], out: Path) ->
             _figure(
                 out,
                 name,
-                f"{key.split(':', 1)[1]}: mixture weights over training, first seed of each scenario.",
+                f"{key.split(':', 1)[1]}: mixture weights over training, first seed of each "
+                f"scenario.",
             )
             for key, name in files.items()
             if key.startswith("weights:")

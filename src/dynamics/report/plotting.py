@@ -45,8 +45,8 @@ def plot_weights(ax: Any, records: RunRecords) -> None:
     """Draw a run's mixture weights over its steps on ``ax``: piecewise constant between
     updates, one line per fine-tuning dataset, labelled with its name. Dashes tell apart
     datasets that share a weight (their lines would coincide)."""
-    steps = [u["step"] for u in records.updates] + [int(records.summary["total_steps"])]
-    weights = np.array([u["weights"] for u in records.updates], dtype=float)
+    steps = [u.step for u in records.updates] + [int(records.summary["total_steps"])]
+    weights = np.array([u.weights for u in records.updates], dtype=float)
     for j, name in enumerate(records.dataset_names):
         ax.step(
             steps,

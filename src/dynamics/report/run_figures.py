@@ -26,22 +26,24 @@ def run_numbers(records: RunRecords) -> dict[str, Any]:
     """The series the figures draw, as plain data (``report.json``); values as shown."""
     names = records.domain_names
     kinds = dict(zip(names, records.summary["domain_metrics"], strict=True))
-    kept = [row for row in records.evaluations if not row.get("backtracked", False)]
+    kept = records.kept_evaluations
     constraints = [names[i] for i in records.constraints]
     updates = []
     for update in records.updates:
-        predicted, realized = update.get("predicted_losses"), update.get("realized_losses")
+        predicted, realized = update.predicted_losses, update.realized_losses
         updates.append(
             {
-                "step": update["step"],
-                "horizon": update["horizon"],
-                "weights": dict(zip(records.dataset_names, update["weights"], strict=True)),
+                "step": update.step,
+                "horizon": update.horizon,
+                "weights": dict(
+                    zip(records.dataset_names, map(float, update.weights), strict=True)
+                ),
                 "predicted": None
                 if predicted is None
-                else {n: shown(v, kinds[n]) for n, v in zip(names, predicted, strict=True)},
+                else {n: shown(float(v), kinds[n]) for n, v in zip(names, predicted, strict=True)},
                 "realized": None
                 if realized is None
-                else {n: shown(v, kinds[n]) for n, v in zip(names, realized, strict=True)},
+                else {n: shown(float(v), kinds[n]) for n, v in zip(names, realized, strict=True)},
             }
         )
     return {
@@ -51,8 +53,8 @@ def run_numbers(records: RunRecords) -> dict[str, Any]:
         "feasible": records.summary["feasible"],
         "constrained_ppl_reduction": records.summary["constrained_ppl_reduction"],
         "best_checkpoint_step": None
-        if records.summary["best_checkpoint"] is None
-        else records.summary["best_checkpoint"]["step"],
+        if records.best_checkpoint is None
+        else records.best_checkpoint.step,
         "closest_to_feasible": records.summary.get("closest_to_feasible"),
         "predicted_cost": records.summary["predicted_cost"],
         "train_seconds": records.summary["train_seconds"],
@@ -60,10 +62,10 @@ def run_numbers(records: RunRecords) -> dict[str, Any]:
             n: {"metric": kinds[n], "role": "target" if i in records.targets else "constraint"}
             for i, n in enumerate(names)
         },
-        "steps": [row["step"] for row in kept],
-        "eval": {n: [shown(row["eval"][n], kinds[n]) for row in kept] for n in names},
-        "test": {n: [shown(row["test"][n], kinds[n]) for row in kept] for n in names},
-        "constraint_slack": {c: [row["constraint_slack"][c] for row in kept] for c in constraints},
+        "steps": [line.step for line in kept],
+        "eval": {n: [shown(line.eval[n], kinds[n]) for line in kept] for n in names},
+        "test": {n: [shown(line.test[n], kinds[n]) for line in kept] for n in names},
+        "constraint_slack": {c: [line.constraint_slack[c] for line in kept] for c in constraints},
         "updates": updates,
     }
 

@@ -118,8 +118,10 @@ def check_distinct(results: Sequence[RunResult]) -> None:
                 else f"method {result.method}"
             )
             raise rundir.RunDirError(
-                f"{seen[key].path} and {result.path} are the same run (the same config, {what}, seed "
-                f"{result.seed}): report them separately (one dynamics report each), or leave one of them out"
+                f"{seen[key].path} and {result.path} are the same run (the same config, {what}, "
+                f"seed "
+                f"{result.seed}): report them separately (one dynamics report each), or leave one "
+                f"of them out"
             )
         seen[key] = result
 
@@ -229,7 +231,8 @@ def aggregate(results: Sequence[RunResult]) -> dict[str, Any]:
         "by_constraints": _by_constraints(scenarios, methods),
         "violation_jointly_infeasible": _violations(scenarios, methods),
         "conventions": {
-            "reduction": "constrained perplexity reduction, test split, best feasible checkpoint on eval; 0 if infeasible",
+            "reduction": "constrained perplexity reduction, test split, best feasible checkpoint "
+            "on eval; 0 if infeasible",
             "cost": "cost model: multiples of one fixed run (summary.json predicted_cost)",
             "measured_cost": "training wall time over the scenario's median fixed run",
         },

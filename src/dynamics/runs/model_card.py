@@ -16,22 +16,21 @@ results against the base model, how to load it and how it was trained.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import ModelCard, ModelCardData
 
+from dynamics.core.records import EvaluationLine
 from dynamics.runs.base_card import base_license
+from dynamics.runs.card_lm_eval import eval_results, lm_eval_record, lm_eval_section
 from dynamics.runs.rundir import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
-    LM_EVAL_FILE,
     RunDirError,
     RunRecords,
-    abandoned,
     atomic_write_text,
     best_checkpoint_dir,
     read_run,
@@ -42,7 +41,8 @@ CARD_FILE = "README.md"
 MARKER = "<!-- model card written by dynamics from the run folder (dynamics.runs.model_card) -->"
 # What PEFT's and transformers' save_pretrained leave when no card is given: an empty template.
 _TEMPLATE_SIGN = "[More Information Needed]"
-# What PEFT saves beside an adapter's weights: how a folder of adapter weights is told from whole ones.
+# What PEFT saves beside an adapter's weights: how a folder of adapter weights is told from
+# whole ones.
 ADAPTER_CONFIG = "adapter_config.json"
 _METHOD_TAGS = {"fixed": "fixed-mixture", "gradient-alignment": "gradient-alignment"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -63,9 +63,10 @@ def write_model_card(
     folder = Path(run_folder)
     records = read_run(folder)
     checkpoint = best_checkpoint_dir(folder)
-    if records.summary.get("best_checkpoint") is None or not checkpoint.is_dir():
+    if records.best_checkpoint is None or not checkpoint.is_dir():
         raise RunDirError(
-            f"{folder} has no {CHECKPOINT_DIR}/: no evaluation of the run was feasible, so there is no "
+            f"{folder} has no {CHECKPOINT_DIR}/: no evaluation of the run was feasible, so there "
+            f"is no "
             "checkpoint to describe (dynamics report shows how close it came)"
         )
     try:
@@ -111,7 +112,9 @@ def _source(dataset: dict[str, Any]) -> str:
     if dataset.get("hub_id"):
         split = dataset.get("split") or "train"
         config_name = f" ({dataset['config_name']})" if dataset.get("config_name") else ""
-        return f"[{dataset['hub_id']}](https://huggingface.co/datasets/{dataset['hub_id']}){config_name}, split {split}"
+        hub_id = dataset["hub_id"]
+        link = f"[{hub_id}](https://huggingface.co/datasets/{hub_id})"
+        return f"{link}{config_name}, split {split}"
     if dataset.get("lm_eval_task"):
         return f"lm-evaluation-harness task {dataset['lm_eval_task']}"
     if dataset.get("path"):
@@ -125,56 +128,6 @@ def _base_model(config: dict[str, Any]) -> str | None:
     if isinstance(name, str) and _HUB_ID.match(name) and not Path(name).expanduser().is_dir():
         return name
     return None
-
-
-def lm_eval_record(folder: Path) -> dict[str, Any] | None:
-    """The run's ``lm_eval.json`` (``dynamics eval``), or None when it has not been evaluated."""
-    path = folder / LM_EVAL_FILE
-    if not path.is_file():
-        return None
-    try:
-        record: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise RunDirError(
-            f"{path} cannot be read ({err}): run dynamics eval again, or remove it"
-        ) from None
-    return record
-
-
-def _metric_keys(results: dict[str, Any]) -> list[str]:
-    """lm-eval's ``metric,filter`` keys of one task's results, its stderr keys left out."""
-    return [k for k in results if "," in k and "_stderr," not in k]
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def eval_results(record: dict[str, Any]) -> list[EvalResult]:
-    """The best checkpoint's lm-evaluation-harness results of ``lm_eval.json`` as the Hub's
-    evaluation results (its ``model-index``): one per task and metric with a value."""
-    best = record["models"]["best_checkpoint"]
-    shots = best.get("n-shot") or {}
-    found = []
-    for task, results in sorted(best["results"].items()):
-        for key in _metric_keys(results):
-            if not _number(results[key]):
-                continue
-            metric, _, filter_name = key.partition(",")
-            found.append(
-                EvalResult(
-                    task_type="text-generation",
-                    dataset_type=task,
-                    dataset_name=str(results.get("alias") or task).strip(" -"),
-                    dataset_args={"num_few_shot": shots[task]}
-                    if _number(shots.get(task))
-                    else None,
-                    metric_type=metric,
-                    metric_name=metric if filter_name == "none" else f"{metric} ({filter_name})",
-                    metric_value=results[key],
-                )
-            )
-    return found
 
 
 def card_data(
@@ -216,11 +169,9 @@ def card_data(
     )
 
 
-def _evaluation_at(records: RunRecords, step: int) -> dict[str, Any] | None:
-    rows = [
-        r for r in records.evaluations if int(r["step"]) == step and not r.get("backtracked", False)
-    ]
-    return rows[-1] if rows else None
+def _evaluation_at(records: RunRecords, step: int) -> EvaluationLine | None:
+    lines = [line for line in records.kept_evaluations if line.step == step]
+    return lines[-1] if lines else None
 
 
 def _domains_section(records: RunRecords, config: dict[str, Any], step: int) -> list[str]:
@@ -235,7 +186,8 @@ def _domains_section(records: RunRecords, config: dict[str, Any], step: int) -> 
         "## Targets and constraints",
         "",
         "Targets are trained on and their loss minimised; constraints are evaluated only and must "
-        "not end worse than the base model (step 0). Values on the eval split; slack = base - value "
+        "not end worse than the base model (step 0). Values on the eval split; slack = base - "
+        "value "
         "for a loss, value - base for accuracy (>= 0: the constraint holds).",
         "",
         "| domain | role | metric | data | base (step 0) | chosen step | slack |",
@@ -243,16 +195,17 @@ def _domains_section(records: RunRecords, config: dict[str, Any], step: int) -> 
     ]
     for name in names:
         metric = metrics[name]
-        base = _display(start["eval"][name], metric) if start else "-"
-        now = _display(chosen["eval"][name], metric) if chosen else "-"
+        base = _display(start.eval[name], metric) if start else "-"
+        now = _display(chosen.eval[name], metric) if chosen else "-"
         slack = (
-            _slack(chosen["constraint_slack"][name], metric)
-            if chosen and name not in targets and name in chosen.get("constraint_slack", {})
+            _slack(chosen.constraint_slack[name], metric)
+            if chosen and name not in targets and name in chosen.constraint_slack
             else ""
         )
         role = "target" if name in targets else "constraint"
         lines.append(
-            f"| {name} | {role} | {metric} | {_source(roles.get(name, {}))} | {base} | {now} | {slack} |"
+            f"| {name} | {role} | {metric} | {_source(roles.get(name, {}))} | {base} | {now} | "
+            f"{slack} |"
         )
     others = [d for d in config.get("datasets", []) if d.get("role") == "non-target"]
     if others:
@@ -274,16 +227,18 @@ def _results_section(records: RunRecords, step: int) -> list[str]:
     lines = [
         "## Results",
         "",
-        f"- Chosen checkpoint: step {step} of {summary['total_steps']}, the feasible main evaluation after "
+        f"- Chosen checkpoint: step {step} of {summary['total_steps']}, the feasible main "
+        f"evaluation after "
         "step 0 with the lowest summed target loss (eval split).",
         f"- Target perplexity reduction against the base model (test split): "
         f"{100 * float(summary['constrained_ppl_reduction']):.1f}%.",
     ]
     if constraints and chosen is not None:
-        slack = chosen["constraint_slack"]
+        slack = chosen.constraint_slack
         worst = min(constraints, key=lambda c: slack[c])
         lines.append(
-            f"- Worst constraint slack at step {step}: {worst}, {_slack(slack[worst], metrics[worst])} "
+            f"- Worst constraint slack at step {step}: {worst}, "
+            f"{_slack(slack[worst], metrics[worst])} "
             "(eval split)."
         )
     elif not constraints:
@@ -296,31 +251,31 @@ def _trajectory_section(records: RunRecords, config: dict[str, Any], step: int) 
     lines = ["## Mixture trajectory", ""]
     if not records.updates:
         start = _evaluation_at(records, 0)
-        weights = start["weights"] if start else (config.get("method") or {}).get("weights") or {}
+        weights = start.weights if start else (config.get("method") or {}).get("weights") or {}
         shown = _weights(weights) or "as configured"
         return [*lines, f"Fixed weights over the whole run: {shown}."]
     lines += [
-        "The training mixture chosen at each update (from controller.jsonl); it holds until the next one.",
+        "The training mixture chosen at each update (from controller.jsonl); it holds until the "
+        "next one.",
         "",
         "| step | " + " | ".join(datasets) + " | |",
         "| --- | " + " | ".join("---" for _ in datasets) + " | --- |",
     ]
     for update in records.updates:
-        weights = [f"{float(w):.3f}" for w in update["weights"]]
-        note = "abandoned by a backtrack" if abandoned(update) else ""
-        lines.append(f"| {update['step']} | " + " | ".join(weights) + f" | {note} |")
-    kept = [u for u in records.updates if not abandoned(u)]
+        weights = [f"{float(w):.3f}" for w in update.weights]
+        note = "abandoned by a backtrack" if update.abandoned else ""
+        lines.append(f"| {update.step} | " + " | ".join(weights) + f" | {note} |")
+    kept = records.kept_updates
     if kept:
-        final = dict(zip(datasets, kept[-1]["weights"], strict=True))
+        final = dict(zip(datasets, kept[-1].weights, strict=True))
         lines += [
             "",
-            f"Final mixture (update at step {kept[-1]['step']}, in force to the end of the run): {_weights(final)}.",
+            f"Final mixture (update at step {kept[-1].step}, in force to the end of the run): "
+            f"{_weights(final)}.",
         ]
     chosen = _evaluation_at(records, step)
-    if chosen is not None and chosen.get("weights"):
-        lines.append(
-            f"Mixture trained on at the chosen step {step}: {_weights(chosen['weights'])}."
-        )
+    if chosen is not None and chosen.weights:
+        lines.append(f"Mixture trained on at the chosen step {step}: {_weights(chosen.weights)}.")
     return lines
 
 
@@ -338,16 +293,19 @@ def _loading_section(config: dict[str, Any], where: str, adapter: bool) -> list[
             "from peft import AutoPeftModelForCausalLM",
             "from transformers import AutoTokenizer",
             "",
-            f'model = AutoPeftModelForCausalLM.from_pretrained("{where}")  # loads {base}, then the adapter',
+            f'model = AutoPeftModelForCausalLM.from_pretrained("{where}")  # loads {base}, then '
+            f"the adapter",
             f'tokenizer = AutoTokenizer.from_pretrained("{where}")',
             "```",
         ]
         if quantization:
             lines += [
                 "",
-                f"The adapter was trained on the base weights quantized to {quantization['bits']} bits "
+                f"The adapter was trained on the base weights quantized to {quantization['bits']} "
+                f"bits "
                 "(bitsandbytes; 4 bits: NF4, double quantization, bfloat16 compute); pass the same "
-                "`quantization_config` to load the base as it was trained, or load it in full precision.",
+                "`quantization_config` to load the base as it was trained, or load it in full "
+                "precision.",
             ]
     elif adapter:
         lines += [
@@ -371,7 +329,8 @@ def _loading_section(config: dict[str, Any], where: str, adapter: bool) -> list[
             lines += [
                 "",
                 "The weights are the base model's with the trained LoRA adapter merged in (peft's "
-                "`merge_and_unload`, on the base loaded unquantized), so loading them needs no peft.",
+                "`merge_and_unload`, on the base loaded unquantized), so loading them needs no "
+                "peft.",
             ]
     return lines
 
@@ -386,7 +345,8 @@ def _training_section(records: RunRecords, config: dict[str, Any]) -> list[str]:
     name = str(method.get("name", summary.get("method")))
     if name == "dynamics":
         how = (
-            f"DynaMiCS, variant {method.get('variant', 'paper')}, schedule {method.get('schedule')}, "
+            f"DynaMiCS, variant {method.get('variant', 'paper')}, schedule "
+            f"{method.get('schedule')}, "
             f"predictor {method.get('predictor', 'linear')}"
         )
         if method.get("backtrack"):
@@ -412,46 +372,21 @@ def _training_section(records: RunRecords, config: dict[str, Any]) -> list[str]:
         "",
         f"- Method: {how} ({summary.get('num_updates', len(records.updates))} mixture updates).",
         f"- Model: {base}, {adapter}.",
-        f"- Steps: {summary['total_steps']} optimizer steps of {batch} of {training.get('sequence_length')} "
-        f"tokens, AdamW at learning rate {optimizer.get('lr')} ({optimizer.get('lr_schedule', 'constant')} "
+        f"- Steps: {summary['total_steps']} optimizer steps of {batch} of "
+        f"{training.get('sequence_length')} "
+        f"tokens, AdamW at learning rate {optimizer.get('lr')} "
+        f"({optimizer.get('lr_schedule', 'constant')} "
         f"schedule), seed {training.get('seed')}.",
     ]
     if summary.get("predicted_cost") is not None:
         lines.append(
-            f"- Compute: {float(summary['predicted_cost']):.2f}x one fixed-mixture run ({summary.get('cost_assumption', '')})."
+            f"- Compute: {float(summary['predicted_cost']):.2f}x one fixed-mixture run "
+            f"({summary.get('cost_assumption', '')})."
         )
     lines.append(
         "- Trained with dynamics, which fine-tunes on a dynamic data mixture under performance "
         "constraints (DynaMiCS); the run folder's config.yaml holds every setting."
     )
-    return lines
-
-
-def _lm_eval_section(record: dict[str, Any]) -> list[str]:
-    """The lm-evaluation-harness results of ``lm_eval.json``: the base model's and this one's."""
-    models = record["models"]
-    base, best = models["base"]["results"], models["best_checkpoint"]["results"]
-    limit = record.get("limit")
-    if limit is None:
-        scope = "every document of each task"
-    elif limit < 1:  # lm-eval's --limit below 1 is a fraction of each task's documents
-        scope = f"the first {limit:.0%} of each task's documents"
-    else:
-        scope = f"at most {int(limit)} documents per task"
-    lines = [
-        "## lm-evaluation-harness",
-        "",
-        f"lm-evaluation-harness {record.get('lm_eval_version', '')} on {scope} (`dynamics eval`; the "
-        "metadata's model-index holds this model's values).",
-        "",
-        "| task | metric | base model | this model |",
-        "| --- | --- | --- | --- |",
-    ]
-    for task in sorted(set(base) | set(best)):
-        before, after = base.get(task, {}), best.get(task, {})
-        for key in _metric_keys({**before, **after}):
-            shown = [f"{v:.4f}" if _number(v) else "-" for v in (before.get(key), after.get(key))]
-            lines.append(f"| {task} | {key.replace(',none', '')} | {shown[0]} | {shown[1]} |")
     return lines
 
 
@@ -462,7 +397,9 @@ def model_card(
     ``name``: the model's name in the metadata's ``model-index``, ``adapter``: whether the
     weights are a PEFT adapter (else whole weights: full fine-tuning, or an adapter merged)."""
     lm_eval = lm_eval_record(records.path)
-    step = int(records.summary["best_checkpoint"]["step"])
+    best = records.best_checkpoint
+    assert best is not None  # write_model_card describes a run with a best checkpoint
+    step = best.step
     base = _base_model(config)
     title = f"{base} fine-tuned with dynamics" if base else "A model fine-tuned with dynamics"
     names = records.domain_names
@@ -470,7 +407,8 @@ def model_card(
     constraints = [names[i] for i in records.constraints]
     intro = (
         f"Trained to improve {', '.join(targets)} while keeping "
-        f"{', '.join(constraints) if constraints else 'no constraint'} no worse than in the base model, "
+        f"{', '.join(constraints) if constraints else 'no constraint'} no worse than in the base "
+        f"model, "
         "on a training mixture re-chosen during the run."
     )
     body = [
@@ -484,7 +422,7 @@ def model_card(
         "",
         *_results_section(records, step),
         "",
-        *([*_lm_eval_section(lm_eval), ""] if lm_eval is not None else []),
+        *([*lm_eval_section(lm_eval), ""] if lm_eval is not None else []),
         *_trajectory_section(records, config, step),
         "",
         *_loading_section(config, where, adapter),

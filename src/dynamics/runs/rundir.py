@@ -20,12 +20,13 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import yaml
 
 from dynamics.core.metrics import EvalPoint
+from dynamics.core.records import CheckpointRecord, EvaluationLine, UpdateRecord
 from dynamics.runs.exchange import exchange
 
 CONFIG_FILE = "config.yaml"
@@ -40,6 +41,8 @@ LM_EVAL_FILE = (
 OWNED_PREFIX = ".dynamics-"
 
 logger = logging.getLogger(__name__)
+
+Line = TypeVar("Line", EvaluationLine, UpdateRecord)
 
 
 class RunDirError(ValueError):
@@ -205,7 +208,8 @@ def check_run_dir(path: str | Path, allow: Iterable[str | Path] = ()) -> Path:
     allowed = {Path(p).resolve() for p in allow}
     if out.is_dir() and any(entry.resolve() not in allowed for entry in out.iterdir()):
         raise RunDirError(
-            f"output folder {out} is not empty: choose a new output_dir (or --out), or move the old run away"
+            f"output folder {out} is not empty: choose a new output_dir (or --out), or move the "
+            f"old run away"
         )
     return out
 
@@ -281,7 +285,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class RunRecords:
-    """A run folder read back as plain data, for metrics, reports and sweeps.
+    """A run folder read back into the records it was written from
+    (:mod:`dynamics.core.records`), for metrics, reports and sweeps.
 
     An unfinished run (``finished`` False: still training, or stopped before its summary
     was written) has a ``summary`` holding only what its config says (method, datasets,
@@ -289,8 +294,8 @@ class RunRecords:
 
     path: Path
     summary: dict[str, Any]
-    evaluations: list[dict[str, Any]]
-    updates: list[dict[str, Any]]
+    evaluations: list[EvaluationLine]
+    updates: list[UpdateRecord]
     finished: bool = True
     notes: tuple[str, ...] = field(default=())  # e.g. an unfinished last line left out
 
@@ -316,22 +321,38 @@ class RunRecords:
         written before it was recorded)."""
         return float(self.summary.get("selection_margin", 0.0))
 
+    @property
+    def best_checkpoint(self) -> CheckpointRecord | None:
+        """The best feasible checkpoint the summary names (None without one, or before the
+        run finished)."""
+        best = self.summary.get("best_checkpoint")
+        return None if best is None else CheckpointRecord.from_dict(best)
+
+    @property
+    def kept_evaluations(self) -> list[EvaluationLine]:
+        """The main evaluations of the states the run kept (not those a backtrack left)."""
+        return [line for line in self.evaluations if not line.backtracked]
+
+    @property
+    def kept_updates(self) -> list[UpdateRecord]:
+        """The updates whose mixture the run kept (not those a backtrack abandoned)."""
+        return [update for update in self.updates if not update.abandoned]
+
     def eval_points(self) -> list[EvalPoint]:
-        """The main evaluations of the states the run kept (not those a backtrack left), as
-        the core metrics' ``EvalPoint`` (lower-is-better values, and the eval split's
-        per-batch values where the run recorded them)."""
+        """The main evaluations of the states the run kept, as the core metrics'
+        ``EvalPoint`` (lower-is-better values, and the eval split's per-batch values where
+        the run recorded them)."""
         names = self.domain_names
         return [
             EvalPoint(
-                step=int(row["step"]),
-                eval=np.array([row["eval"][n] for n in names], dtype=float),
-                test=np.array([row["test"][n] for n in names], dtype=float),
-                eval_batches=np.array([row["eval_batches"][n] for n in names], dtype=float)
-                if "eval_batches" in row
-                else None,
+                step=line.step,
+                eval=np.array([line.eval[n] for n in names], dtype=float),
+                test=np.array([line.test[n] for n in names], dtype=float),
+                eval_batches=None
+                if line.eval_batches is None
+                else np.array([line.eval_batches[n] for n in names], dtype=float),
             )
-            for row in self.evaluations
-            if not row.get("backtracked", False)
+            for line in self.kept_evaluations
         ]
 
 
@@ -370,7 +391,8 @@ def read_run(path: str | Path, unfinished: bool = False) -> RunRecords:
         raise RunDirError(f"{summary_path} is missing: is {folder} a finished dynamics run folder?")
     if not finished and not (folder / CONFIG_FILE).is_file():
         raise RunDirError(
-            f"{summary_path} and {folder / CONFIG_FILE} are missing: is {folder} a dynamics run folder?"
+            f"{summary_path} and {folder / CONFIG_FILE} are missing: is {folder} a dynamics run "
+            f"folder?"
         )
     logs = {}
     for name in (METRICS_FILE, CONTROLLER_FILE):
@@ -379,34 +401,42 @@ def read_run(path: str | Path, unfinished: bool = False) -> RunRecords:
         else:
             logs[name] = read_jsonl_rows(folder / name)
     notes = tuple(
-        f"{name}: left out its unfinished last line ({read.unfinished_last_line}), still being written"
+        f"{name}: left out its unfinished last line ({read.unfinished_last_line}), still being "
+        f"written"
         for name, read in logs.items()
         if read.unfinished_last_line is not None
     )
-    updates = logs[CONTROLLER_FILE].rows
+    updates = [
+        _read_line(UpdateRecord.from_dict, row, folder / CONTROLLER_FILE, number)
+        for number, row in enumerate(logs[CONTROLLER_FILE].rows, start=1)
+    ]
     return RunRecords(
         path=folder,
         summary=json.loads(summary_path.read_text())
         if finished
         else _config_summary(folder, len(updates)),
-        evaluations=logs[METRICS_FILE].rows,
+        evaluations=[
+            _read_line(EvaluationLine.from_dict, row, folder / METRICS_FILE, number)
+            for number, row in enumerate(logs[METRICS_FILE].rows, start=1)
+        ],
         updates=updates,
         finished=finished,
         notes=notes,
     )
 
 
-def abandoned(update: dict[str, Any]) -> bool:
-    """Whether a backtrack left this ``controller.jsonl`` update behind (its mixture was
-    trained, then the run returned to an earlier state)."""
-    return bool(update.get("extra", {}).get("abandoned", False))
-
-
-def batch_shares(update: dict[str, Any]) -> list[float]:
-    """The shares of this ``controller.jsonl`` update's steps drawn from each dataset, the
-    mixture its predictions assume: its weights, or under ``training.sampling: tokens``
-    (token-share weights) the batch shares it recorded (``extra.batch_shares``)."""
-    return update.get("extra", {}).get("batch_shares") or update["weights"]
+def _read_line(
+    read: Callable[[dict[str, Any]], Line], row: dict[str, Any], path: Path, n: int
+) -> Line:
+    """The record of line ``n`` of ``path``; a line that is not one is an error naming it."""
+    try:
+        return read(row)
+    except (KeyError, TypeError, ValueError) as err:
+        why = f"it has no {err.args[0]!r}" if isinstance(err, KeyError) else str(err)
+        raise RunDirError(
+            f"{path}, line {n}: not a record this version of dynamics reads ({why}): "
+            "read the run with the version that wrote it"
+        ) from None
 
 
 def named(values: Iterable[float], names: Iterable[str]) -> dict[str, float]:
