@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from dynamics.core.rules.record import RulesRecord
+
 
 def _array(values: Any) -> np.ndarray:
     # JSON holds NaN as null (see _plain); a float array reads null back as NaN.
@@ -103,6 +105,7 @@ class UpdateRecord:
         None  # this update decides again after a backtrack: from, to, ...
     )
     margins: dict[str, float] | None = None  # the references' margins learned from past backtracks
+    rules: RulesRecord | None = None  # the decision rules' record; stored as extra["robust"]
 
     _LOOP_MARKS = ("abandoned", "backtrack", "margins")
 
@@ -115,6 +118,9 @@ class UpdateRecord:
 
     def to_dict(self) -> dict[str, Any]:
         out = _plain(asdict(self))
+        out.pop("rules")
+        if self.rules is not None:
+            out["extra"]["robust"] = _plain(self.rules.to_dict())
         marks = {name: out.pop(name) for name in self._LOOP_MARKS}
         if marks["abandoned"]:
             out["extra"]["abandoned"] = True
@@ -134,6 +140,7 @@ class UpdateRecord:
 
         slopes = row["slope_matrix"]
         extra = dict(row["extra"])
+        rules = extra.pop("robust", None)
         return cls(
             policy=row["policy"],
             step=int(row["step"]),
@@ -152,6 +159,7 @@ class UpdateRecord:
             abandoned=bool(extra.pop("abandoned", False)),
             backtrack=extra.pop("backtrack", None),
             margins=extra.pop("margins", None),
+            rules=None if rules is None else RulesRecord.from_dict(rules),
             extra=extra,
         )
 

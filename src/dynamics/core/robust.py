@@ -1,4 +1,4 @@
-"""How an update with the options of :mod:`dynamics.core.options` predicts and solves.
+"""How an update with decision rules (:mod:`dynamics.core.rules`) predicts and solves.
 
 - :func:`predicted_changes`: eq. 3.3's prediction with diminishing returns beyond the probe
   (``gain_exponent``).
@@ -6,7 +6,7 @@
   pessimistic objective (``target_noise``).
 - :func:`solve_direct`: the directly solved constrained optimum (``lp_candidate``); an LP
   without noise terms or diminishing returns, a convex program solved by SLSQP with them.
-- :func:`select_robust`: which of the grid's candidates and the direct one an update keeps.
+- :func:`select_robust`: which of the grid's candidates and the added ones an update keeps.
 """
 
 from __future__ import annotations
@@ -163,6 +163,14 @@ class RobustProblem:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """A mixture added to the grid's candidates; ``source`` names it in the record."""
+
+    source: str
+    weights: np.ndarray
+
+
+@dataclass(frozen=True)
 class DirectCandidate:
     """The direct solution of the robust program: its weights and whether it is feasible
     (every robust violation <= FEASIBILITY_TOL); when infeasible, the weights minimise the
@@ -171,8 +179,14 @@ class DirectCandidate:
     weights: np.ndarray
     feasible: bool
     max_violation: float
-    converged: bool = True  # False: SLSQP reported no success (``message`` says why); the weights are checked all the same
+    # False: SLSQP reported no success (``message`` says why); the weights are checked all
+    # the same.
+    converged: bool = True
     message: str = ""
+
+    def candidate(self) -> Candidate:
+        """The weights as a candidate beside the grid's."""
+        return Candidate("direct", self.weights)
 
 
 def solve_direct(rp: RobustProblem) -> DirectCandidate:
@@ -381,8 +395,8 @@ class RobustChoice:
     """What the robust selection picked, for the update record."""
 
     weights: np.ndarray
-    index: int  # position among the candidates: the grid's in order, then the direct one
-    source: str  # "grid" or "direct"
+    index: int  # position among the candidates: the grid's in order, then the added ones
+    source: str  # "grid", or the added candidate's source ("direct")
     feasible: bool  # robust feasibility
     max_violation: float  # robust, >= 0
     objective: float  # pessimistic target objective
@@ -398,18 +412,18 @@ class RobustChoice:
 
 
 def select_robust(
-    rp: RobustProblem, grid_weights: Sequence[np.ndarray], direct: DirectCandidate | None
+    rp: RobustProblem, grid_weights: Sequence[np.ndarray], added: Sequence[Candidate] = ()
 ) -> RobustChoice:
     """Appendix G's rule with the robust measures: among candidates whose robust violations
     are all <= FEASIBILITY_TOL, the lowest pessimistic objective; if none, the smallest
     largest robust violation, then the smallest total violation, then the objective. The
-    grid's candidates come first, so ties keep the paper's choice. With least weights above
-    the problem's min_weight the grid's candidates are raised to them first."""
+    grid's candidates come first, then ``added`` in order, so ties keep the paper's choice.
+    With least weights above the problem's min_weight the grid's candidates are raised to
+    them first."""
     scored = [("grid", np.asarray(w, dtype=float)) for w in grid_weights]
     if rp.least_weights is not None:
         scored = [(source, rp.mixture(w)) for source, w in scored]
-    if direct is not None:
-        scored.append(("direct", direct.weights))
+    scored.extend((c.source, np.asarray(c.weights, dtype=float)) for c in added)
     rows = [
         (index, source, w, rp.max_violation(w), rp.objective(w))
         for index, (source, w) in enumerate(scored)
