@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dynamics.core.rules import ChoiceRecord, RulesRecord
+from dynamics.core.rules.target_floor import FloorDecision, TargetFloorRecord
 from dynamics.report.text import run_report, target_data_lines
 from dynamics.runs.rundir import RunRecords
 
@@ -60,7 +62,7 @@ def test_each_update_counts_until_the_next_one_and_the_run_ends():
     assert lines[1].startswith(
         "no mixture was predicted to keep every constraint at 1 of 4 updates (steps 16):"
     )
-    assert lines[2].startswith("hint: ") and "method.target_floor: 0.02" in lines[2]
+    assert lines[2].startswith("hint: ") and "method.floors.targets: 0.02" in lines[2]
     assert len(lines) == 3
     # Target data in the last update counts to the run's end (32 steps), not its horizon.
     updates = _base_updates()
@@ -88,13 +90,29 @@ def test_the_robust_verdict_decides_and_a_floor_already_set_gets_no_hint():
     updates = _base_updates()
     for update in updates:
         # The robust variant's own verdict, the opposite of the nominal solver's.
-        update["extra"]["robust"] = {"feasible": update["solver"]["feasible"], "target_floor": 0.0}
+        update["extra"]["robust"] = rules_record(update, floor=0.0)
         update["solver"]["feasible"] = not update["solver"]["feasible"]
     lines = target_data_lines(_records(updates))
     assert "at 1 of 4 updates (steps 16)" in lines[1] and lines[2].startswith("hint: ")
     for update in updates:
-        update["extra"]["robust"]["target_floor"] = 0.02
+        update["extra"]["robust"] = rules_record(
+            update, floor=0.02, feasible=not update["solver"]["feasible"]
+        )
     assert target_data_lines(_records(updates)) == lines[:2]
+
+
+def rules_record(update: dict, floor: float, feasible: bool | None = None) -> dict:
+    """The rules' record an update of the robust variant stores (the floor's rule only where
+    it is on), kept feasible as ``update``'s solver says unless ``feasible`` is given."""
+    rules = () if floor == 0.0 else (TargetFloorRecord(floor, FloorDecision(floor, [0], [])),)
+    choice = ChoiceRecord(
+        weights=list(update["weights"]),
+        source="grid",
+        feasible=update["solver"]["feasible"] if feasible is None else feasible,
+        max_violation=0.0,
+        objective=0.0,
+    )
+    return RulesRecord(rules, choice).to_dict()
 
 
 def test_the_hint_needs_a_quarter_of_the_run_dry_and_a_checkpoint_that_kept_the_constraints():

@@ -322,12 +322,12 @@ class RunConfig(ConfigSection):
             )
         target_floor, num_targets = self.method.target_floor, roles.count("target")
         num_others = num_trained - num_targets
-        held = max(target_floor, floor) * num_targets + floor * num_others
-        if target_floor > 0 and held >= 1.0:
+        held = target_floor * num_targets + floor * num_others
+        if target_floor > floor and held >= 1.0:  # at or below floors.all it adds nothing
             raise ValueError(
                 f"method.floors.targets ({target_floor:g}) for each of the {num_targets} target "
-                f"datasets, with method.floors.all for the others, holds {held:g} of the mixture: lower it below "
-                f"{(1 - floor * num_others) / num_targets:g}"
+                f"datasets, with method.floors.all for the others, holds {held:g} of the "
+                f"mixture: lower it below {(1 - floor * num_others) / num_targets:g}"
             )
         if self.method.name == "fixed":
             if not self.method.weights:

@@ -51,8 +51,14 @@ def _rule_field(rule: type[Rule[Any]], parameter: DataclassField[Any]) -> Any:
         if type(p) is rule.params_type
     ]
     off = _yaml(parameter.default)
+    needs = [
+        RULES[name].config_path(f.name)
+        for name in rule.requires
+        for f in fields(RULES[name].params_type)
+    ]
     description = (
-        f"{parameter.metadata['description']} Unset: the variant's "
+        f"{parameter.metadata['description']}"
+        f"{' Needs ' + ', '.join(needs) + ' on.' if needs else ''} Unset: the variant's "
         f"({'; '.join(in_variants) or 'none'}; {off} in the others)."
     )
     return Field(None, description=description, **parameter.metadata.get("bounds", {}))
@@ -247,6 +253,4 @@ class MethodConfig(ConfigSection):
     @property
     def target_floor(self) -> float:
         """The least weight of each target dataset the rules hold (0: none)."""
-        floor = self.rules().get(TargetFloorParams)
-        assert isinstance(floor, TargetFloorParams)
-        return floor.target_floor
+        return self.rules().get(TargetFloorParams).target_floor

@@ -21,8 +21,8 @@ from dynamics.core.rules.base import Params, Rule, UpdateStep, described
 class AnswerToleranceParams(Params):
     answer_tolerance: float = described(
         0.0,
-        "With expected_accuracy: a mixture predicted to lose less than this fraction of one "
-        "answer of an accuracy constraint (on the probes' evaluation) counts as keeping it, so "
+        "A mixture predicted to lose less than this fraction of one answer of an accuracy "
+        "constraint (on the probes' evaluation) counts as keeping it, so "
         "that a drift of the correct choices' probability too small to flip an answer does not "
         "break every mixture (0: off, as the paper).",
         ge=0,

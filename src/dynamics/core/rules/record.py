@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynamics.core.robust import RobustChoice
-from dynamics.core.rules.base import Params
+from dynamics.core.rules.base import P, Params
 from dynamics.core.rules.registry import RULES
 
 
@@ -69,7 +69,7 @@ class RulesRecord:
         rules = tuple(rule.read_record(row) for name, rule in RULES.items() if name in row)
         return cls(rules, ChoiceRecord.from_dict(row))
 
-    def find(self, params_type: type[Params]) -> Params:
+    def find(self, params_type: type[P]) -> P:
         """The record of the rule with ``params_type`` (a subclass of it where the rule
         records a decision), or its off values where the rule was off."""
         return next((r for r in self.rules if isinstance(r, params_type)), params_type())

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from dynamics.core.rules.answer_tolerance import AnswerTolerance, AnswerToleranceParams
-from dynamics.core.rules.base import Params, Rule
+from dynamics.core.rules.base import P, Params, Rule
 from dynamics.core.rules.calibration import Calibration, CalibrationParams
 from dynamics.core.rules.expected_accuracy import ExpectedAccuracy, ExpectedAccuracyParams
 from dynamics.core.rules.gain_exponent import GainExponent, GainExponentParams
@@ -126,9 +126,9 @@ class RuleSet:
         rule is off."""
         return getattr(self.get(_rule_with(parameter).params_type), parameter)
 
-    def get(self, params_type: type[Params]) -> Params:
+    def get(self, params_type: type[P]) -> P:
         """The parameters of the rule with ``params_type``: its off values where it is off."""
-        return next((p for p in self.params if type(p) is params_type), params_type())
+        return next((p for p in self.params if isinstance(p, params_type)), params_type())
 
     def build(self) -> list[Rule[Any]]:
         """A fresh instance of every rule, for one policy (rules may keep state between its

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dynamics.experiments import robustness
-from dynamics.experiments.goal import goal_conditions, goal_markdown, scenario_rows
+import robustness
+from goal import goal_conditions, goal_markdown, scenario_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 """How well eq. 3.3's predictions held over a run's long horizons, read from update records
-(``dynamics.experiments.robustness.prediction_errors``)."""
+(``prediction_errors`` of benchmarks/robustness.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from dynamics.experiments.robustness import prediction_errors
+from robustness import prediction_errors
 
 NAMES = ["target", "held-out", "quiz"]
 

@@ -1,5 +1,5 @@
 """The goal for a default variant, condition by condition, read from a report of
-``benchmarks/beyond_the_paper.py`` (:func:`dynamics.experiments.robustness.aggregate`).
+``benchmarks/beyond_the_paper.py`` (:func:`robustness.aggregate`, benchmarks/robustness.py).
 
 The conditions (the goal for a default of ``benchmarks/results/beyond-the-paper-notebook.md``), per scenario unless
 said. Reductions and violations are read on the test split, at the checkpoint chosen on the
@@ -36,7 +36,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from dynamics.experiments.robustness import best_fixed, fixed_results
+from robustness import best_fixed, fixed_results
 
 MIN_FEASIBLE = 0.95
 ORACLE_GAP = 0.03

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dynamics.experiments import robustness
+import robustness
 from dynamics.experiments.base_model import QUICK_SPEC, default_cache_dir, ensure_base_model
 from dynamics.experiments.demo import DemoSettings
-from dynamics.experiments.robustness import (
+from dynamics.runs.rundir import read_jsonl
+from robustness import (
     SCENARIOS,
     fixed_methods,
     markdown,
@@ -24,7 +25,6 @@ from dynamics.experiments.robustness import (
     smollm2_folder,
     write_report,
 )
-from dynamics.runs.rundir import read_jsonl
 
 pytestmark = pytest.mark.slow
 

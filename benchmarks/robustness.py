@@ -152,7 +152,7 @@ SCENARIOS: dict[str, Scenario] = {
     ),
 }
 
-WITHOUT_PAIR: dict[str, Any] = {"answer_tolerance": 0.0, "target_floor": 0.0}
+WITHOUT_PAIR: dict[str, Any] = {"answer_tolerance": 0.0, "floors": {"targets": 0.0}}
 """The robust variant's tolerance and target floor turned off."""
 MEASURED_ROBUST: dict[str, Any] = {"variant": "robust", "expected_accuracy": False, **WITHOUT_PAIR}
 """The robust variant with accuracy slopes read from the answers that flipped and neither
@@ -161,7 +161,11 @@ EXPECTED_ROBUST: dict[str, Any] = {"variant": "robust", "expected_accuracy": Tru
 """The robust variant with accuracy slopes read from the probability of the correct choice,
 without the tolerance and the floor: the setting the pair was measured against, pinned so
 that its labels keep their meaning."""
-TOLERANCE_FLOOR: dict[str, Any] = {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "target_floor": 0.02}
+TOLERANCE_FLOOR: dict[str, Any] = {
+    **EXPECTED_ROBUST,
+    "answer_tolerance": 0.5,
+    "floors": {"targets": 0.02},
+}
 """The default's settings written out (half an answer of tolerance and the floor on target
 data on top of ``EXPECTED_ROBUST``), so that the options measured against it name only what
 they add."""
@@ -180,7 +184,7 @@ METHODS: dict[str, dict[str, Any]] = {
         "target_noise": 1.0,
         "calibration": True,
     },
-    # The default (VARIANTS["robust"]): direct_pessimistic_calibrated with diminishing
+    # The default (variant robust): direct_pessimistic_calibrated with diminishing
     # returns, accuracy slopes from the expected accuracy, half an answer of tolerance and
     # the floor on target data; without the last two and with measured accuracy slopes, the
     # setting on which the settings below with "robust" in their label were built.
@@ -201,15 +205,15 @@ METHODS: dict[str, dict[str, Any]] = {
     "robust_probe_cap_8": {**MEASURED_ROBUST, "probe_cap": 8},
     # The robust variant with every dataset at 2% of the mixture or more at every update, so
     # no stretch of training goes without target data.
-    "robust_min_weight": {**MEASURED_ROBUST, "min_weight": 0.02},
+    "robust_min_weight": {**MEASURED_ROBUST, "floors": {"all": 0.02, "targets": 0.0}},
     # The robust variant with 2% of the mixture on each target dataset at every update,
     # given way where the floor alone stands between the mixture and the constraints.
-    "robust_target_floor": {**MEASURED_ROBUST, "target_floor": 0.02},
+    "robust_target_floor": {**MEASURED_ROBUST, "floors": {"targets": 0.02}},
     # The robust variant with accuracy slopes read from the probability of the correct choice:
     # the default, under the label its protocol runs were measured with.
     "robust_expected_accuracy": EXPECTED_ROBUST,
     # The floor on target data that gives way, on the default.
-    "robust_target_floor_expected_accuracy": {**EXPECTED_ROBUST, "target_floor": 0.02},
+    "robust_target_floor_expected_accuracy": {**EXPECTED_ROBUST, "floors": {"targets": 0.02}},
     # The default, with a predicted loss of less than half an answer read as none.
     "robust_answer_tolerance": {**EXPECTED_ROBUST, "answer_tolerance": 0.5},
     # Both: half an answer of tolerance, and the floor on target data that gives way.
