@@ -57,7 +57,8 @@ def test_each_update_counts_until_the_next_one_and_the_run_ends():
     lines = target_data_lines(_records(_base_updates()))
     # math 4 + 2 steps, chat 4, of 64.
     assert lines[0] == (
-        "target data: 15.6% of the 64 steps (math 9.4%, chat 6.2%); none from step 16 to the end (48 steps)"
+        "target data: 15.6% of the 64 steps (math 9.4%, chat 6.2%); none from step 16 to the end "
+        "(48 steps)"
     )
     assert lines[1].startswith(
         "no mixture was predicted to keep every constraint at 1 of 4 updates (steps 16):"

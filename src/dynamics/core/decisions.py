@@ -161,7 +161,8 @@ def target_floor(
     targets = list(target_datasets)
     if floor * len(targets) >= 1.0:
         raise ValueError(
-            f"target_floor {floor} for each of {len(targets)} target datasets leaves no weight to the "
+            f"target_floor {floor} for each of {len(targets)} target datasets leaves no weight to "
+            "the "
             f"others: set method.floors.targets below {1.0 / len(targets):.3g}"
         )
     record: dict[str, Any] = {"floor": floor, "target_datasets": targets, "lifted_by": []}

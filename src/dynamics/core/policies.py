@@ -305,7 +305,8 @@ class FixedWeightsPolicy:
         w = np.asarray(self.weights, dtype=float)
         if w.ndim != 1 or w.size == 0 or np.any(w < 0) or not np.isfinite(w).all() or w.sum() <= 0:
             raise ValueError(
-                f"fixed weights must be non-negative numbers with a positive sum, got {self.weights}"
+                "fixed weights must be non-negative numbers with a positive sum, got "
+                f"{self.weights}"
             )
         self.weights = w / w.sum()
 

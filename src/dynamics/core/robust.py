@@ -78,8 +78,8 @@ class RobustProblem:
             least = np.maximum(np.asarray(self.least_weights, dtype=float), self.problem.min_weight)
             if least.shape != (self.problem.num_datasets,) or float(least.sum()) > 1.0 + 1e-12:
                 raise ValueError(
-                    f"least_weights must have one entry per dataset ({self.problem.num_datasets}) and sum to "
-                    f"at most 1, got {self.least_weights}"
+                    f"least_weights must have one entry per dataset ({self.problem.num_datasets}) "
+                    f"and sum to at most 1, got {self.least_weights}"
                 )
             object.__setattr__(self, "least_weights", least)
         errors = np.asarray(self.slope_errors, dtype=float)
@@ -120,7 +120,8 @@ class RobustProblem:
         return self.gain_exponent < 1.0
 
     def predicted_losses(self, weights: np.ndarray) -> np.ndarray:
-        """L_hat(w), shape (M,): eq. 3.3, or with diminishing returns (:func:`predicted_changes`)."""
+        """L_hat(w), shape (M,): eq. 3.3, or with diminishing returns
+        (:func:`predicted_changes`)."""
         if not self.nonlinear_prediction:
             return self.problem.predicted_losses(weights)
         changes = predicted_changes(self.problem, weights, self.gain_exponent, self.probe_budget)
@@ -195,14 +196,14 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     the smallest largest violation, then among those the smallest total violation, then the
     best objective (:func:`_least_violating`).
 
-    Without the noise term or diminishing returns both programs are linear and solved exactly
-    by HiGHS; with them they are convex (a second-order cone, convex predictions) and solved
-    by SLSQP from the linear solution (or the most feasible point), then made exactly feasible by moving toward the most
-    feasible point (convexity makes the segment between a feasible point and the strictly
-    feasible centre feasible from some point on). SLSQP's answer is kept where its objective
-    is finite and no worse than its starting point's; whether SLSQP reports success is
-    recorded (``converged``, ``message``) and decides nothing, since on the same problem the
-    report can differ with rounding while the answer does not.
+    Without the noise term or diminishing returns both programs are linear and solved exactly by
+    HiGHS; with them they are convex (a second-order cone, convex predictions) and solved by SLSQP
+    from the linear solution (or the most feasible point), then made exactly feasible by moving
+    toward the most feasible point (convexity makes the segment between a feasible point and the
+    strictly feasible centre feasible from some point on). SLSQP's answer is kept where its
+    objective is finite and no worse than its starting point's; whether SLSQP reports success is
+    recorded (``converged``, ``message``) and decides nothing, since on the same problem the report
+    can differ with rounding while the answer does not.
     """
     problem = rp.problem
     n = problem.num_datasets

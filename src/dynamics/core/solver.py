@@ -423,8 +423,9 @@ class GridCandidate:
 
 
 def _select(candidates: list[GridCandidate]) -> GridCandidate:
-    """Appendix G: the feasible candidate with the lowest target objective; if none is, the one with
-    the least maximum violation (then objective). Ties up to rounding go to the earliest grid point."""
+    """Appendix G: the feasible candidate with the lowest target objective; if none is, the one
+    with the least maximum violation (then objective). Ties up to rounding go to the earliest
+    grid point."""
     feasible = [c for c in candidates if c.feasible]
     if feasible:
         return lowest_up_to_rounding(feasible, lambda c: c.objective)[0]
@@ -491,7 +492,8 @@ def solution_of(
     num_candidates: int,
     source: str = "grid",
 ) -> Solution:
-    """The :class:`Solution` record of ``weights`` chosen for ``problem`` (with the LP beside it)."""
+    """The :class:`Solution` record of ``weights`` chosen for ``problem`` (with the LP beside
+    it)."""
     lp = solve_lp(problem)
     max_violation = problem.max_violation(weights)
     return Solution(

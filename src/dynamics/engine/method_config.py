@@ -113,7 +113,8 @@ class MethodConfig(ConfigSection):
     )
     schedule: str | list[int] = Field(
         "dense-warmup",
-        description="Update schedule: no-warmup, light-warmup, dense-warmup, fixed:H, or a list of steps.",
+        description="Update schedule: no-warmup, light-warmup, dense-warmup, fixed:H, or a list "
+        "of steps.",
     )
     probe_cap: int | None = Field(
         None, ge=1, description="c_max; default 128 scaled by total_steps / 2048."
@@ -121,9 +122,9 @@ class MethodConfig(ConfigSection):
     probe_min: int = Field(
         1,
         ge=1,
-        description="The fewest steps a probe trains (at most c_max; 1: each probe as long as its update's "
-        "horizon, up to c_max, as the paper does). Longer probes measure a dense warmup's first updates over "
-        "more steps than they decide.",
+        description="The fewest steps a probe trains (at most c_max; 1: each probe as long as "
+        "its update's horizon, up to c_max, as the paper does). Longer probes measure a dense "
+        "warmup's first updates over more steps than they decide.",
     )
     predictor: Literal["linear", "curve"] = Field(
         "linear", description="Loss predictor (curve: appendix J)."
@@ -138,8 +139,8 @@ class MethodConfig(ConfigSection):
     alignment_batches: int = Field(
         200,
         ge=1,
-        description="Gradient alignment: batches per gradient average (at most evaluation.batches: the "
-        "domain gradients average the first eval batches).",
+        description="Gradient alignment: batches per gradient average (at most "
+        "evaluation.batches: the domain gradients average the first eval batches).",
     )
     variant: str | None = Field(
         None,
@@ -159,15 +160,16 @@ class MethodConfig(ConfigSection):
     backtrack: int = Field(
         0,
         ge=0,
-        description="Times a run may return to its last feasible main evaluation when one shows a broken "
-        "constraint, and decide again with that violation as a margin (0: never, as in the paper).",
+        description="Times a run may return to its last feasible main evaluation when one shows "
+        "a broken constraint, and decide again with that violation as a margin (0: never, as in "
+        "the paper).",
     )
     backtrack_patience: int = Field(
         1,
         ge=1,
-        description="Main evaluations in a row that must show a broken constraint before the run backtracks "
-        "(1: the first one); a violation repaired by the next evaluation then costs no steps trained again. "
-        "Needs backtrack > 0.",
+        description="Main evaluations in a row that must show a broken constraint before the run "
+        "backtracks (1: the first one); a violation repaired by the next evaluation then costs no "
+        "steps trained again. Needs backtrack > 0.",
     )
 
     @field_validator("name")
