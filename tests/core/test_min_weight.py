@@ -1,4 +1,4 @@
-"""``method.min_weight``: every dataset keeps at least m of the mixture, and each solver
+"""``method.floors.all``: every dataset keeps at least m of the mixture, and each solver
 finds the optimum over the mixtures with w >= m.
 
 References: brute force over a fine simplex grid restricted to w >= m (the objective of

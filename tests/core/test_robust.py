@@ -388,7 +388,7 @@ def run(policy, learner):
 def test_paper_variant_records_are_unchanged_by_the_options_code():
     paper = run(DynamicsPolicy(build_schedule("dense-warmup", 128)), ToyLearner(SLOPES, INITIAL))
     for update in paper.updates:
-        assert "robust" not in update.extra
+        assert update.rules is None and "robust" not in update.to_dict()["extra"]
         assert update.solver["source"] == "grid"
         # The toy's per-batch offsets cancel in paired differences: exact slopes, no spread.
         np.testing.assert_allclose(update.extra["slope_errors"], 0.0, atol=1e-12)

@@ -1,6 +1,6 @@
-"""The target floor (``method.target_floor``): every target dataset keeps a least weight at
-every update, inside the solver and in its fallback, and the floor gives way where it alone
-stands between the mixture and the constraints.
+"""The target floor (``method.floors.targets``, the ``target_floor`` rule): every target
+dataset keeps a least weight at every update, inside the solver and in its fallback, and the
+floor gives way where it alone stands between the mixture and the constraints.
 
 The toy learner's noise is known, so each test says which breaks are noise and which are
 the target data's."""

@@ -342,3 +342,15 @@ def test_methods_without_probes_have_no_variant():
     config["method"]["variant"] = "robust"
     with pytest.raises(ConfigError, match=r"only method\.name: dynamics uses them"):
         RunConfig.from_dict(config)
+
+
+def test_an_unknown_method_name_is_refused_with_the_registered_policies():
+    config = minimal()
+    config["method"] = {"name": "greedy"}
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "unknown method.name 'greedy': use one of ['dynamics', 'fixed', 'gradient-alignment']"
+        ),
+    ):
+        RunConfig.from_dict(config)

@@ -359,7 +359,7 @@ class Solution:
     num_candidates:   grid points tried (len(lambdas) * len(epsilons)).
     source:           "grid", or "direct" when a robustness option's direct solution of the
                       constrained program was chosen (:mod:`dynamics.core.robust`).
-    min_weight:       the floor every weight was held to (``method.min_weight``); in the
+    min_weight:       the floor every weight was held to (``method.floors.all``); in the
                       record only when it is above 0.
     """
 
