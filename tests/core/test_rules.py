@@ -41,18 +41,14 @@ def toy_updates(rules: RuleSet) -> list[UpdateRecord]:
 
 def test_the_robust_variant_is_the_seven_rules_with_their_values_and_paper_is_none():
     robust = RuleSet.of_variant("robust")
-    assert (
-        robust.names
-        == tuple(RULES)
-        == (
-            "lp_candidate",
-            "target_noise",
-            "calibration",
-            "gain_exponent",
-            "target_floor",
-            "expected_accuracy",
-            "answer_tolerance",
-        )
+    assert robust.names == (
+        "lp_candidate",
+        "target_noise",
+        "calibration",
+        "gain_exponent",
+        "target_floor",
+        "expected_accuracy",
+        "answer_tolerance",
     )
     values = {name: robust.value(name) for name in RULES}
     assert values == {
