@@ -50,7 +50,7 @@ def test_the_robust_variant_is_the_seven_rules_with_their_values_and_paper_is_no
         "expected_accuracy",
         "answer_tolerance",
     )
-    values = {name: robust.value(name) for name in RULES}
+    values = {name: robust.value(name) for name in robust.names}
     assert values == {
         "lp_candidate": True,
         "target_noise": 1.0,
