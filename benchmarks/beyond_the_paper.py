@@ -18,7 +18,7 @@ the test split; costs are training wall time over the same seed's median fixed r
 not divide). ``--combine`` trains nothing: it writes the seeds of several reports (of
 different seeds) as one report to ``--json``, so that the goal is read over all of them.
 ``--goal METHOD`` prints, after the tables, the goal for a default read for that
-method, condition by condition (:mod:`dynamics.experiments.goal`).
+method, condition by condition (benchmarks/goal.py).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from dynamics.experiments.base_model import ensure_base_model  # noqa: E402
 from dynamics.experiments.demo import DEMO_BASE_SPEC, available_cores  # noqa: E402
-from dynamics.experiments.goal import goal_markdown  # noqa: E402
-from dynamics.experiments.robustness import (  # noqa: E402
+from dynamics.runs import rundir  # noqa: E402
+from goal import goal_markdown  # noqa: E402
+from robustness import (  # noqa: E402
     METHODS,
     SCENARIOS,
     combine_reports,
@@ -43,7 +44,6 @@ from dynamics.experiments.robustness import (  # noqa: E402
     read_reports,
     write_report,
 )
-from dynamics.runs import rundir  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

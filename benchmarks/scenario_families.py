@@ -53,14 +53,14 @@ from dynamics.experiments.demo import (  # noqa: E402
     split_general_files,
     train_all,
 )
-from dynamics.experiments.robustness import (  # noqa: E402
+from dynamics.runs import rundir  # noqa: E402
+from families_domains import NEW_DOMAINS, write_family_domains  # noqa: E402
+from robustness import (  # noqa: E402
     best_fixed,
     needs_training,
     records_result,
     selection_score,
 )
-from dynamics.runs import rundir  # noqa: E402
-from families_domains import NEW_DOMAINS, write_family_domains  # noqa: E402
 
 # --- the pool of domains ----------------------------------------------------------------
 

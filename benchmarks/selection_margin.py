@@ -21,8 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from dynamics.experiments.robustness import selection_margins, selection_margins_markdown  # noqa: E402
 from dynamics.runs import rundir  # noqa: E402
+from robustness import selection_margins, selection_margins_markdown  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

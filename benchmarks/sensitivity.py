@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from dynamics.experiments.base_model import ensure_base_model  # noqa: E402
 from dynamics.experiments.demo import DEMO_BASE_SPEC  # noqa: E402
-from dynamics.experiments.robustness import (  # noqa: E402
+from dynamics.runs import rundir  # noqa: E402
+from robustness import (  # noqa: E402
     METHODS,
     PERTURBATIONS,
     SCENARIOS,
@@ -35,7 +36,6 @@ from dynamics.experiments.robustness import (  # noqa: E402
     read_reports,
     sensitivity_markdown,
 )
-from dynamics.runs import rundir  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ it once; subprocesses the tests start inherit it.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 TEST_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "tests"
@@ -23,6 +24,11 @@ for variable in ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "
 # below reads it once, before any test package's own conftest.
 for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(variable, "1")
+# The research code of benchmarks/ (robustness, goal) is tested as its scripts import it:
+# by module name, from that folder.
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
 
 from collections.abc import Iterator  # noqa: E402
 

@@ -39,12 +39,13 @@ def test_every_linked_page_exists():
 
 
 def test_the_page_on_the_default_names_every_rule_and_stays_a_users_page():
-    from dynamics.core.options import VARIANTS, RobustOptions
+    from dynamics.core.rules import RuleSet
 
     page = (ROOT / "docs" / "beyond-the-paper.md").read_text()
     assert len(page.splitlines()) < 400
-    for name in RobustOptions.__dataclass_fields__:
-        default = getattr(VARIANTS["robust"], name)
+    robust = RuleSet.of_variant("robust")
+    for name in robust.names:
+        default = robust.value(name)
         shown = str(default).lower() if isinstance(default, bool) else repr(float(default))
         assert f"| `{name}` | {shown} |" in page, (
             f"docs/beyond-the-paper.md does not give {name}: {shown}"

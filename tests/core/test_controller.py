@@ -296,17 +296,16 @@ def records_of(history):
 @pytest.mark.parametrize("crash_after", [16, 48, 64])
 def test_a_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(crash_after):
     import copy
-    from dataclasses import replace
 
     from dynamics.core.controller import LoopCallbacks
-    from dynamics.core.options import VARIANTS
+    from dynamics.core.rules import RuleSet
 
     def fresh():
         learner = StateLoggingLearner(HIDDEN_SLOPES, HIDDEN_INITIAL, effect=hidden_harm)
         # Calibration carries state across updates; without diminishing returns this toy's
         # hidden harm makes the run backtrack, so both kinds of loop state cross the save.
-        options = replace(VARIANTS["robust"], gain_exponent=1.0)
-        policy = DynamicsPolicy(build_schedule([0, 8, 32], 96, probe_cap=4), options=options)
+        options = RuleSet.of_variant("robust").replaced(gain_exponent=1.0)
+        policy = DynamicsPolicy(build_schedule([0, 8, 32], 96, probe_cap=4), rules=options)
         return learner, policy
 
     kwargs = dict(
@@ -421,10 +420,12 @@ class DivergingLearner(ToyLearner):
 @pytest.mark.parametrize("variant", ["paper", "robust"])
 @pytest.mark.parametrize("raises", [True, False], ids=["non-finite-loss", "nan-evaluation"])
 def test_a_diverged_probe_leaves_its_dataset_out_of_that_update(raises, variant):
-    from dynamics.core.options import VARIANTS
+    from dynamics.core.rules import RuleSet
 
     learner = DivergingLearner(SLOPES, INITIAL, diverging={0}, raises=raises)
-    history = run(DynamicsPolicy(build_schedule([0, 32], 64), options=VARIANTS[variant]), learner)
+    history = run(
+        DynamicsPolicy(build_schedule([0, 32], 64), rules=RuleSet.of_variant(variant)), learner
+    )
     for update in history.updates:
         assert update.unreliable_datasets == ["d0"]
         assert update.weights[0] == 0.0 and abs(update.weights.sum() - 1) < 1e-12

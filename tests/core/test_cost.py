@@ -1,4 +1,5 @@
-"""The cost model (paper app:compute_costs) against the paper's three cost tables and hand computations."""
+"""The cost model (paper app:compute_costs) against the paper's three cost tables and hand
+computations."""
 
 from __future__ import annotations
 

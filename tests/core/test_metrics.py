@@ -316,7 +316,7 @@ def test_a_margin_keeps_the_constraints_on_a_split_the_choice_did_not_see() -> N
 
 
 def test_the_gap_between_the_splits_is_counted_in_errors_of_the_change() -> None:
-    from dynamics.experiments.robustness import split_gaps
+    from robustness import split_gaps
 
     base = batched(0, [[2.0] * 4, [1.0] * 4], [2.0, 1.0])
     # The constraint's change: -0.02 on average, error 0.01 (per-batch -0.02 +/- ~0.0115);

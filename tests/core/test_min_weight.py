@@ -1,4 +1,4 @@
-"""``method.min_weight``: every dataset keeps at least m of the mixture, and each solver
+"""``method.floors.all``: every dataset keeps at least m of the mixture, and each solver
 finds the optimum over the mixtures with w >= m.
 
 References: brute force over a fine simplex grid restricted to w >= m (the objective of
@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from dynamics.core.controller import run_mixture_training
-from dynamics.core.options import RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, to_floored_simplex
 from dynamics.core.robust import (
     RobustProblem,
     solve_direct,
 )
+from dynamics.core.rules import RuleSet, rule_set
 from dynamics.core.schedules import build_schedule
 from dynamics.core.solver import duality_gap, solve, solve_lp, solve_penalized
 from tests.core.test_solver import make_problem, objectives_from_paper, simplex_grid
@@ -213,12 +213,12 @@ SLOPES = np.array([[-0.010, -0.001, 0.000], [0.004, -0.001, 0.000], [0.001, -0.0
 
 @pytest.mark.parametrize(
     "options",
-    [RobustOptions(), RobustOptions(lp_candidate=True, target_noise=1.0, gain_exponent=0.5)],
+    [rule_set(), rule_set(lp_candidate=True, target_noise=1.0, gain_exponent=0.5)],
 )
-def test_policy_updates_keep_the_floor_and_say_so(options: RobustOptions):
+def test_policy_updates_keep_the_floor_and_say_so(options: RuleSet):
     schedule = build_schedule([0, 8, 16, 32], 64, probe_cap=8)
     learner = ToyLearner(SLOPES, np.array([3.0, 1.0, 1.0]))
-    policy = DynamicsPolicy(schedule, options=options, min_weight=0.2)
+    policy = DynamicsPolicy(schedule, rules=options, min_weight=0.2)
     history = run_mixture_training(
         learner, policy, targets=[0], constraints=[1, 2], eval_interval=16, reduced_batches=4
     )
@@ -229,7 +229,7 @@ def test_policy_updates_keep_the_floor_and_say_so(options: RobustOptions):
     # Without the floor the same run leaves dataset 2 (it teaches nothing) at 0.
     free = run_mixture_training(
         ToyLearner(SLOPES, np.array([3.0, 1.0, 1.0])),
-        DynamicsPolicy(schedule, options=options),
+        DynamicsPolicy(schedule, rules=options),
         targets=[0],
         constraints=[1, 2],
         eval_interval=16,

@@ -18,22 +18,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import OptimizeResult
 
-from dynamics.core import policies as policies_module
 from dynamics.core import robust as robust_module
 from dynamics.core.controller import run_mixture_training
 from dynamics.core.decisions import PredictionCalibration, binomial_error, slope_standard_errors
 from dynamics.core.learner import DomainKind, Evaluation
-from dynamics.core.options import VARIANTS, RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.probes import PerturbedEvaluations, ProbeRuns, probe_datasets, probe_in_turn
 from dynamics.core.problem import MixtureProblem
 from dynamics.core.resolution import at_resolution, with_answer_tolerance
 from dynamics.core.robust import RobustProblem, select_robust, solve_direct
+from dynamics.core.rules import RuleSet, rule_set
+from dynamics.core.rules import update as rules_update
+from dynamics.core.rules.lp_candidate import LpCandidateRecord
 from dynamics.core.schedules import build_schedule
 from dynamics.core.solver import grid_candidates
 from tests.core.toy_learner import ToyLearner
 
-ROBUST_ALONE = replace(VARIANTS["robust"], answer_tolerance=0.0, target_floor=0.0)
+ROBUST_ALONE = RuleSet.of_variant("robust").replaced(answer_tolerance=0.0, target_floor=0.0)
 """The robust variant without its answer tolerance and target floor, which would mask what the
 tests built on it show (a fallback, an accuracy read two ways, a drift)."""
 
@@ -98,10 +99,10 @@ NOISY_SLOPES = np.array([[-2e-3, -2e-3, 0.0], [-5e-3, -5e-3, -5e-3]])
 NOISY_INITIAL = np.array([3.0, 2.0])
 
 
-def noisy_run(options: RobustOptions, seed: int, noise: float = 0.02):
+def noisy_run(options: RuleSet, seed: int, noise: float = 0.02):
     learner = ToyLearner(NOISY_SLOPES, NOISY_INITIAL, seed=seed, noise=noise)
     policy = DynamicsPolicy(
-        build_schedule([0, 8, 16, 32, 48, 64, 80, 96, 112], 128, probe_cap=8), options=options
+        build_schedule([0, 8, 16, 32, 48, 64, 80, 96, 112], 128, probe_cap=8), rules=options
     )
     return run_mixture_training(
         learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4
@@ -127,16 +128,16 @@ def test_a_direct_solve_without_success_is_recorded_and_its_answer_used_only_whe
         )
 
     monkeypatch.setattr(robust_module, "minimize", failing)
-    updates = noisy_run(RobustOptions(lp_candidate=True, target_noise=1.0), seed=0).updates
+    updates = noisy_run(rule_set(lp_candidate=True, target_noise=1.0), seed=0).updates
     for update in updates:
         assert (
-            update.extra["robust"]["solver_failure"]
+            update.rules.find(LpCandidateRecord).solver_failure
             == "Positive directional derivative for linesearch"
         )
-    chosen = [update for update in updates if update.extra["robust"]["source"] == "direct"]
+    chosen = [update for update in updates if update.rules.choice.source == "direct"]
     assert chosen  # seed 0 makes the direct candidate win at least once
     for update in chosen:
-        np.testing.assert_allclose(update.weights, update.extra["robust"]["weights"])
+        np.testing.assert_allclose(update.weights, update.rules.choice.weights)
         assert np.allclose(update.weights, stop) == used
         assert np.all(update.weights >= 0) and update.weights.sum() == pytest.approx(1.0)
 
@@ -222,7 +223,8 @@ def tied_run(relative_noise: float, noise_seed: int = 0):
         PerturbedEvaluations(learner, relative_noise, noise_seed) if relative_noise > 0 else learner
     )
     policy = DynamicsPolicy(
-        build_schedule([0, 1, 2, 4, 8, 16, 32, 64], 128, probe_cap=16), options=VARIANTS["robust"]
+        build_schedule([0, 1, 2, 4, 8, 16, 32, 64], 128, probe_cap=16),
+        rules=RuleSet.of_variant("robust"),
     )
     return run_mixture_training(
         run_on, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4
@@ -286,7 +288,7 @@ def fallback_choice(perturbation: np.ndarray, resolve: bool) -> np.ndarray:
         problem, np.full((2, 3), 1e-4), target_z=1.0, gain_exponent=0.5, probe_budget=8
     )
     return select_robust(
-        rp, [c.weights for c in grid_candidates(problem)], solve_direct(rp)
+        rp, [c.weights for c in grid_candidates(problem)], [solve_direct(rp).candidate()]
     ).weights
 
 
@@ -313,7 +315,7 @@ def test_a_tie_at_the_reference_is_decided_alike_on_two_machines(noise_seed: int
 
 def test_read_exactly_the_same_tie_flips_decisions(monkeypatch):
     monkeypatch.setattr(
-        policies_module, "at_resolution", lambda problem, probe_budget, questions: problem
+        rules_update, "at_resolution", lambda problem, probe_budget, questions: problem
     )
     plain = tied_run(0.0)
     assert max(largest_difference(plain, tied_run(1e-6, seed)) for seed in range(4)) > 0.5
@@ -364,12 +366,12 @@ class ExpectedAccuracyLearner(ToyLearner):
         return Evaluation(evaluation.per_batch, evaluation.per_batch + residue[:, None])
 
 
-def expected_accuracy_run(options: RobustOptions, seed: int):
+def expected_accuracy_run(options: RuleSet, seed: int):
     learner = ExpectedAccuracyLearner(seed)
     schedule = build_schedule([0, 8, 16, 32, 64, 96, 128, 160, 192, 224], 256, probe_cap=4)
     history = run_mixture_training(
         learner,
-        DynamicsPolicy(schedule, options=options),
+        DynamicsPolicy(schedule, rules=options),
         targets=[0],
         constraints=[1],
         eval_interval=32,
@@ -386,8 +388,8 @@ def test_an_accuracy_read_from_its_expected_value_shows_a_harm_before_any_answer
     # and the run moves to dataset 1, which teaches the target almost as well and costs the
     # accuracy nothing.
     options = ROBUST_ALONE
-    assert options.expected_accuracy
-    measured, measured_end = expected_accuracy_run(replace(options, expected_accuracy=False), seed)
+    assert options.value("expected_accuracy")
+    measured, measured_end = expected_accuracy_run(options.replaced(expected_accuracy=False), seed)
     expected, expected_end = expected_accuracy_run(options, seed)
     assert measured_end[1] >= 0.02 - 1e-9  # the case happens: at least one answer lost
     assert expected_end[1] <= 1e-9  # no answer lost
@@ -433,10 +435,10 @@ class DriftLearner(ToyLearner):
 def drift_run(answer_tolerance: float, seed: int):
     learner = DriftLearner(seed)
     schedule = build_schedule([0, 8, 16, 32, 64, 96, 128, 160, 192, 224], 256, probe_cap=4)
-    options = replace(ROBUST_ALONE, answer_tolerance=answer_tolerance)
+    options = ROBUST_ALONE.replaced(answer_tolerance=answer_tolerance)
     history = run_mixture_training(
         learner,
-        DynamicsPolicy(schedule, options=options),
+        DynamicsPolicy(schedule, rules=options),
         targets=[0],
         constraints=[1],
         eval_interval=32,
@@ -456,19 +458,19 @@ def test_a_drift_of_the_correct_choices_too_small_to_flip_an_answer_does_not_bre
     strict, strict_end = drift_run(0.0, seed)
     tolerant, tolerant_end = drift_run(0.5, seed)
     assert (
-        sum(not u.extra["robust"]["feasible"] for u in strict.updates) >= len(strict.updates) - 1
+        sum(not u.rules.choice.feasible for u in strict.updates) >= len(strict.updates) - 1
     )  # the case
-    assert all(u.extra["robust"]["feasible"] for u in tolerant.updates)
+    assert all(u.rules.choice.feasible for u in tolerant.updates)
     assert strict_end[1] == tolerant_end[1] == 0.0  # the quiz kept every answer
     assert tolerant_end[0] < strict_end[0] - 0.2  # the target learned far more
     assert np.mean([u.weights[0] for u in tolerant.updates]) > 0.8
 
 
 def test_an_answer_tolerance_needs_expected_accuracies_and_less_than_one_answer():
-    with pytest.raises(ValueError, match="set expected_accuracy: true"):
-        RobustOptions(expected_accuracy=False, answer_tolerance=0.5)
+    with pytest.raises(ValueError, match=r"set method\.expected_accuracy: true"):
+        rule_set(expected_accuracy=False, answer_tolerance=0.5)
     with pytest.raises(ValueError, match=r"answer_tolerance must be in \[0, 1\)"):
-        replace(VARIANTS["robust"], answer_tolerance=1.0)
+        RuleSet.of_variant("robust").replaced(answer_tolerance=1.0)
     problem = MixtureProblem(
         slopes=np.zeros((3, 2)),
         current_losses=np.array([3.0, 2.0, -0.5]),
@@ -484,8 +486,8 @@ def test_an_answer_tolerance_needs_expected_accuracies_and_less_than_one_answer(
 
 
 def accuracy_updates(learner: ToyLearner, expected_accuracy: bool):
-    options = replace(ROBUST_ALONE, expected_accuracy=expected_accuracy)
-    policy = DynamicsPolicy(build_schedule([0, 4], 8, probe_cap=4), options=options)
+    options = ROBUST_ALONE.replaced(expected_accuracy=expected_accuracy)
+    policy = DynamicsPolicy(build_schedule([0, 4], 8, probe_cap=4), rules=options)
     return run_mixture_training(
         learner, policy, targets=[0], constraints=[1], eval_interval=8, reduced_batches=4
     ).updates

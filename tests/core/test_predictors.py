@@ -1,4 +1,5 @@
-"""Slope predictors: eq. 3.2 exactly, and curve fits checked against the curves that made the data."""
+"""Slope predictors: eq. 3.2 exactly, and curve fits checked against the curves that made the
+data."""
 
 from __future__ import annotations
 

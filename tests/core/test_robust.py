@@ -20,7 +20,6 @@ from dynamics.core.decisions import (
     calibrated,
     slope_standard_errors,
 )
-from dynamics.core.options import VARIANTS, RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
 from dynamics.core.robust import (
@@ -30,6 +29,7 @@ from dynamics.core.robust import (
     solve_direct,
     tempered_progress,
 )
+from dynamics.core.rules import RuleSet, rule_set
 from dynamics.core.schedules import build_schedule
 from dynamics.core.solver import grid_candidates, solve, solve_lp
 from tests.core.toy_learner import ToyLearner
@@ -92,7 +92,7 @@ def test_slope_errors_with_one_batch_are_zero_not_nan():
 def test_negative_target_noise_and_bad_errors_are_refused():
     problem, errors = random_problem(0)
     with pytest.raises(ValueError, match="target_noise"):
-        RobustOptions(target_noise=-1.0)
+        rule_set(target_noise=-1.0)
     with pytest.raises(ValueError, match="slope_errors"):
         RobustProblem(problem, -errors)
     with pytest.raises(ValueError, match="slope_errors"):
@@ -126,7 +126,9 @@ def test_lp_candidate_recovers_the_feasible_interior_mixture_the_grid_misses():
     paper = solve(problem)
     np.testing.assert_allclose(paper.weights, [0.0, 1.0, 0.0], atol=1e-9)
     rp = RobustProblem(problem, np.zeros_like(slopes))
-    choice = select_robust(rp, [c.weights for c in grid_candidates(problem)], solve_direct(rp))
+    choice = select_robust(
+        rp, [c.weights for c in grid_candidates(problem)], [solve_direct(rp).candidate()]
+    )
     assert choice.source == "direct" and choice.feasible
     np.testing.assert_allclose(choice.weights, [0.2, 0.8, 0.0], atol=1e-9)
     assert problem.target_objective(choice.weights) < problem.target_objective(paper.weights)
@@ -174,7 +176,7 @@ def test_a_stuck_broken_constraint_does_not_hide_the_others():
     direct = solve_direct(rp)
     assert not direct.feasible and direct.max_violation == pytest.approx(0.05)
     np.testing.assert_allclose(direct.weights, [0.5, 0.5, 0.0], atol=1e-6)
-    choice = select_robust(rp, [c.weights for c in grid_candidates(problem)], direct)
+    choice = select_robust(rp, [c.weights for c in grid_candidates(problem)], [direct.candidate()])
     assert problem.violations(choice.weights)[1] <= 1e-6
     assert problem.target_objective(choice.weights) == pytest.approx(-0.5e-3, abs=1e-8)
 
@@ -221,10 +223,10 @@ def test_target_noise_shares_weight_between_datasets_within_noise():
 
 
 def test_target_noise_needs_the_direct_candidate():
-    assert RobustOptions(lp_candidate=True, target_noise=1.0).target_noise == 1.0
-    with pytest.raises(ValueError, match="lp_candidate is off"):
-        RobustOptions(target_noise=1.0)
-    assert VARIANTS["paper"].is_paper and not VARIANTS["robust"].is_paper
+    assert rule_set(lp_candidate=True, target_noise=1.0).value("target_noise") == 1.0
+    with pytest.raises(ValueError, match=r"method\.lp_candidate, which is off"):
+        rule_set(target_noise=1.0)
+    assert RuleSet.of_variant("paper").is_paper and not RuleSet.of_variant("robust").is_paper
 
 
 # ------------------------------------------------------------- diminishing returns
@@ -305,13 +307,13 @@ def test_tempered_direct_candidate_matches_brute_force(seed: int, p: float):
 
 
 def test_gain_exponent_is_checked_and_needs_the_direct_candidate():
-    assert RobustOptions(lp_candidate=True, gain_exponent=0.5).gain_exponent == 0.5
-    with pytest.raises(ValueError, match="lp_candidate is off"):
-        RobustOptions(gain_exponent=0.5)
-    assert RobustOptions(gain_exponent=1.0).is_paper
+    assert rule_set(lp_candidate=True, gain_exponent=0.5).value("gain_exponent") == 0.5
+    with pytest.raises(ValueError, match=r"method\.lp_candidate, which is off"):
+        rule_set(gain_exponent=0.5)
+    assert rule_set(gain_exponent=1.0).is_paper
     for bad in (0.0, -0.5, 1.5, float("nan")):
         with pytest.raises(ValueError, match="gain_exponent"):
-            RobustOptions(gain_exponent=bad)
+            rule_set(gain_exponent=bad)
 
 
 def test_tempered_policy_ends_lower_on_targets_with_saturating_returns():
@@ -328,7 +330,7 @@ def test_tempered_policy_ends_lower_on_targets_with_saturating_returns():
     finals, updates = {}, {}
     for p in (1.0, 0.5):
         learner = ToyLearner(slopes, np.array([3.0, 3.0]), effect=effect)
-        policy = DynamicsPolicy(schedule, options=RobustOptions(lp_candidate=True, gain_exponent=p))
+        policy = DynamicsPolicy(schedule, rules=rule_set(lp_candidate=True, gain_exponent=p))
         history = run_mixture_training(
             learner, policy, targets=[0, 1], constraints=[], eval_interval=32, reduced_batches=4
         )
@@ -386,7 +388,7 @@ def run(policy, learner):
 def test_paper_variant_records_are_unchanged_by_the_options_code():
     paper = run(DynamicsPolicy(build_schedule("dense-warmup", 128)), ToyLearner(SLOPES, INITIAL))
     for update in paper.updates:
-        assert "robust" not in update.extra
+        assert update.rules is None and "robust" not in update.to_dict()["extra"]
         assert update.solver["source"] == "grid"
         # The toy's per-batch offsets cancel in paired differences: exact slopes, no spread.
         np.testing.assert_allclose(update.slope_errors, 0.0, atol=1e-12)
@@ -397,14 +399,16 @@ def test_robust_variant_keeps_constraints_and_beats_the_papers_target_on_the_toy
     histories = {}
     for variant in ("paper", "robust"):
         learner = ToyLearner(SLOPES, INITIAL)
-        histories[variant] = run(DynamicsPolicy(schedule, options=VARIANTS[variant]), learner)
+        histories[variant] = run(
+            DynamicsPolicy(schedule, rules=RuleSet.of_variant(variant)), learner
+        )
     robust = histories["robust"]
     first, last = robust.evaluations[0], robust.evaluations[-1]
     assert np.all(last.eval[1:] <= first.eval[1:] + 1e-9)
     assert last.eval[0] < histories["paper"].evaluations[-1].eval[0]
-    assert any(u.extra["robust"]["source"] == "direct" for u in robust.updates)
+    assert any(u.rules.choice.source == "direct" for u in robust.updates)
     for update in robust.updates:
-        assert update.extra["robust"]["feasible"]
+        assert update.rules.choice.feasible
         # The toy is linear, so diminishing returns can only under-predict its improvements:
         # the realized losses end at or below the predictions, and a correction that would
         # loosen the constraints is clipped to zero.
@@ -426,7 +430,7 @@ def test_calibration_learns_a_bias_the_probes_cannot_see():
     for calibration in (False, True):
         learner = ToyLearner(SLOPES, INITIAL, effect=accelerating)
         policy = DynamicsPolicy(
-            schedule, options=RobustOptions(lp_candidate=True, calibration=calibration)
+            schedule, rules=rule_set(lp_candidate=True, calibration=calibration)
         )
         history = run(policy, learner)
         weights[calibration] = np.array([u.weights[0] for u in history.updates])

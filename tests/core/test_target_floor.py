@@ -1,6 +1,6 @@
-"""The target floor (``method.target_floor``): every target dataset keeps a least weight at
-every update, inside the solver and in its fallback, and the floor gives way where it alone
-stands between the mixture and the constraints.
+"""The target floor (``method.floors.targets``, the ``target_floor`` rule): every target
+dataset keeps a least weight at every update, inside the solver and in its fallback, and the
+floor gives way where it alone stands between the mixture and the constraints.
 
 The toy learner's noise is known, so each test says which breaks are noise and which are
 the target data's."""
@@ -13,10 +13,11 @@ from pydantic import ValidationError
 
 from dynamics.core.controller import run_mixture_training
 from dynamics.core.decisions import target_floor
-from dynamics.core.options import RobustOptions
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem, to_floored_simplex
 from dynamics.core.robust import RobustProblem, select_robust, solve_direct
+from dynamics.core.rules import RuleSet, rule_set
+from dynamics.core.rules.target_floor import TargetFloorRecord
 from dynamics.core.schedules import build_schedule
 from dynamics.core.solver import grid_candidates
 from dynamics.engine.method_config import MethodConfig
@@ -64,13 +65,13 @@ def test_the_floor_holds_where_no_mixture_keeps_the_constraints_either_way():
 
 
 def test_bad_floors_are_refused_with_the_field_to_change():
-    with pytest.raises(ValueError, match=r"method.target_floor below 0.5"):
+    with pytest.raises(ValueError, match=r"method.floors.targets below 0.5"):
         target_floor(floor_problem(1.0, 0.0, 0.0), [0, 1], 0.5)
-    with pytest.raises(ValueError, match="target_floor"):
-        RobustOptions(target_floor=1.0)
-    with pytest.raises(ValidationError, match="target_floor"):
-        MethodConfig(target_floor=-0.1)
-    assert MethodConfig(target_floor=0.02).robust_options().target_floor == 0.02
+    with pytest.raises(ValueError, match=r"method\.floors\.targets must be in \[0, 1\)"):
+        rule_set(target_floor=1.0)
+    with pytest.raises(ValidationError, match=r"floors\.targets"):
+        MethodConfig(floors={"targets": -0.1})
+    assert MethodConfig(floors={"targets": 0.05}).target_floor == 0.05
 
 
 def test_a_floor_of_zero_leaves_the_problem_as_it_is():
@@ -117,7 +118,9 @@ def test_in_the_fallback_the_floor_keeps_target_data_and_the_rest_repairs_the_co
     assert not floored.feasible
     np.testing.assert_allclose(floored.weights, [0.2, 0.8], atol=1e-6)
     # The grid's candidates are raised to the floor before the choice.
-    choice = select_robust(floored_rp, [c.weights for c in grid_candidates(problem)], floored)
+    choice = select_robust(
+        floored_rp, [c.weights for c in grid_candidates(problem)], [floored.candidate()]
+    )
     assert choice.weights[0] >= 0.2 - 1e-12
     assert choice.weights.sum() == pytest.approx(1.0)
 
@@ -145,11 +148,11 @@ FLAT_INITIAL = np.array([3.0, 2.0])
 SCHEDULE = [0, 8, 16, 32, 48, 64, 80, 96, 112]
 
 
-def toy_run(slopes: np.ndarray, options: RobustOptions, seed: int, noise: float):
+def toy_run(slopes: np.ndarray, options: RuleSet, seed: int, noise: float):
     learner = ToyLearner(
         slopes, FLAT_INITIAL, seed=seed, noise=noise, dataset_names=["e0", "d1", "d2"]
     )
-    policy = DynamicsPolicy(build_schedule(SCHEDULE, 128, probe_cap=8), options=options)
+    policy = DynamicsPolicy(build_schedule(SCHEDULE, 128, probe_cap=8), rules=options)
     history = run_mixture_training(
         learner, policy, targets=[0], constraints=[1], eval_interval=32, reduced_batches=4
     )
@@ -160,22 +163,22 @@ def toy_run(slopes: np.ndarray, options: RobustOptions, seed: int, noise: float)
     "seed", [1, 2]
 )  # seeds whose noise reads the constraint broken at an update
 def test_target_data_keeps_its_floor_where_a_constraint_is_broken_by_noise(seed: int):
-    plain, plain_end = toy_run(FLAT_SLOPES, RobustOptions(lp_candidate=True), seed, noise=0.02)
+    plain, plain_end = toy_run(FLAT_SLOPES, rule_set(lp_candidate=True), seed, noise=0.02)
     assert any(
         u.weights[0] < 0.2 - 1e-9 for u in plain.updates
     )  # the fallback took the target data away
     floored, floored_end = toy_run(
-        FLAT_SLOPES, RobustOptions(lp_candidate=True, target_floor=0.2), seed, noise=0.02
+        FLAT_SLOPES, rule_set(lp_candidate=True, target_floor=0.2), seed, noise=0.02
     )
-    fallbacks = [u for u in floored.updates if not u.extra["robust"]["feasible"]]
+    fallbacks = [u for u in floored.updates if not u.rules.choice.feasible]
     assert fallbacks  # the case happens with the floor too
     assert any(
-        not u.extra["robust"]["floors"]["lifted_by"] for u in fallbacks
+        not u.rules.find(TargetFloorRecord).floors.lifted_by for u in fallbacks
     )  # held in a fallback
     for update in floored.updates:
-        record = update.extra["robust"]["floors"]
-        assert record["lifted_by"] in ([], [1])
-        if not record["lifted_by"]:
+        record = update.rules.find(TargetFloorRecord).floors
+        assert record.lifted_by in ([], [1])
+        if not record.lifted_by:
             assert update.weights[0] >= 0.2 - 1e-9
     # More target data, a lower target loss, and the constraint's true value still at or
     # below its reference (the target data does not touch it).
@@ -190,7 +193,7 @@ def test_the_floor_gives_way_where_the_target_data_breaks_a_constraint():
     # keeps about as much target data as the constraint allows instead of none.
     harmful = np.array([[-2e-3, 0.0, 0.0], [4e-3, -1e-3, 0.0]])
     history, _ = toy_run(
-        harmful, RobustOptions(lp_candidate=True, target_floor=0.3), seed=0, noise=0.002
+        harmful, rule_set(lp_candidate=True, target_floor=0.3), seed=0, noise=0.002
     )
-    assert all(u.extra["robust"]["floors"]["lifted_by"] == [1] for u in history.updates)
+    assert all(u.rules.find(TargetFloorRecord).floors.lifted_by == [1] for u in history.updates)
     assert all(0.1 < u.weights[0] < 0.3 - 1e-6 for u in history.updates)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dynamics.core.options import DEFAULT_VARIANT, VARIANTS
+from dynamics.core.rules import DEFAULT_VARIANT, RULES, RuleSet
 from dynamics.engine.config import ConfigError, RunConfig
 from dynamics.engine.config_docs import config_reference_markdown
-from dynamics.experiments.robustness import METHODS
+from robustness import METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -233,74 +235,86 @@ def test_dataset_file_options_are_checked(change, message):
         RunConfig.from_dict(config)
 
 
-def test_single_robustness_options_override_the_variant():
+def test_single_rule_parameters_override_the_variant():
     config = minimal()
     config["method"] = {
         "name": "dynamics",
         "variant": "robust",
         "target_noise": 2.0,
         "calibration": False,
-        "target_floor": 0.05,
+        "floors": {"targets": 0.05},
     }
-    options = RunConfig.from_dict(config).method.robust_options()
-    assert (options.target_noise, options.calibration, options.target_floor) == (2.0, False, 0.05)
-    assert options.gain_exponent == VARIANTS["robust"].gain_exponent  # the rest from the variant
+    rules = RunConfig.from_dict(config).method.rules()
+    assert (rules.value("target_noise"), rules.value("target_floor")) == (2.0, 0.05)
+    assert "calibration" not in rules.names  # false: the rule is off
+    robust = RuleSet.of_variant("robust")
+    assert rules.value("gain_exponent") == robust.value("gain_exponent")  # from the variant
     config["method"] = {"name": "dynamics", "variant": "paper"}
-    assert RunConfig.from_dict(config).method.robust_options().is_paper
+    assert RunConfig.from_dict(config).method.rules().is_paper
 
 
 def test_every_setting_the_protocol_measures_is_a_valid_method_config():
     """The benchmark's labelled settings are parsed as a user's config would be, and every
-    option they name reaches the run's options (a misspelt one would be refused here rather
+    parameter they name reaches the run's rules (a misspelt one would be refused here rather
     than an hour into the protocol)."""
+    rule_parameters = {f.name for rule in RULES.values() for f in fields(rule.params_type)}
     for label, settings in METHODS.items():
         config = minimal()
         config["method"] = {"name": "dynamics", "schedule": "dense-warmup", **settings}
         method = RunConfig.from_dict(config).method
-        options = method.robust_options()
+        rules = method.rules()
         for key, value in settings.items():
-            if key in (
-                "variant",
-                "schedule",
-                "probe_cap",
-                "probe_min",
-                "min_weight",
-                "backtrack",
-                "backtrack_patience",
-            ):
-                assert getattr(method, key) == value, (label, key)
+            if key == "floors":
+                assert method.floors.all == value.get("all", 0.0), label
+                assert rules.value("target_floor") == value["targets"], label
+            elif key in rule_parameters:
+                assert rules.value(key) == value, (label, key)
             else:
-                assert getattr(options, key) == value, (label, key)
+                assert getattr(method, key) == value, (label, key)
 
 
-def test_an_option_set_turns_off_the_variants_options_that_need_what_it_turns_off():
-    # The default's answer tolerance reads expected accuracies: turning them off turns the
-    # tolerance off, unless it is set too.
+def test_a_rule_whose_requirement_is_off_is_refused_naming_both_fields():
+    # The default's answer tolerance acts through expected accuracies: turning them off
+    # alone is refused, and nothing a user wrote is changed to make it fit.
     config = minimal()
-    assert VARIANTS["robust"].answer_tolerance == 0.5 and VARIANTS["robust"].target_floor == 0.02
     config["method"] = {"name": "dynamics", "expected_accuracy": False}
-    options = RunConfig.from_dict(config).method.robust_options()
-    assert (options.expected_accuracy, options.answer_tolerance, options.target_floor) == (
-        False,
-        0.0,
-        0.02,
-    )
-    config["method"] = {"name": "dynamics", "expected_accuracy": False, "answer_tolerance": 0.5}
-    with pytest.raises(ConfigError, match=r"answer_tolerance .* expected_accuracy is off"):
-        RunConfig.from_dict(config)
-
-
-def test_the_direct_candidate_is_on_where_an_option_needs_it_and_never_turned_on_over_a_users_false():
-    config = minimal()
-    config["method"] = {"name": "dynamics", "variant": "paper", "target_noise": 1.0}
-    assert RunConfig.from_dict(config).method.robust_options().lp_candidate
-    config["method"] = {"name": "dynamics", "variant": "paper", "gain_exponent": 0.5}
-    assert RunConfig.from_dict(config).method.robust_options().lp_candidate
-    config["method"] = {"name": "dynamics", "lp_candidate": False, "target_noise": 1.0}
     with pytest.raises(
-        ConfigError, match=r"target_noise and gain_exponent act through the direct candidate"
+        ConfigError,
+        match=r"method\.answer_tolerance: 0\.5 acts through method\.expected_accuracy, which "
+        r"is off: set method\.expected_accuracy: true \(variant: robust has it\), or "
+        r"method\.answer_tolerance: 0\.0",
     ):
         RunConfig.from_dict(config)
+    config["method"] = {"name": "dynamics", "expected_accuracy": False, "answer_tolerance": 0}
+    rules = RunConfig.from_dict(config).method.rules()
+    assert "expected_accuracy" not in rules.names and "answer_tolerance" not in rules.names
+    assert rules.value("target_floor") == 0.02
+
+
+def test_the_direct_candidate_is_never_turned_on_for_a_rule_that_needs_it():
+    config = minimal()
+    for parameter, value in (("target_noise", 1.0), ("gain_exponent", 0.5)):
+        config["method"] = {"name": "dynamics", "variant": "paper", parameter: value}
+        with pytest.raises(ConfigError, match=rf"method\.{parameter}: {value} acts through "):
+            RunConfig.from_dict(config)
+        config["method"]["lp_candidate"] = True
+        assert RunConfig.from_dict(config).method.rules().names == ("lp_candidate", parameter)
+    config["method"] = {"name": "dynamics", "lp_candidate": False, "target_noise": 1.0}
+    with pytest.raises(ConfigError, match=r"method\.lp_candidate, which is off"):
+        RunConfig.from_dict(config)
+
+
+def test_the_floors_are_one_setting_and_the_keys_of_each_floor_alone_are_refused():
+    config = minimal()
+    config["method"] = {"name": "dynamics", "floors": {"all": 0.1, "targets": 0.2}}
+    method = RunConfig.from_dict(config).method
+    assert (method.floors.all, method.target_floor) == (0.1, 0.2)
+    for key, written in (("min_weight", "floors: {all: 0.1}"), ("target_floor", "targets: 0.1")):
+        config["method"] = {"name": "dynamics", key: 0.1}
+        with pytest.raises(ConfigError, match=rf"method\.{key} is set in method\.floors: "):
+            RunConfig.from_dict(config)
+        with pytest.raises(ConfigError, match=re.escape(written)):
+            RunConfig.from_dict(config)
 
 
 def test_dynamics_runs_the_default_variant_and_the_saved_config_names_it():
@@ -308,7 +322,7 @@ def test_dynamics_runs_the_default_variant_and_the_saved_config_names_it():
     config["method"] = {"name": "dynamics"}
     parsed = RunConfig.from_dict(config)
     assert parsed.method.variant == DEFAULT_VARIANT == "robust"
-    assert parsed.method.robust_options() == VARIANTS["robust"]
+    assert parsed.method.rules() == RuleSet.of_variant("robust")
     assert yaml.safe_load(parsed.to_yaml())["method"]["variant"] == "robust"
     assert (
         RunConfig.from_dict(yaml.safe_load(parsed.to_yaml())) == parsed
@@ -319,7 +333,7 @@ def test_methods_without_probes_have_no_variant():
     config = minimal()
     config["method"] = {"name": "fixed", "weights": {"math": 1.0, "wiki": 1.0}}
     parsed = RunConfig.from_dict(config)
-    assert parsed.method.variant is None and parsed.method.robust_options().is_paper
+    assert parsed.method.variant is None and parsed.method.rules().is_paper
     assert RunConfig.from_dict(yaml.safe_load(parsed.to_yaml())) == parsed
     # A saved config may say variant: paper for a fixed run; it reads as no variant, so the
     # run it belongs to resumes with the same config.
@@ -327,4 +341,16 @@ def test_methods_without_probes_have_no_variant():
     assert RunConfig.from_dict(config) == parsed
     config["method"]["variant"] = "robust"
     with pytest.raises(ConfigError, match=r"only method\.name: dynamics uses them"):
+        RunConfig.from_dict(config)
+
+
+def test_an_unknown_method_name_is_refused_with_the_registered_policies():
+    config = minimal()
+    config["method"] = {"name": "greedy"}
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "unknown method.name 'greedy': use one of ['dynamics', 'fixed', 'gradient-alignment']"
+        ),
+    ):
         RunConfig.from_dict(config)

@@ -1,4 +1,4 @@
-"""``method.min_weight`` and ``training.sampling`` in the run config and the parts built from it."""
+"""``method.floors`` and ``training.sampling`` in the run config and the parts built from it."""
 
 from __future__ import annotations
 
@@ -19,18 +19,18 @@ from tests.engine.test_run import tiny_config
 
 def test_defaults_leave_the_paper_alone():
     config = RunConfig.from_dict(minimal())
-    assert config.method.min_weight == 0.0
+    assert config.method.floors.all == 0.0
     assert config.training.sampling == "batches"
 
 
 @pytest.mark.parametrize(
     ("override", "words"),
     [
-        ("method.min_weight=-0.1", ["method.min_weight", "greater than or equal to 0"]),
+        ("method.floors.all=-0.1", ["method.floors.all", "greater than or equal to 0"]),
         # two training datasets (math, wiki): at most 0.5 each
         (
-            "method.min_weight=0.6",
-            ["method.min_weight (0.6)", "2 training datasets", "at most 0.5"],
+            "method.floors.all=0.6",
+            ["method.floors.all (0.6)", "2 training datasets", "at most 0.5"],
         ),
         ("training.sampling=rows", ["training.sampling", "'batches' or 'tokens'"]),
     ],
@@ -43,40 +43,44 @@ def test_bad_values_name_the_field(override: str, words: list[str]):
 
 
 def test_a_target_floor_that_leaves_the_others_nothing_is_refused():
-    assert RunConfig.from_dict(minimal(), ["method.target_floor=0.5"]).method.target_floor == 0.5
+    floor = RunConfig.from_dict(minimal(), ["method.floors.targets=0.5"]).method.target_floor
+    assert floor == 0.5
     with pytest.raises(ConfigError) as err:
-        RunConfig.from_dict(minimal(), ["method.target_floor=1.0"])
-    assert "method.target_floor" in str(err.value)
+        RunConfig.from_dict(minimal(), ["method.floors.targets=1.0"])
+    assert "method.floors.targets" in str(err.value)
     with pytest.raises(ConfigError) as err:  # 0.6 on the target, 0.4 held on the other dataset
-        RunConfig.from_dict(minimal(), ["method.min_weight=0.4", "method.target_floor=0.6"])
-    assert "method.target_floor (0.6) for each of the 1 target datasets" in str(err.value)
+        RunConfig.from_dict(minimal(), ["method.floors.all=0.4", "method.floors.targets=0.6"])
+    assert "method.floors.targets (0.6) for each of the 1 target datasets" in str(err.value)
     assert "lower it below 0.6" in str(err.value)
 
 
 def test_half_each_for_two_datasets_is_allowed():
-    assert RunConfig.from_dict(minimal(), ["method.min_weight=0.5"]).method.min_weight == 0.5
+    assert RunConfig.from_dict(minimal(), ["method.floors.all=0.5"]).method.floors.all == 0.5
 
 
 def test_fixed_weights_are_checked_against_the_floor():
     fixed = {"name": "fixed", "weights": {"math": 3, "wiki": 1}}  # 0.75 and 0.25 once normalised
     assert (
-        RunConfig.from_dict(minimal(method={**fixed, "min_weight": 0.25})).method.min_weight == 0.25
+        RunConfig.from_dict(minimal(method={**fixed, "floors": {"all": 0.25}})).method.floors.all
+        == 0.25
     )
     with pytest.raises(ConfigError) as err:
-        RunConfig.from_dict(minimal(method={**fixed, "min_weight": 0.3}))
-    assert "method.weights give ['wiki'] less than method.min_weight (0.3)" in str(err.value)
+        RunConfig.from_dict(minimal(method={**fixed, "floors": {"all": 0.3}}))
+    assert "method.weights give ['wiki'] less than method.floors.all (0.3)" in str(err.value)
 
 
 def test_fixed_token_shares_are_checked_against_the_floor_as_batch_shares():
     # Token shares 0.5 and 0.5 of math (64 tokens a batch) and wiki (256): batch shares 0.8 and 0.2.
-    fixed = {"name": "fixed", "weights": {"math": 1, "wiki": 1}, "min_weight": 0.3}
+    fixed = {"name": "fixed", "weights": {"math": 1, "wiki": 1}, "floors": {"all": 0.3}}
     config = RunConfig.from_dict(minimal(method=fixed), ["training.sampling=tokens"])
     unit = TokenShares(np.array([64.0, 256.0]))
     with pytest.raises(RunSetupError) as err:
         build_policy(config, ["math", "wiki"], unit)
     assert str(err.value) == (
-        "method.weights draw {'wiki': 0.2} of the batches under training.sampling: tokens, less than "
-        "method.min_weight (0.3), a share of batches: raise their weights or lower method.min_weight"
+        "method.weights draw {'wiki': 0.2} of the batches under training.sampling: tokens, less "
+        "than "
+        "method.floors.all (0.3), a share of batches: raise their weights or lower "
+        "method.floors.all"
     )
     allowed = TokenShares(np.array([64.0, 96.0]))  # batch shares 0.6 and 0.4
     policy = build_policy(config, ["math", "wiki"], allowed)
@@ -87,7 +91,7 @@ def test_fixed_token_shares_are_checked_against_the_floor_as_batch_shares():
 @pytest.mark.parametrize("name", ["dynamics", "gradient-alignment"])
 def test_the_policy_gets_the_floor_and_the_unit(name: str):
     config = RunConfig.from_dict(
-        minimal(method={"name": name, "min_weight": 0.2, "alignment_batches": 10})
+        minimal(method={"name": name, "floors": {"all": 0.2}, "alignment_batches": 10})
     )
     unit = TokenShares(np.array([64.0, 256.0]))
     policy = build_policy(config, ["math", "wiki"], unit)

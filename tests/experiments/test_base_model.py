@@ -32,7 +32,7 @@ from dynamics.experiments.base_model import (
     ensure_base_model,
     pretraining_lr,
 )
-from dynamics.experiments.robustness import nudged_model
+from robustness import nudged_model
 
 
 def test_byte_tokenizer_round_trips_bytes() -> None:

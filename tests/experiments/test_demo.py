@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from dynamics.cli import main as cli_main
+from dynamics.core.rules.lp_candidate import LpCandidateParams
 from dynamics.data.loading import DataError
 from dynamics.experiments.base_model import QUICK_SPEC
 from dynamics.experiments.demo import DemoSettings, fixed_runs, run_demo, train_all
@@ -74,13 +75,16 @@ def test_demo_writes_table_report_and_figures(small_demo):
         paper.summary["constrained_ppl_reduction"]
     )
     assert yaml.safe_load((paper.path / "config.yaml").read_text())["method"]["variant"] == "paper"
-    assert all("robust" not in u.extra for u in paper.updates)
+    assert all(u.rules is None for u in paper.updates)
     assert "The paper's method (method.variant: paper, the reference): " in result["verdict"]
     dynamics = read_run(out / "runs" / "dynamics")
     assert (
         yaml.safe_load((dynamics.path / "config.yaml").read_text())["method"]["variant"] == "robust"
     )
-    assert all(u.extra["robust"]["lp_candidate"] for u in dynamics.updates)
+    assert all(
+        u.rules is not None and u.rules.find(LpCandidateParams).lp_candidate
+        for u in dynamics.updates
+    )
     assert result["verdict"].startswith("DynaMiCS (method.variant: robust): ")
     assert rows["DynaMiCS"]["ppl_reduction"] == pytest.approx(
         dynamics.summary["constrained_ppl_reduction"]

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from dynamics.core.records import UpdateRecord
+from dynamics.core.rules import ChoiceRecord, RulesRecord
+from dynamics.core.rules.target_floor import FloorDecision, TargetFloorRecord
 from dynamics.report.text import run_report, target_data_lines
 from dynamics.runs.rundir import RunRecords
 from tests.report.lines import update
@@ -63,7 +65,7 @@ def test_each_update_counts_until_the_next_one_and_the_run_ends():
     assert lines[1].startswith(
         "no mixture was predicted to keep every constraint at 1 of 4 updates (steps 16):"
     )
-    assert lines[2].startswith("hint: ") and "method.target_floor: 0.02" in lines[2]
+    assert lines[2].startswith("hint: ") and "method.floors.targets: 0.02" in lines[2]
     assert len(lines) == 3
     # Target data in the last update counts to the run's end (32 steps), not its horizon.
     updates = _base_updates()
@@ -92,14 +94,28 @@ def test_the_robust_verdict_decides_and_a_floor_already_set_gets_no_hint():
     for record in updates:
         # The robust variant's own verdict, the opposite of the nominal solver's.
         assert record.solver is not None
-        record.robust = {"feasible": record.solver["feasible"], "target_floor": 0.0}
+        record.rules = rules_record(record, floor=0.0)
         record.solver["feasible"] = not record.solver["feasible"]
     lines = target_data_lines(_records(updates))
     assert "at 1 of 4 updates (steps 16)" in lines[1] and lines[2].startswith("hint: ")
     for record in updates:
-        assert record.robust is not None
-        record.robust["target_floor"] = 0.02
+        assert record.solver is not None
+        record.rules = rules_record(record, floor=0.02, feasible=not record.solver["feasible"])
     assert target_data_lines(_records(updates)) == lines[:2]
+
+
+def rules_record(update: UpdateRecord, floor: float, feasible: bool | None = None) -> RulesRecord:
+    """The rules' record an update of the robust variant stores (the floor's rule only where
+    it is on), kept feasible as ``update``'s solver says unless ``feasible`` is given."""
+    rules = () if floor == 0.0 else (TargetFloorRecord(floor, FloorDecision(floor, [0], [])),)
+    choice = ChoiceRecord(
+        weights=list(update.weights),
+        source="grid",
+        feasible=update.solver["feasible"] if feasible is None else feasible,
+        max_violation=0.0,
+        objective=0.0,
+    )
+    return RulesRecord(rules, choice)
 
 
 def test_the_hint_needs_a_quarter_of_the_run_dry_and_a_checkpoint_that_kept_the_constraints():

@@ -18,6 +18,8 @@ from dynamics.core.records import (
     RunHistory,
     UpdateRecord,
 )
+from dynamics.core.rules import ChoiceRecord, RulesRecord
+from dynamics.core.rules.target_floor import FloorDecision, TargetFloorRecord
 from dynamics.runs import rundir
 from dynamics.runs.writer import RunFolder
 
@@ -64,7 +66,10 @@ def history() -> RunHistory:
             calibration_bias=np.array([0.0, 0.001]),
             batch_shares=np.array([0.6, 0.4]),
             unreliable_datasets=["wiki"],
-            robust={"feasible": True, "source": "direct"},
+            rules=RulesRecord(
+                (TargetFloorRecord(0.02, FloorDecision(0.02, [0], [])),),
+                ChoiceRecord([0.6, 0.4], "direct", True, 0.0, -1.5),
+            ),
             margins={"orca": 0.01},
         ),
         UpdateRecord(
@@ -115,9 +120,9 @@ def test_every_update_field_reads_back_into_the_record_it_was_written_from(tmp_p
     assert all(isinstance(u, UpdateRecord) for u in records.updates)
     for read, original in zip(records.updates, wrote, strict=True):
         assert_same(read, original)
-    # The robust variant's choice is where a line's extra object holds it.
-    assert records.updates[0].extra == {"robust": {"feasible": True, "source": "direct"}}
-    assert records.updates[1].extra == {}
+    # The rules' record is read back typed, the same as written; the paper's has none.
+    assert records.updates[0].rules == wrote[0].rules
+    assert records.updates[1].rules is None
     assert records.kept_updates == records.updates[:1]
     np.testing.assert_array_equal(records.updates[0].trained_shares, [0.6, 0.4])
     np.testing.assert_array_equal(records.updates[1].trained_shares, [0.5, 0.5])
@@ -139,6 +144,8 @@ def test_the_policy_details_and_the_loop_marks_are_held_in_the_lines_extra_objec
         "unreliable_datasets",
     ]
     assert line["extra"]["slope_errors"] == [[0.01, None], [0.002, None]]  # NaN as null
+    assert line["extra"]["robust"]["source"] == "direct"
+    assert line["extra"]["robust"]["target_floor"] == 0.02
     assert "batch_shares" not in line and "abandoned" not in line["extra"]
     assert line["prediction_error"] == pytest.approx([-0.1, -0.14])
 

@@ -190,7 +190,7 @@ def load_problem(data: Any) -> MixtureProblem:
     if not _is_number(min_weight) or not (min_weight >= 0 and num_datasets * min_weight <= 1):
         raise UsageError(
             f"'min_weight' must be a number in [0, 1/N] = [0, {1 / num_datasets:g}] for N = {num_datasets} datasets "
-            f"(the least weight of every dataset, method.min_weight), got {min_weight!r}"
+            f"(the least weight of every dataset, method.floors.all), got {min_weight!r}"
         )
     try:
         return MixtureProblem(

@@ -69,7 +69,8 @@ class FeasibleState:
 
 def _unscheduled_update(schedule: UpdateSchedule, step: int) -> tuple[int, int]:
     """Horizon and probe budget of an update at ``step`` outside the schedule: it runs to the
-    next scheduled update; its probes are no longer than the update in force, nor shorter than probe_min."""
+    next scheduled update; its probes are no longer than the update in force, nor shorter than
+    probe_min."""
     later = [s for s in schedule.steps if s > step]
     horizon = (later[0] if later else schedule.total_steps) - step
     in_force = max(s for s in schedule.steps if s <= step)

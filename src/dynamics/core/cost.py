@@ -11,10 +11,10 @@ evaluation domains:
   batches per domain): ``rho_t = H_t·C_bp + (H_t / 64)·M·200·C_fwd``;
 - reduced evaluation (50 batches per domain): ``C_eval_red = M·50·C_fwd``;
 - per-update overhead: ``beta_t·rho_t = N·(c_t·C_bp + n_evals·C_eval_red)
-  + 1[no recycle]·C_eval_red``: every dataset is probed for c_t training steps and
-  evaluated ``n_evals`` times (1 for the linear predictor, 5 for the curve-fitting one,
-  appendix "DynaMiCS with Non-linear Weight Updates"), and the anchor losses L_i(θ_t) cost one more reduced evaluation unless the
-  update falls on a main-evaluation step (a multiple of 64, step 0 included: the base
+  + 1[no recycle]·C_eval_red``: every dataset is probed for c_t training steps and evaluated
+  ``n_evals`` times (1 for the linear predictor, 5 for the curve-fitting one, appendix "DynaMiCS
+  with Non-linear Weight Updates"), and the anchor losses L_i(θ_t) cost one more reduced evaluation
+  unless the update falls on a main-evaluation step (a multiple of 64, step 0 included: the base
   model is evaluated there for the reference losses) and is recycled from it;
 - total = ``Σ_t rho_t·(1 + beta_t)``, reported relative to one baseline run ``Σ_t rho_t``.
 
@@ -68,7 +68,8 @@ from dynamics.core.schedules import PAPER_TOTAL_STEPS, UpdateSchedule, build_sch
 
 DEFAULT_TRAIN_FWD_RATIO = 3.0
 
-# Evaluations per probe for each slope predictor (app:compute_costs, "Cost of non-linear weight update").
+# Evaluations per probe for each slope predictor (app:compute_costs, "Cost of non-linear
+# weight update").
 PREDICTOR_EVALS: dict[str, int] = {"linear": 1, "curve": 5}
 
 

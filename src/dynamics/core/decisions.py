@@ -1,5 +1,5 @@
-"""Measured noise, and the decisions it sizes at an update (options beyond the paper,
-:mod:`dynamics.core.options` lists them all).
+"""Measured noise, and the decisions it sizes at an update (the decision rules of
+:mod:`dynamics.core.rules` use them).
 
 - :func:`slope_standard_errors`: each slope's standard error from the per-batch spread of
   its probe, with a binomial floor for accuracies (:func:`binomial_error`).
@@ -161,8 +161,9 @@ def target_floor(
     targets = list(target_datasets)
     if floor * len(targets) >= 1.0:
         raise ValueError(
-            f"target_floor {floor} for each of {len(targets)} target datasets leaves no weight to the "
-            f"others: set method.target_floor below {1.0 / len(targets):.3g}"
+            f"target_floor {floor} for each of {len(targets)} target datasets leaves no weight to "
+            "the "
+            f"others: set method.floors.targets below {1.0 / len(targets):.3g}"
         )
     record: dict[str, Any] = {"floor": floor, "target_datasets": targets, "lifted_by": []}
     least = np.zeros(rp.problem.num_datasets)

@@ -40,7 +40,8 @@ class Evaluation:
             )
         if self.expected is not None and self.expected.shape != self.per_batch.shape:
             raise ValueError(
-                f"expected must have the shape of per_batch {self.per_batch.shape}, got {self.expected.shape}"
+                f"expected must have the shape of per_batch {self.per_batch.shape}, got "
+                f"{self.expected.shape}"
             )
 
     @property

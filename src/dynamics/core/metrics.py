@@ -139,7 +139,8 @@ def change_standard_error(point: Checkpoint, reference: Checkpoint) -> np.ndarra
     if batches[0] is None or batches[1] is None:
         raise ValueError(
             f"the evaluations of steps {reference.step} and {point.step} have no per-batch values "
-            "(eval_batches), which a selection margin needs: run again with this version to record them, "
+            "(eval_batches), which a selection margin needs: run again with this version to record "
+            "them, "
             "or select with evaluation.selection_margin: 0"
         )
     change = np.asarray(batches[0], dtype=float) - np.asarray(batches[1], dtype=float)
@@ -344,7 +345,8 @@ def prediction_errors(predicted: np.ndarray, realized: np.ndarray) -> np.ndarray
     realized = np.asarray(realized, dtype=float)
     if predicted.shape != realized.shape:
         raise ValueError(
-            f"predicted and realized must have the same shape, got {predicted.shape} and {realized.shape}"
+            f"predicted and realized must have the same shape, got {predicted.shape} and "
+            f"{realized.shape}"
         )
     return realized - predicted
 

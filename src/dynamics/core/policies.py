@@ -16,29 +16,27 @@ Under token shares the record also keeps the batch shares its predictions assume
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dynamics.core.decisions import (
-    PredictionCalibration,
-    calibrated,
-    slope_standard_errors,
-    target_floor,
-)
+from dynamics.core.decisions import slope_standard_errors
 from dynamics.core.learner import AlignmentLearner, Diverged, Learner
-from dynamics.core.options import RobustOptions
 from dynamics.core.policy_interface import UpdateContext
 from dynamics.core.predictors import PREDICTORS, probe_progress
 from dynamics.core.probes import measured_changes, probe_datasets
 from dynamics.core.problem import MixtureProblem, SolverGrid
 from dynamics.core.records import UpdateRecord
-from dynamics.core.resolution import at_resolution, with_answer_tolerance
-from dynamics.core.robust import RobustProblem, select_robust, solve_direct
+from dynamics.core.rules import Rule, RuleSet, UpdateStep
+from dynamics.core.rules.update import decide as ruled_update
+from dynamics.core.rules.update import measurement
 from dynamics.core.schedules import UpdateSchedule, build_schedule
 from dynamics.core.shares import BatchShares, MixtureUnit
-from dynamics.core.solver import Solution, grid_candidates, solution_of, solve
+from dynamics.core.solver import Solution, solve
+
+if TYPE_CHECKING:  # the registry imports the policies
+    from dynamics.core.policy_registry import PolicySettings
 
 
 def _solve_update(
@@ -141,9 +139,10 @@ class DynamicsPolicy:
 
     predictor: "linear" (eq. 3.3, one evaluation per probe) or "curve" (appendix J,
     evaluations at several points of each probe and a fitted curve per entry).
-    options:   robustness options beyond the paper (:mod:`dynamics.core.options`); all off
-    is the paper's method. Every update records the slopes' standard errors either way.
-    min_weight: the least batch share of every dataset the update solves over (``method.min_weight``).
+    rules:     decision rules beyond the paper (:mod:`dynamics.core.rules`); none is the
+    paper's method. Every update records the slopes' standard errors either way.
+    min_weight: the least batch share of every dataset the update solves over
+    (``method.floors.all``).
     A dataset whose probe diverged is left out of that update with weight 0, floor or not:
     training on it gave non-finite losses.
     unit:      what the recorded weights are shares of (:mod:`dynamics.core.shares`).
@@ -153,17 +152,28 @@ class DynamicsPolicy:
     predictor: str = "linear"
     grid: SolverGrid = field(default_factory=SolverGrid)
     name: str = "dynamics"
-    options: RobustOptions = field(default_factory=RobustOptions)
+    rules: RuleSet = field(default_factory=RuleSet)
     min_weight: float = 0.0
     unit: MixtureUnit = field(default_factory=BatchShares)
-    _calibration: PredictionCalibration | None = field(default=None, init=False, repr=False)
-    _last_prediction: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False)
+    _rules: list[Rule[Any]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._rules = self.rules.build()
         if self.predictor not in PREDICTORS:
             raise ValueError(
                 f"unknown predictor {self.predictor!r}: use one of {sorted(PREDICTORS)}"
             )
+
+    @classmethod
+    def from_settings(cls, settings: PolicySettings) -> DynamicsPolicy:
+        return cls(
+            _schedule_of(settings),
+            predictor=settings.predictor,
+            grid=settings.grid,
+            rules=settings.rules,
+            min_weight=settings.min_weight,
+            unit=settings.unit,
+        )
 
     def decide(self, learner: Learner, context: UpdateContext) -> UpdateRecord:
         started = time.perf_counter()
@@ -183,7 +193,7 @@ class DynamicsPolicy:
         # update (weight 0), and the record says so. Trajectories are (K, M, N).
         kinds = context.domain_kinds
         base, probed, accuracy_slopes = measured_changes(
-            context.anchor, probes, reliable, kinds, self.options.expected_accuracy
+            context.anchor, probes, reliable, kinds, measurement(self._rules).expected_accuracy
         )
         fit = predictor.slopes(
             anchor=base.mean(axis=1),
@@ -199,7 +209,7 @@ class DynamicsPolicy:
         if accuracy_slopes is not None:
             extra["accuracy_slopes"] = accuracy_slopes
         probe_seconds = time.perf_counter() - started
-        if self.options.is_paper:
+        if self.rules.is_paper:
             record = _solve_update(
                 self.name,
                 context,
@@ -210,7 +220,7 @@ class DynamicsPolicy:
                 self.min_weight,
             )
         else:
-            record = self._robust_update(
+            record = self._ruled_update(
                 context,
                 fit.slope_matrix,
                 slope_errors,
@@ -232,25 +242,18 @@ class DynamicsPolicy:
         return _in_unit(record, self.unit)
 
     def state_dict(self) -> dict[str, Any]:
-        """The calibration's sums and the last prediction (what the next update learns from)."""
-        return {
-            "calibration": None if self._calibration is None else self._calibration.state_dict(),
-            "last_prediction": None
-            if self._last_prediction is None
-            else {"losses": self._last_prediction[0].tolist(), "horizon": self._last_prediction[1]},
-        }
+        """What the rules carry to the next update (the calibration's sums and the last
+        prediction; None where no rule carries them)."""
+        state: dict[str, Any] = {"calibration": None, "last_prediction": None}
+        for rule in self._rules:
+            state.update(rule.state_dict())
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = state["calibration"]
-        self._calibration = None if saved is None else PredictionCalibration.from_state_dict(saved)
-        last = state["last_prediction"]
-        self._last_prediction = (
-            None
-            if last is None
-            else (np.asarray(last["losses"], dtype=float), int(last["horizon"]))
-        )
+        for rule in self._rules:
+            rule.load_state_dict(state)
 
-    def _robust_update(
+    def _ruled_update(
         self,
         context: UpdateContext,
         slope_matrix: np.ndarray,
@@ -259,70 +262,26 @@ class DynamicsPolicy:
         extra: dict,
         target_datasets: list[int],
     ) -> UpdateRecord:
-        """The update with the options of :mod:`dynamics.core.options` on. ``target_datasets``
-        are the columns of the probed datasets that are also target domains."""
+        """The update with the decision rules of :mod:`dynamics.core.rules`.
+        ``target_datasets`` are the columns of the probed datasets that are also target
+        domains."""
         nominal = _problem_at(context, slope_matrix, self.grid, self.min_weight)
-        problem = self._calibrated(context, nominal, extra) if self.options.calibration else nominal
-        questions = [
-            context.reduced_batches * k.batch_size if k.metric == "accuracy" else 0
-            for k in context.domain_kinds
-        ]
-        problem = at_resolution(problem, context.probe_budget, questions)
-        if self.options.answer_tolerance > 0 and extra.get("accuracy_slopes") == "expected":
-            problem = with_answer_tolerance(problem, questions, self.options.answer_tolerance)
-        robust = RobustProblem(
-            problem,
-            slope_errors,
-            target_z=self.options.target_noise,
-            gain_exponent=self.options.gain_exponent,
-            probe_budget=context.probe_budget,
+        step = UpdateStep(
+            context=context,
+            target_datasets=target_datasets,
+            questions=[
+                context.reduced_batches * k.batch_size if k.metric == "accuracy" else 0
+                for k in context.domain_kinds
+            ],
+            accuracy_slopes=extra.get("accuracy_slopes"),
+            extra=extra,
         )
-        decision: dict[str, Any] = {}
-        if self.options.target_floor > 0:
-            robust, decision["floors"] = target_floor(
-                robust, target_datasets, self.options.target_floor
-            )
-        candidates = grid_candidates(problem)
-        direct = solve_direct(robust) if self.options.lp_candidate else None
-        choice = select_robust(robust, [c.weights for c in candidates], direct)
-        grid_choice = candidates[choice.index] if choice.source == "grid" else None
-        weights = choice.weights
-        if direct is not None and not direct.converged:
-            # SLSQP's verdict, for the record only. Its answer was checked (feasible, no worse
-            # than the point it started from: solve_direct), and the verdict can flip under
-            # rounding while the answer stays where it is, so it does not decide the mixture.
-            decision["solver_failure"] = direct.message
-        solution = solution_of(
-            problem,
-            weights,
-            lam=grid_choice.lam if grid_choice is not None else float("nan"),
-            eps=grid_choice.eps if grid_choice is not None else 0.0,
-            num_candidates=len(candidates) + (direct is not None),
-            source=choice.source,
+        decision = ruled_update(self._rules, nominal, slope_errors, step)
+        record = _update_record(
+            self.name, context, nominal, decision.solution, probe_seconds, extra
         )
-        # The predictions the decision was made on: with diminishing returns they are not
-        # eq. 3.3's. The record keeps the calibrated one, the calibration learns from the
-        # nominal one.
-        solution = replace(solution, predicted_losses=robust.predicted_losses(weights))
-        self._last_prediction = (
-            replace(robust, problem=nominal).predicted_losses(weights),
-            context.horizon,
-        )
-        extra["robust"] = {**self.options.to_dict(), **choice.to_dict(), **decision}
-        return _update_record(self.name, context, nominal, solution, probe_seconds, extra)
-
-    def _calibrated(
-        self, context: UpdateContext, nominal: MixtureProblem, extra: dict
-    ) -> MixtureProblem:
-        """``nominal`` shifted by the per-step bias past updates' misses show (``calibration``)."""
-        if self._calibration is None:
-            self._calibration = PredictionCalibration(len(nominal.current_losses))
-        # After a backtrack the last prediction's horizon was never completed.
-        if self._last_prediction is not None and not context.after_backtrack:
-            predicted, horizon = self._last_prediction
-            self._calibration.observe(predicted, nominal.current_losses, horizon)
-        extra["calibration_bias"] = bias = self._calibration.bias(context.horizon)
-        return calibrated(nominal, bias)
+        record.rules = decision.record
+        return record
 
 
 def _target_names(learner: Learner, context: UpdateContext) -> set[str]:
@@ -344,9 +303,18 @@ class FixedWeightsPolicy:
         w = np.asarray(self.weights, dtype=float)
         if w.ndim != 1 or w.size == 0 or np.any(w < 0) or not np.isfinite(w).all() or w.sum() <= 0:
             raise ValueError(
-                f"fixed weights must be non-negative numbers with a positive sum, got {self.weights}"
+                "fixed weights must be non-negative numbers with a positive sum, got "
+                f"{self.weights}"
             )
         self.weights = w / w.sum()
+
+    @classmethod
+    def from_settings(cls, settings: PolicySettings) -> FixedWeightsPolicy:
+        if not settings.weights:
+            raise ValueError("method.weights: the fixed method needs a weight per training dataset")
+        weights = np.array([settings.weights[name] for name in settings.dataset_names], dtype=float)
+        _check_fixed_floor(weights, settings)
+        return cls(weights, total_steps=settings.total_steps, label="fixed", unit=settings.unit)
 
     @property
     def name(self) -> str:
@@ -392,6 +360,16 @@ class GradientAlignmentPolicy:
     min_weight: float = 0.0
     unit: MixtureUnit = field(default_factory=BatchShares)
 
+    @classmethod
+    def from_settings(cls, settings: PolicySettings) -> GradientAlignmentPolicy:
+        return cls(
+            _schedule_of(settings),
+            num_batches=settings.alignment_batches,
+            grid=settings.grid,
+            min_weight=settings.min_weight,
+            unit=settings.unit,
+        )
+
     def decide(self, learner: Learner, context: UpdateContext) -> UpdateRecord:
         if not isinstance(learner, AlignmentLearner):
             raise TypeError("gradient alignment needs a learner with alignment_slopes()")
@@ -412,3 +390,28 @@ class GradientAlignmentPolicy:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+def _schedule_of(settings: PolicySettings) -> UpdateSchedule:
+    return build_schedule(
+        settings.schedule, settings.total_steps, settings.probe_cap, settings.probe_min
+    )
+
+
+def _check_fixed_floor(weights: np.ndarray, settings: PolicySettings) -> None:
+    """``method.floors.all`` is a share of batches: fixed token shares must draw at least that
+    share of the batches from every dataset. (The config refuses what it can see alone, fixed
+    batch shares below the floor.)"""
+    floor, unit = settings.min_weight, settings.unit
+    batch_shares = unit.batch_shares(weights / weights.sum())
+    below = {
+        name: round(float(b), 4)
+        for name, b in zip(settings.dataset_names, batch_shares, strict=True)
+        if b < floor - 1e-12
+    }
+    if below:
+        raise ValueError(
+            f"method.weights draw {below} of the batches under training.sampling: {unit.name}, "
+            f"less than method.floors.all ({floor:g}), a share of batches: raise their weights "
+            "or lower method.floors.all"
+        )

@@ -110,7 +110,8 @@ def linear_slopes(anchor: np.ndarray, probe_end: np.ndarray, probe_budget: int) 
     _check_budget(probe_budget)
     if anchor.ndim != 1 or probe_end.ndim != 2 or probe_end.shape[0] != anchor.shape[0]:
         raise ValueError(
-            f"anchor must have shape (M,) and probe_end (M, N); got {anchor.shape} and {probe_end.shape}"
+            f"anchor must have shape (M,) and probe_end (M, N); got {anchor.shape} and "
+            f"{probe_end.shape}"
         )
     return (probe_end - anchor[:, None]) / probe_budget
 
@@ -318,7 +319,8 @@ def linear_estimate(
     u, trajectories, anchor = _check_trajectories(u, trajectories, anchor)
     if u[-1] != 1.0:
         raise ValueError(
-            f"the linear predictor needs the evaluation at the end of the probe (u = 1), got u = {u[-1]}"
+            "the linear predictor needs the evaluation at the end of the probe (u = 1), got u = "
+            f"{u[-1]}"
         )
     slopes = linear_slopes(anchor, trajectories[-1], probe_budget)
     return SlopeEstimate(

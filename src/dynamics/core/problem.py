@@ -129,7 +129,8 @@ class MixtureProblem:
         return self.min_weight + self.free_mass * v
 
     def unfloored(self, w: np.ndarray) -> np.ndarray:
-        """The ``v`` of a mixture ``w >= m`` (uniform when N m = 1, where every v gives the same w)."""
+        """The ``v`` of a mixture ``w >= m`` (uniform when N m = 1, where every v gives the
+        same w)."""
         w = np.asarray(w, dtype=float)
         if self.min_weight == 0:
             return w

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from dynamics.core.rules.record import RulesRecord
+
 
 def _array(values: Any) -> np.ndarray:
     # JSON holds NaN as null (see _plain); a float array reads null back as NaN.
@@ -47,14 +49,24 @@ def _as_is(value: Any) -> Any:
 
 
 def held(
-    *, read: Callable[[Any], Any] = _as_is, in_extra: bool = False, report: str | None = None
+    *,
+    read: Callable[[Any], Any] = _as_is,
+    write: Callable[[Any], Any] = _as_is,
+    in_extra: bool = False,
+    key: str | None = None,
+    report: str | None = None,
 ) -> dict[str, Any]:
     """The metadata of an :class:`UpdateRecord` field that says how its ``controller.jsonl``
-    line holds it: ``read`` turns the JSON value back into the field's type (None stays
-    None), ``in_extra`` places it in the line's ``extra`` object (left out while None or
-    False), and ``report`` is the column title under which ``dynamics report`` shows it
-    per update (not shown without one)."""
-    return {"read": read, "in_extra": in_extra, "report": report}
+    line holds it: ``write`` turns the field into JSON-able values and ``read`` turns them
+    back into the field's type (None stays None), ``in_extra`` places it in the line's
+    ``extra`` object (left out while None or False), ``key`` names it there when the name
+    differs from the field's, and ``report`` is the column title under which
+    ``dynamics report`` shows it per update (not shown without one)."""
+    return {"read": read, "write": write, "in_extra": in_extra, "key": key, "report": report}
+
+
+def _key(spec: Any) -> str:
+    return spec.metadata.get("key") or spec.name
 
 
 @dataclass
@@ -221,8 +233,13 @@ class UpdateRecord:
     batch_shares: np.ndarray | None = field(default=None, metadata=held(read=_array, in_extra=True))
     # the datasets whose probes diverged, left out of this update's solve
     unreliable_datasets: list[str] | None = field(default=None, metadata=held(in_extra=True))
-    # the robust variant's choice (options, candidates, decision), as the policy wrote it
-    robust: dict[str, Any] | None = field(default=None, metadata=held(in_extra=True))
+    # the decision rules' record (core.rules), stored under extra["robust"]
+    rules: RulesRecord | None = field(
+        default=None,
+        metadata=held(
+            read=RulesRecord.from_dict, write=RulesRecord.to_dict, in_extra=True, key="robust"
+        ),
+    )
     # The loop's marks.
     # a later backtrack returned to a state before this update
     abandoned: bool = field(default=False, metadata=held(read=bool, in_extra=True))
@@ -236,12 +253,6 @@ class UpdateRecord:
         """``(column title, field name)`` of every field ``dynamics report`` shows per
         update: those whose :func:`held` metadata names a ``report`` column."""
         return [(spec.metadata["report"], spec.name) for spec in fields(cls) if _shown(spec)]
-
-    @property
-    def extra(self) -> dict[str, Any]:
-        """The robust variant's choice under ``"robust"`` (empty for other variants), as the
-        line's ``extra`` object holds it."""
-        return {} if self.robust is None else {"robust": self.robust}
 
     @property
     def prediction_error(self) -> np.ndarray | None:
@@ -262,10 +273,12 @@ class UpdateRecord:
         extra: dict[str, Any] = {}
         for spec in fields(self):
             value = getattr(self, spec.name)
+            if value is not None:
+                value = spec.metadata.get("write", _as_is)(value)
             if not spec.metadata.get("in_extra"):
-                out[spec.name] = _plain(value)
+                out[_key(spec)] = _plain(value)
             elif value is not None and value is not False:
-                extra[spec.name] = _plain(value)
+                extra[_key(spec)] = _plain(value)
         out["extra"] = extra
         error = self.prediction_error
         out["prediction_error"] = None if error is None else _plain(error)
@@ -277,15 +290,15 @@ class UpdateRecord:
         ``dataset_names`` and ``prediction_error``, are left: the summary and
         :attr:`prediction_error` hold them)."""
         extra = row.get("extra", {})
-        specs = {spec.name: spec for spec in fields(cls)}
-        unknown = sorted(set(extra) - {n for n, s in specs.items() if s.metadata.get("in_extra")})
+        specs = fields(cls)
+        unknown = sorted(set(extra) - {_key(s) for s in specs if s.metadata.get("in_extra")})
         if unknown:
             raise ValueError(f"extra.{unknown[0]} is not a field of an update record")
         values = {}
-        for name, spec in specs.items():
+        for spec in specs:
             source = extra if spec.metadata.get("in_extra") else row
-            if source.get(name) is not None:
-                values[name] = spec.metadata.get("read", _as_is)(source[name])
+            if source.get(_key(spec)) is not None:
+                values[spec.name] = spec.metadata.get("read", _as_is)(source[_key(spec)])
         values["step"], values["horizon"] = int(row["step"]), int(row["horizon"])
         values["probe_budget"] = int(row["probe_budget"])
         return cls(**values)

@@ -75,7 +75,8 @@ def _answer_units(problem: MixtureProblem, questions: Sequence[int]) -> np.ndarr
     unit = np.array([1.0 / q if q > 0 else 0.0 for q in questions])
     if unit.shape != problem.current_losses.shape:
         raise ValueError(
-            f"questions must have one entry per domain ({unit.size} for {problem.current_losses.size})"
+            f"questions must have one entry per domain ({unit.size} for "
+            f"{problem.current_losses.size})"
         )
     return unit
 

@@ -1,4 +1,4 @@
-"""How an update with the options of :mod:`dynamics.core.options` predicts and solves.
+"""How an update with decision rules (:mod:`dynamics.core.rules`) predicts and solves.
 
 - :func:`predicted_changes`: eq. 3.3's prediction with diminishing returns beyond the probe
   (``gain_exponent``).
@@ -6,7 +6,7 @@
   pessimistic objective (``target_noise``).
 - :func:`solve_direct`: the directly solved constrained optimum (``lp_candidate``); an LP
   without noise terms or diminishing returns, a convex program solved by SLSQP with them.
-- :func:`select_robust`: which of the grid's candidates and the direct one an update keeps.
+- :func:`select_robust`: which of the grid's candidates and the added ones an update keeps.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ class RobustProblem:
             least = np.maximum(np.asarray(self.least_weights, dtype=float), self.problem.min_weight)
             if least.shape != (self.problem.num_datasets,) or float(least.sum()) > 1.0 + 1e-12:
                 raise ValueError(
-                    f"least_weights must have one entry per dataset ({self.problem.num_datasets}) and sum to "
-                    f"at most 1, got {self.least_weights}"
+                    f"least_weights must have one entry per dataset ({self.problem.num_datasets}) "
+                    f"and sum to at most 1, got {self.least_weights}"
                 )
             object.__setattr__(self, "least_weights", least)
         errors = np.asarray(self.slope_errors, dtype=float)
@@ -120,7 +120,8 @@ class RobustProblem:
         return self.gain_exponent < 1.0
 
     def predicted_losses(self, weights: np.ndarray) -> np.ndarray:
-        """L_hat(w), shape (M,): eq. 3.3, or with diminishing returns (:func:`predicted_changes`)."""
+        """L_hat(w), shape (M,): eq. 3.3, or with diminishing returns
+        (:func:`predicted_changes`)."""
         if not self.nonlinear_prediction:
             return self.problem.predicted_losses(weights)
         changes = predicted_changes(self.problem, weights, self.gain_exponent, self.probe_budget)
@@ -163,6 +164,14 @@ class RobustProblem:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """A mixture added to the grid's candidates; ``source`` names it in the record."""
+
+    source: str
+    weights: np.ndarray
+
+
+@dataclass(frozen=True)
 class DirectCandidate:
     """The direct solution of the robust program: its weights and whether it is feasible
     (every robust violation <= FEASIBILITY_TOL); when infeasible, the weights minimise the
@@ -171,8 +180,14 @@ class DirectCandidate:
     weights: np.ndarray
     feasible: bool
     max_violation: float
-    converged: bool = True  # False: SLSQP reported no success (``message`` says why); the weights are checked all the same
+    # False: SLSQP reported no success (``message`` says why); the weights are checked all
+    # the same.
+    converged: bool = True
     message: str = ""
+
+    def candidate(self) -> Candidate:
+        """The weights as a candidate beside the grid's."""
+        return Candidate("direct", self.weights)
 
 
 def solve_direct(rp: RobustProblem) -> DirectCandidate:
@@ -181,14 +196,14 @@ def solve_direct(rp: RobustProblem) -> DirectCandidate:
     the smallest largest violation, then among those the smallest total violation, then the
     best objective (:func:`_least_violating`).
 
-    Without the noise term or diminishing returns both programs are linear and solved exactly
-    by HiGHS; with them they are convex (a second-order cone, convex predictions) and solved
-    by SLSQP from the linear solution (or the most feasible point), then made exactly feasible by moving toward the most
-    feasible point (convexity makes the segment between a feasible point and the strictly
-    feasible centre feasible from some point on). SLSQP's answer is kept where its objective
-    is finite and no worse than its starting point's; whether SLSQP reports success is
-    recorded (``converged``, ``message``) and decides nothing, since on the same problem the
-    report can differ with rounding while the answer does not.
+    Without the noise term or diminishing returns both programs are linear and solved exactly by
+    HiGHS; with them they are convex (a second-order cone, convex predictions) and solved by SLSQP
+    from the linear solution (or the most feasible point), then made exactly feasible by moving
+    toward the most feasible point (convexity makes the segment between a feasible point and the
+    strictly feasible centre feasible from some point on). SLSQP's answer is kept where its
+    objective is finite and no worse than its starting point's; whether SLSQP reports success is
+    recorded (``converged``, ``message``) and decides nothing, since on the same problem the report
+    can differ with rounding while the answer does not.
     """
     problem = rp.problem
     n = problem.num_datasets
@@ -381,8 +396,8 @@ class RobustChoice:
     """What the robust selection picked, for the update record."""
 
     weights: np.ndarray
-    index: int  # position among the candidates: the grid's in order, then the direct one
-    source: str  # "grid" or "direct"
+    index: int  # position among the candidates: the grid's in order, then the added ones
+    source: str  # "grid", or the added candidate's source ("direct")
     feasible: bool  # robust feasibility
     max_violation: float  # robust, >= 0
     objective: float  # pessimistic target objective
@@ -398,18 +413,18 @@ class RobustChoice:
 
 
 def select_robust(
-    rp: RobustProblem, grid_weights: Sequence[np.ndarray], direct: DirectCandidate | None
+    rp: RobustProblem, grid_weights: Sequence[np.ndarray], added: Sequence[Candidate] = ()
 ) -> RobustChoice:
     """Appendix G's rule with the robust measures: among candidates whose robust violations
     are all <= FEASIBILITY_TOL, the lowest pessimistic objective; if none, the smallest
     largest robust violation, then the smallest total violation, then the objective. The
-    grid's candidates come first, so ties keep the paper's choice. With least weights above
-    the problem's min_weight the grid's candidates are raised to them first."""
+    grid's candidates come first, then ``added`` in order, so ties keep the paper's choice.
+    With least weights above the problem's min_weight the grid's candidates are raised to
+    them first."""
     scored = [("grid", np.asarray(w, dtype=float)) for w in grid_weights]
     if rp.least_weights is not None:
         scored = [(source, rp.mixture(w)) for source, w in scored]
-    if direct is not None:
-        scored.append(("direct", direct.weights))
+    scored.extend((c.source, np.asarray(c.weights, dtype=float)) for c in added)
     rows = [
         (index, source, w, rp.max_violation(w), rp.objective(w))
         for index, (source, w) in enumerate(scored)

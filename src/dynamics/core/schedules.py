@@ -116,7 +116,8 @@ def build_schedule(
     cap = scaled_probe_cap(total_steps) if probe_cap is None else probe_cap
     if isinstance(probe_min, bool) or not isinstance(probe_min, int) or not 1 <= probe_min <= cap:
         raise ScheduleError(
-            f"probe_min must be a whole number of steps from 1 to probe_cap ({cap}), got {probe_min!r}",
+            f"probe_min must be a whole number of steps from 1 to probe_cap ({cap}), got "
+            f"{probe_min!r}",
             "probe_min",
         )
 
@@ -140,7 +141,8 @@ def build_schedule(
             interval = int(value)
             if interval > total_steps:
                 raise ScheduleError(
-                    f"schedule {spec!r}: the interval {interval} is longer than the run ({total_steps} steps)"
+                    f"schedule {spec!r}: the interval {interval} is longer than the run "
+                    f"({total_steps} steps)"
                 )
             steps = tuple(range(0, total_steps, interval))
             horizons = _horizons(steps, total_steps)
@@ -157,13 +159,15 @@ def build_schedule(
             raise ScheduleError(f"schedule step {s!r} is not an integer: {SCHEDULE_HELP}")
     if steps_list[0] != 0:
         raise ScheduleError(
-            f"the schedule must start at step 0 (got {steps_list[0]}): the first mixture is chosen before training"
+            f"the schedule must start at step 0 (got {steps_list[0]}): the first mixture is chosen "
+            "before training"
         )
     if any(b <= a for a, b in itertools.pairwise(steps_list)):
         raise ScheduleError(f"schedule steps must be strictly increasing, got {steps_list}")
     if steps_list[-1] >= total_steps:
         raise ScheduleError(
-            f"schedule step {steps_list[-1]} is not before the end of training ({total_steps} steps)"
+            f"schedule step {steps_list[-1]} is not before the end of training ({total_steps} "
+            "steps)"
         )
     steps = tuple(steps_list)
     horizons = _horizons(steps, total_steps)

@@ -359,7 +359,7 @@ class Solution:
     num_candidates:   grid points tried (len(lambdas) * len(epsilons)).
     source:           "grid", or "direct" when a robustness option's direct solution of the
                       constrained program was chosen (:mod:`dynamics.core.robust`).
-    min_weight:       the floor every weight was held to (``method.min_weight``); in the
+    min_weight:       the floor every weight was held to (``method.floors.all``); in the
                       record only when it is above 0.
     """
 
@@ -423,8 +423,9 @@ class GridCandidate:
 
 
 def _select(candidates: list[GridCandidate]) -> GridCandidate:
-    """Appendix G: the feasible candidate with the lowest target objective; if none is, the one with
-    the least maximum violation (then objective). Ties up to rounding go to the earliest grid point."""
+    """Appendix G: the feasible candidate with the lowest target objective; if none is, the one
+    with the least maximum violation (then objective). Ties up to rounding go to the earliest
+    grid point."""
     feasible = [c for c in candidates if c.feasible]
     if feasible:
         return lowest_up_to_rounding(feasible, lambda c: c.objective)[0]
@@ -491,7 +492,8 @@ def solution_of(
     num_candidates: int,
     source: str = "grid",
 ) -> Solution:
-    """The :class:`Solution` record of ``weights`` chosen for ``problem`` (with the LP beside it)."""
+    """The :class:`Solution` record of ``weights`` chosen for ``problem`` (with the LP beside
+    it)."""
     lp = solve_lp(problem)
     max_violation = problem.max_violation(weights)
     return Solution(

@@ -21,12 +21,12 @@ from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dynamics.core.learner import Learner
-from dynamics.core.policies import DynamicsPolicy, FixedWeightsPolicy, GradientAlignmentPolicy
 from dynamics.core.policy_interface import MixturePolicy, UpdateContext
+from dynamics.core.policy_registry import POLICIES, PolicySettings
 from dynamics.core.probes import PerturbedEvaluations
 from dynamics.core.problem import SolverGrid
 from dynamics.core.records import UpdateRecord
-from dynamics.core.schedules import UpdateSchedule, build_schedule
+from dynamics.core.schedules import UpdateSchedule
 from dynamics.core.shares import MixtureUnit
 from dynamics.data.formatting import LMExample, pad_token_id
 from dynamics.data.loading import DataError
@@ -177,54 +177,29 @@ def build_policy(config: RunConfig, dataset_names: list[str], unit: MixtureUnit)
     """The policy of ``config.method`` over ``dataset_names``, recording its weights in
     ``unit``, the sampler's (:attr:`MixtureSampler.unit`)."""
     method = config.method
-    total_steps = config.training.total_steps
-    grid = SolverGrid(
-        lambdas=tuple(method.grid.lambdas) if method.grid.lambdas else SolverGrid().lambdas,
-        epsilons=tuple(method.grid.epsilons)
-        if method.grid.epsilons is not None
-        else SolverGrid().epsilons,
-    )
-    if method.name == "fixed":
-        assert method.weights is not None  # validated
-        weights = np.array([method.weights[name] for name in dataset_names], dtype=float)
-        _check_fixed_floor(weights, dataset_names, method.min_weight, unit)
-        return FixedWeightsPolicy(weights, total_steps=total_steps, label="fixed", unit=unit)
-    schedule = build_schedule(method.schedule, total_steps, method.probe_cap, method.probe_min)
-    if method.name == "gradient-alignment":
-        return GradientAlignmentPolicy(
-            schedule,
-            num_batches=method.alignment_batches,
-            grid=grid,
-            min_weight=method.min_weight,
-            unit=unit,
-        )
-    return DynamicsPolicy(
-        schedule,
-        predictor=method.predictor,
-        grid=grid,
-        options=method.robust_options(),
-        min_weight=method.min_weight,
+    settings = PolicySettings(
+        dataset_names=dataset_names,
+        total_steps=config.training.total_steps,
         unit=unit,
+        schedule=method.schedule,
+        probe_cap=method.probe_cap,
+        probe_min=method.probe_min,
+        grid=SolverGrid(
+            lambdas=tuple(method.grid.lambdas) if method.grid.lambdas else SolverGrid().lambdas,
+            epsilons=tuple(method.grid.epsilons)
+            if method.grid.epsilons is not None
+            else SolverGrid().epsilons,
+        ),
+        predictor=method.predictor,
+        rules=method.rules(),
+        min_weight=method.floors.all,
+        weights=method.weights,
+        alignment_batches=method.alignment_batches,
     )
-
-
-def _check_fixed_floor(
-    weights: np.ndarray, dataset_names: list[str], floor: float, unit: MixtureUnit
-) -> None:
-    """``method.min_weight`` is a share of batches: fixed token shares must draw at least that
-    share of the batches from every dataset. (The config refuses what it can see alone, fixed
-    batch shares below the floor.)"""
-    batch_shares = unit.batch_shares(weights / weights.sum())
-    below = {
-        name: round(float(b), 4)
-        for name, b in zip(dataset_names, batch_shares, strict=True)
-        if b < floor - 1e-12
-    }
-    if below:
-        raise RunSetupError(
-            f"method.weights draw {below} of the batches under training.sampling: {unit.name}, less than "
-            f"method.min_weight ({floor:g}), a share of batches: raise their weights or lower method.min_weight"
-        )
+    try:
+        return POLICIES[method.name].from_settings(settings)
+    except ValueError as err:  # what the config alone cannot see: token shares' batch shares
+        raise RunSetupError(str(err)) from None
 
 
 @dataclass

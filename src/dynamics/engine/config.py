@@ -314,20 +314,20 @@ class RunConfig(ConfigSection):
             )
         except ScheduleError as err:
             raise ValueError(f"{SCHEDULE_FIELDS[err.argument]}: {err}") from None
-        floor, num_trained = self.method.min_weight, len(training_names)
+        floor, num_trained = self.method.floors.all, len(training_names)
         if floor * num_trained > 1.0 + 1e-12:
             raise ValueError(
-                f"method.min_weight ({floor:g}) times the {num_trained} training datasets is "
+                f"method.floors.all ({floor:g}) times the {num_trained} training datasets is "
                 f"{floor * num_trained:g}, more than the whole mixture: lower it to at most {1 / num_trained:g}"
             )
-        target_floor, num_targets = self.method.target_floor or 0.0, roles.count("target")
+        target_floor, num_targets = self.method.target_floor, roles.count("target")
         num_others = num_trained - num_targets
-        held = max(target_floor, floor) * num_targets + floor * num_others
-        if target_floor > 0 and held >= 1.0:
+        held = target_floor * num_targets + floor * num_others
+        if target_floor > floor and held >= 1.0:  # at or below floors.all it adds nothing
             raise ValueError(
-                f"method.target_floor ({target_floor:g}) for each of the {num_targets} target datasets, "
-                f"with method.min_weight for the others, holds {held:g} of the mixture: lower it below "
-                f"{(1 - floor * num_others) / num_targets:g}"
+                f"method.floors.targets ({target_floor:g}) for each of the {num_targets} target "
+                f"datasets, with method.floors.all for the others, holds {held:g} of the "
+                f"mixture: lower it below {(1 - floor * num_others) / num_targets:g}"
             )
         if self.method.name == "fixed":
             if not self.method.weights:
@@ -357,8 +357,8 @@ class RunConfig(ConfigSection):
             )
             if below:
                 raise ValueError(
-                    f"method.weights give {below} less than method.min_weight ({floor:g}) once normalised: "
-                    "raise their weights or lower method.min_weight"
+                    f"method.weights give {below} less than method.floors.all ({floor:g}) once "
+                    "normalised: raise their weights or lower method.floors.all"
                 )
         elif self.method.weights is not None:
             raise ValueError(

@@ -17,7 +17,7 @@ from dynamics.engine.config import (
     TrainingConfig,
 )
 from dynamics.engine.dataset_config import DatasetConfig
-from dynamics.engine.method_config import GridConfig, MethodConfig
+from dynamics.engine.method_config import FloorsConfig, GridConfig, MethodConfig
 
 
 def config_reference_markdown() -> str:
@@ -30,6 +30,12 @@ def config_reference_markdown() -> str:
         ("evaluation", EvaluationConfig, "Main and reduced (probe) evaluations."),
         ("method", MethodConfig, "The mixture policy."),
         ("method.grid", GridConfig, "The solver's (lambda, eps) grid (paper appendix G)."),
+        (
+            "method.floors",
+            FloorsConfig,
+            "Least weights the solver keeps, as shares of batches (also under "
+            "training.sampling: tokens).",
+        ),
         (
             "datasets[]",
             DatasetConfig,

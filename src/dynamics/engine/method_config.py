@@ -1,13 +1,19 @@
 """The run config's ``method`` section: which mixture policy runs, its update schedule,
-the solver's grid, and the options beyond the paper (docs/config.md lists every field)."""
+the solver's grid, the floors, and the decision rules beyond the paper (docs/config.md lists
+every field). Each rule's fields are generated from its parameters
+(:mod:`dynamics.core.rules`), so a rule is described in its own module only."""
 
 from __future__ import annotations
 
+from dataclasses import Field as DataclassField
+from dataclasses import fields, replace
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from dynamics.core.options import DEFAULT_VARIANT, VARIANTS, RobustOptions
+from dynamics.core.policy_registry import POLICIES
+from dynamics.core.rules import DEFAULT_VARIANT, RULES, VARIANTS, Rule, RuleSet
+from dynamics.core.rules.target_floor import TargetFloor, TargetFloorParams
 from dynamics.engine.config_section import ConfigSection
 
 
@@ -35,14 +41,80 @@ class GridConfig(ConfigSection):
         return values
 
 
+def _rule_field(rule: type[Rule[Any]], parameter: DataclassField[Any]) -> Any:
+    """The config field that overrides ``parameter`` of ``rule``: unset (None) keeps the
+    variant's value. Its description is the rule's, with every variant's value."""
+    in_variants = [
+        f"{name}: {_yaml(getattr(p, parameter.name))}"
+        for name, variant in VARIANTS.items()
+        for p in variant
+        if type(p) is rule.params_type
+    ]
+    off = _yaml(parameter.default)
+    needs = [
+        RULES[name].config_path(f.name)
+        for name in rule.requires
+        for f in fields(RULES[name].params_type)
+    ]
+    description = (
+        f"{parameter.metadata['description']}"
+        f"{' Needs ' + ', '.join(needs) + ' on.' if needs else ''} Unset: the variant's "
+        f"({'; '.join(in_variants) or 'none'}; {off} in the others)."
+    )
+    return Field(None, description=description, **parameter.metadata.get("bounds", {}))
+
+
+def _yaml(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _rule_fields() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The annotations and fields of every rule parameter set as ``method.<name>``."""
+    annotations: dict[str, Any] = {}
+    defaults: dict[str, Any] = {}
+    for rule in RULES.values():
+        for parameter in fields(rule.params_type):
+            path = rule.config_path(parameter.name)
+            if path == f"method.{parameter.name}":
+                annotations[parameter.name] = type(parameter.default) | None
+                defaults[parameter.name] = _rule_field(rule, parameter)
+    return annotations, defaults
+
+
+_RULE_ANNOTATIONS, _RULE_FIELDS = _rule_fields()
+
+_MOVED = {
+    "min_weight": "floors: {all: VALUE}",
+    "target_floor": "floors: {targets: VALUE}",
+}
+"""Keys of the method section written elsewhere, and where."""
+
+
+class FloorsConfig(ConfigSection):
+    all: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="The least weight of every training dataset at every update (N * all <= 1); "
+        "the solver finds the best mixture among those. A share of batches, also under "
+        "training.sampling: tokens (as is targets). With the fixed method, each normalised "
+        "weight's batch share must be at least this.",
+    )
+    targets: float | None = _rule_field(
+        TargetFloor, next(f for f in fields(TargetFloorParams) if f.name == "target_floor")
+    )
+
+
 class MethodConfig(ConfigSection):
-    name: Literal["dynamics", "fixed", "gradient-alignment"] = Field(
+    name: str = Field(
         "dynamics",
-        description="Mixture policy: DynaMiCS, fixed weights, or gradient alignment (loss constraints only).",
+        description="Mixture policy: dynamics (DynaMiCS), fixed (fixed weights), or "
+        "gradient-alignment (loss constraints only).",
     )
     schedule: str | list[int] = Field(
         "dense-warmup",
-        description="Update schedule: no-warmup, light-warmup, dense-warmup, fixed:H, or a list of steps.",
+        description="Update schedule: no-warmup, light-warmup, dense-warmup, fixed:H, or a list "
+        "of steps.",
     )
     probe_cap: int | None = Field(
         None, ge=1, description="c_max; default 128 scaled by total_steps / 2048."
@@ -50,9 +122,9 @@ class MethodConfig(ConfigSection):
     probe_min: int = Field(
         1,
         ge=1,
-        description="The fewest steps a probe trains (at most c_max; 1: each probe as long as its update's "
-        "horizon, up to c_max, as the paper does). Longer probes measure a dense warmup's first updates over "
-        "more steps than they decide.",
+        description="The fewest steps a probe trains (at most c_max; 1: each probe as long as "
+        "its update's horizon, up to c_max, as the paper does). Longer probes measure a dense "
+        "warmup's first updates over more steps than they decide.",
     )
     predictor: Literal["linear", "curve"] = Field(
         "linear", description="Loss predictor (curve: appendix J)."
@@ -67,82 +139,65 @@ class MethodConfig(ConfigSection):
     alignment_batches: int = Field(
         200,
         ge=1,
-        description="Gradient alignment: batches per gradient average (at most evaluation.batches: the "
-        "domain gradients average the first eval batches).",
+        description="Gradient alignment: batches per gradient average (at most "
+        "evaluation.batches: the domain gradients average the first eval batches).",
     )
-    variant: Literal["paper", "robust"] | None = Field(
+    variant: str | None = Field(
         None,
-        description="DynaMiCS with the robustness options chosen in docs/beyond-the-paper.md (robust, what "
-        "method.name: dynamics gets when this is not set), or as the paper states it (paper, the reference); "
-        "the fields below override single options.",
+        description="DynaMiCS with the decision rules chosen in docs/beyond-the-paper.md (robust, "
+        "what method.name: dynamics gets when this is not set), or as the paper states it "
+        "(paper, the reference); the rules' fields below and floors.targets override single "
+        "parameters.",
     )
-    lp_candidate: bool | None = Field(
-        None,
-        description="Add the directly solved constrained optimum to the (lambda, eps) grid's candidates "
-        "(unset: the variant's, on wherever target_noise or gain_exponent is set, which act through it; "
-        "false with either is refused).",
-    )
-    target_noise: float | None = Field(
-        None,
-        ge=0,
-        description="Score the target objective this many standard errors pessimistically (0: none).",
-    )
-    calibration: bool | None = Field(
-        None, description="Correct predictions by the per-step error realized at past updates."
-    )
-    gain_exponent: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="Diminishing returns: an improvement extrapolated past the probe's length grows as a "
-        "power with this exponent instead of linearly (1: linear, as the paper).",
-    )
-    target_floor: float | None = Field(
-        None,
-        ge=0,
-        lt=1,
-        description="The least weight of every target dataset (one named like a target domain) at every "
-        "update, given way where no mixture with it but one without it is predicted to keep every "
-        "constraint (0: none, as the paper; 0.02 with variant: robust).",
-    )
-    expected_accuracy: bool | None = Field(
-        None,
-        description="Read each accuracy constraint's slopes from the change of its expected accuracy (the "
-        "mean probability of the correct choice), which short probes move before any answer flips, instead "
-        "of from the answers that flipped. On with variant: robust, whose answer_tolerance: 0.5 keeps a drift "
-        "of a real model's answer probabilities that flips no answer from reading as a broken constraint; "
-        "false turns that tolerance off too.",
-    )
-    answer_tolerance: float | None = Field(
-        None,
-        ge=0,
-        lt=1,
-        description="With expected_accuracy: a mixture predicted to lose less than this fraction of one answer "
-        "of an accuracy constraint (on the probes' evaluation) counts as keeping it, so that a drift of the "
-        "correct choices' probability too small to flip an answer does not break every mixture (0: off, as "
-        "the paper; 0.5, variant: robust's: a predicted loss that rounds to no answer).",
-    )
-    min_weight: float = Field(
-        0.0,
-        ge=0,
-        description="The least weight of every training dataset at every update (N * min_weight <= 1); the "
-        "solver finds the best mixture among those. A share of batches, also under training.sampling: tokens "
-        "(as is target_floor). With the fixed method, each normalised "
-        "weight's batch share must be at least this.",
+    # One field per rule parameter, generated from the rules' parameter classes.
+    __annotations__.update(_RULE_ANNOTATIONS)
+    locals().update(_RULE_FIELDS)
+    floors: FloorsConfig = Field(
+        default_factory=FloorsConfig,
+        description="Least weights: all (every training dataset) and targets (every target "
+        "dataset; the target_floor rule).",
     )
     backtrack: int = Field(
         0,
         ge=0,
-        description="Times a run may return to its last feasible main evaluation when one shows a broken "
-        "constraint, and decide again with that violation as a margin (0: never, as in the paper).",
+        description="Times a run may return to its last feasible main evaluation when one shows "
+        "a broken constraint, and decide again with that violation as a margin (0: never, as in "
+        "the paper).",
     )
     backtrack_patience: int = Field(
         1,
         ge=1,
-        description="Main evaluations in a row that must show a broken constraint before the run backtracks "
-        "(1: the first one); a violation repaired by the next evaluation then costs no steps trained again. "
-        "Needs backtrack > 0.",
+        description="Main evaluations in a row that must show a broken constraint before the run "
+        "backtracks (1: the first one); a violation repaired by the next evaluation then costs no "
+        "steps trained again. Needs backtrack > 0.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        if name not in POLICIES:
+            raise ValueError(f"unknown method.name {name!r}: use one of {sorted(POLICIES)}")
+        return name
+
+    @field_validator("variant")
+    @classmethod
+    def _known_variant(cls, variant: str | None) -> str | None:
+        if variant is not None and variant not in VARIANTS:
+            raise ValueError(f"unknown method.variant {variant!r}: use one of {sorted(VARIANTS)}")
+        return variant
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """Floors are one setting: the keys that set them one by one are refused."""
+        if isinstance(data, dict):
+            for key, written in _MOVED.items():
+                if key in data:
+                    raise ValueError(
+                        f"method.{key} is set in method.floors: write "
+                        f"{written.replace('VALUE', str(data[key]))}"
+                    )
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -157,35 +212,47 @@ class MethodConfig(ConfigSection):
         return {**data, "variant": None} if data.get("variant") == "paper" else data
 
     @model_validator(mode="after")
-    def _options_fit_together(self) -> MethodConfig:
-        """Options that contradict each other (RobustOptions says which and how to fix it), or
-        that a method without probes cannot use, are refused with the config."""
-        if not self.robust_options().is_paper and self.name != "dynamics":
+    def _rules_fit_together(self) -> MethodConfig:
+        """Rules whose requirement is off (one line naming both settings), or that a method
+        without probes cannot use, are refused with the config."""
+        if not self.rules().is_paper and self.name != "dynamics":
             raise ValueError(
-                "method.variant and the robustness options need probes, so only method.name: dynamics "
-                "uses them; remove them or set method.name: dynamics"
+                "method.variant and the decision rules need probes, so only method.name: "
+                "dynamics uses them; remove them or set method.name: dynamics"
             )
         if self.backtrack_patience > 1 and self.backtrack == 0:
             raise ValueError(
-                "method.backtrack_patience says when a run backtracks, and method.backtrack is 0 (never): "
-                "set method.backtrack > 0, or remove backtrack_patience"
+                "method.backtrack_patience says when a run backtracks, and method.backtrack is 0 "
+                "(never): set method.backtrack > 0, or remove backtrack_patience"
             )
         return self
 
-    def robust_options(self) -> RobustOptions:
-        """The variant's options with the fields set here overriding it (the paper's method
-        under a method without a variant). ``expected_accuracy: false`` set here also turns
-        off the variant's answer tolerance, which needs it (set both to have the contradiction
-        refused); likewise ``target_noise`` or ``gain_exponent`` set here turns the direct
-        candidate on unless ``lp_candidate`` is set too."""
-        preset = VARIANTS[self.variant or "paper"]
-        chosen = {
-            name: getattr(self, name) if getattr(self, name) is not None else getattr(preset, name)
-            for name in RobustOptions.__dataclass_fields__
-        }
-        if self.expected_accuracy is False and self.answer_tolerance is None:
-            chosen["answer_tolerance"] = 0.0
-        needs_direct = chosen["target_noise"] > 0 or chosen["gain_exponent"] < 1
-        if self.lp_candidate is None and needs_direct:
-            chosen["lp_candidate"] = True
-        return RobustOptions(**chosen)
+    def rules(self) -> RuleSet:
+        """The variant's rules with the parameters set here replacing its values (the paper's
+        method under a method without a variant). Nothing set is changed: a rule whose
+        required rule ends up off is refused (:class:`dynamics.core.rules.RuleSet`)."""
+        variant = self.variant or "paper"
+        preset = {type(p): p for p in VARIANTS[variant]}
+        overrides = []
+        for rule in RULES.values():
+            chosen = {
+                f.name: value
+                for f in fields(rule.params_type)
+                if (value := self._setting(rule.config_path(f.name))) is not None
+            }
+            if chosen:
+                base = preset.get(rule.params_type, rule.params_type())
+                overrides.append(replace(base, **chosen))
+        return RuleSet.of_variant(variant, tuple(overrides))
+
+    def _setting(self, path: str) -> Any:
+        """The value written at ``path`` (``method.x`` or ``method.floors.x``), None if unset."""
+        section: Any = self
+        for part in path.split(".")[1:]:
+            section = getattr(section, part)
+        return section
+
+    @property
+    def target_floor(self) -> float:
+        """The least weight of each target dataset the rules hold (0: none)."""
+        return self.rules().get(TargetFloorParams).target_floor

@@ -74,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamics.core.fixed_mixtures import PAPER_TARGET_MASSES, fixed_mixture_sweep
-from dynamics.core.options import DEFAULT_VARIANT
+from dynamics.core.rules import DEFAULT_VARIANT
 from dynamics.experiments.base_model import (
     DEFAULT_SPEC,
     REPORT_FILE,

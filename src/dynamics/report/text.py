@@ -7,6 +7,7 @@ import numpy as np
 
 from dynamics.core import metrics
 from dynamics.core.records import UpdateRecord
+from dynamics.core.rules.target_floor import TargetFloorParams
 from dynamics.report.lm_eval import lm_eval_table, read_lm_eval
 from dynamics.runs.rundir import RunRecords
 
@@ -21,11 +22,10 @@ def _display(value: float, metric: str) -> str:
 
 
 def _predicted_feasible(update: UpdateRecord) -> bool | None:
-    """Whether the update found a mixture predicted to keep every constraint (the robust
-    variant's own verdict where it has one), or None where no solver decided."""
-    robust = update.extra.get("robust")
-    if robust is not None:
-        return bool(robust["feasible"])
+    """Whether the update found a mixture predicted to keep every constraint (the rules' own
+    verdict where they decided), or None where no solver decided."""
+    if update.rules is not None:
+        return update.rules.choice.feasible
     solver = update.solver
     return None if solver is None else bool(solver["feasible"])
 
@@ -33,7 +33,7 @@ def _predicted_feasible(update: UpdateRecord) -> bool | None:
 def target_data_lines(records: RunRecords) -> list[str]:
     """How much of the run trained on target data (datasets named like a target domain),
     the stretch at its end without any, and the updates where no mixture was predicted to
-    keep every constraint. Then a hint toward ``target_floor`` where all of these hold:
+    keep every constraint. Then a hint toward ``method.floors.targets`` where all of these hold:
     some update predicted no mixture feasible, the run's last quarter or more trained no
     target data, some checkpoint kept every constraint, and the floor is off. Updates a
     backtrack abandoned are left out, and each update counts until the next one kept, or
@@ -80,14 +80,15 @@ def target_data_lines(records: RunRecords) -> list[str]:
             f"(steps {', '.join(map(str, infeasible))}): each trained the mixture predicted to "
             f"break them least"
         )
-    floor = updates[-1].extra.get("robust", {}).get("target_floor", 0.0)
+    last = updates[-1].rules
+    floor = 0.0 if last is None else last.find(TargetFloorParams).target_floor
     # Only where some checkpoint kept every constraint: where none did, target data is
     # what breaks them more.
     kept = records.best_checkpoint is not None
     if infeasible and 4 * dry >= total and not floor and kept:
         lines.append(
-            "hint: if a small share of target data can keep the constraints, method.target_floor: "
-            "0.02 keeps "
+            "hint: if a small share of target data can keep the constraints, "
+            "method.floors.targets: 0.02 keeps "
             "2% on each target in such updates (measured with answer_tolerance: 0.5 in "
             "benchmarks/results/beyond-the-paper-notebook.md: "
             "more learned where some mixture kept the constraints, more violation where none could)"

@@ -1,5 +1,5 @@
 """How well eq. 3.3's predictions held over a run's long horizons, read from update records
-(``dynamics.experiments.robustness.prediction_errors``)."""
+(``prediction_errors`` of benchmarks/robustness.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dynamics.core.records import UpdateRecord
-from dynamics.experiments.robustness import prediction_errors
+from robustness import prediction_errors
 
 NAMES = ["target", "held-out", "quiz"]
 

@@ -1,4 +1,5 @@
-"""The measurement behind ``method.variant: robust`` (``benchmarks/results/beyond-the-paper-notebook.md``).
+"""The measurement behind ``method.variant: robust``
+(``benchmarks/results/beyond-the-paper-notebook.md``).
 
 Offline scenarios on the demo's base model (:mod:`dynamics.experiments.demo`), each run
 with several seeds: the paper's method, every robustness option alone, the robust variant,
@@ -116,7 +117,8 @@ SCENARIOS: dict[str, Scenario] = {
         (),
         2e-4,
         (0.0, 0.5, 1.0),
-        "SmolLM2-135M-Instruct with LoRA: two skills against held-out code and prose and a 48-question quiz (accuracy)",
+        "SmolLM2-135M-Instruct with LoRA: two skills against held-out code and prose and a "
+        "48-question quiz (accuracy)",
         quiz_questions=(48, 48),
         model="smollm2",
     ),
@@ -133,7 +135,8 @@ SCENARIOS: dict[str, Scenario] = {
         (),
         1e-4,
         FINE,
-        "four targets (three arithmetic operations, tool calls) against two loss constraints and the quiz",
+        "four targets (three arithmetic operations, tool calls) against two loss constraints and "
+        "the quiz",
         targets=("addition", "subtraction", "multiplication", "toolcall"),
         target_budget=500,
     ),
@@ -142,7 +145,8 @@ SCENARIOS: dict[str, Scenario] = {
         ("code", "prose"),
         1e-4,
         FINE,
-        "the demo without its general code and prose data: no fixed mixture keeps held-out code and prose",
+        "the demo without its general code and prose data: no fixed mixture keeps held-out code "
+        "and prose",
     ),
     "unconstrained": Scenario(
         "unconstrained",
@@ -153,7 +157,7 @@ SCENARIOS: dict[str, Scenario] = {
     ),
 }
 
-WITHOUT_PAIR: dict[str, Any] = {"answer_tolerance": 0.0, "target_floor": 0.0}
+WITHOUT_PAIR: dict[str, Any] = {"answer_tolerance": 0.0, "floors": {"targets": 0.0}}
 """The robust variant's tolerance and target floor turned off."""
 MEASURED_ROBUST: dict[str, Any] = {"variant": "robust", "expected_accuracy": False, **WITHOUT_PAIR}
 """The robust variant with accuracy slopes read from the answers that flipped and neither
@@ -162,7 +166,11 @@ EXPECTED_ROBUST: dict[str, Any] = {"variant": "robust", "expected_accuracy": Tru
 """The robust variant with accuracy slopes read from the probability of the correct choice,
 without the tolerance and the floor: the setting the pair was measured against, pinned so
 that its labels keep their meaning."""
-TOLERANCE_FLOOR: dict[str, Any] = {**EXPECTED_ROBUST, "answer_tolerance": 0.5, "target_floor": 0.02}
+TOLERANCE_FLOOR: dict[str, Any] = {
+    **EXPECTED_ROBUST,
+    "answer_tolerance": 0.5,
+    "floors": {"targets": 0.02},
+}
 """The default's settings written out (half an answer of tolerance and the floor on target
 data on top of ``EXPECTED_ROBUST``), so that the options measured against it name only what
 they add."""
@@ -181,7 +189,7 @@ METHODS: dict[str, dict[str, Any]] = {
         "target_noise": 1.0,
         "calibration": True,
     },
-    # The default (VARIANTS["robust"]): direct_pessimistic_calibrated with diminishing
+    # The default (variant robust): direct_pessimistic_calibrated with diminishing
     # returns, accuracy slopes from the expected accuracy, half an answer of tolerance and
     # the floor on target data; without the last two and with measured accuracy slopes, the
     # setting on which the settings below with "robust" in their label were built.
@@ -202,15 +210,15 @@ METHODS: dict[str, dict[str, Any]] = {
     "robust_probe_cap_8": {**MEASURED_ROBUST, "probe_cap": 8},
     # The robust variant with every dataset at 2% of the mixture or more at every update, so
     # no stretch of training goes without target data.
-    "robust_min_weight": {**MEASURED_ROBUST, "min_weight": 0.02},
+    "robust_min_weight": {**MEASURED_ROBUST, "floors": {"all": 0.02, "targets": 0.0}},
     # The robust variant with 2% of the mixture on each target dataset at every update,
     # given way where the floor alone stands between the mixture and the constraints.
-    "robust_target_floor": {**MEASURED_ROBUST, "target_floor": 0.02},
+    "robust_target_floor": {**MEASURED_ROBUST, "floors": {"targets": 0.02}},
     # The robust variant with accuracy slopes read from the probability of the correct choice:
     # the default, under the label its protocol runs were measured with.
     "robust_expected_accuracy": EXPECTED_ROBUST,
     # The floor on target data that gives way, on the default.
-    "robust_target_floor_expected_accuracy": {**EXPECTED_ROBUST, "target_floor": 0.02},
+    "robust_target_floor_expected_accuracy": {**EXPECTED_ROBUST, "floors": {"targets": 0.02}},
     # The default, with a predicted loss of less than half an answer read as none.
     "robust_answer_tolerance": {**EXPECTED_ROBUST, "answer_tolerance": 0.5},
     # Both: half an answer of tolerance, and the floor on target data that gives way.
@@ -598,7 +606,8 @@ def combine_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             twice = sorted(set(into["runs"]) & set(data["runs"]))
             if twice:
                 raise ValueError(
-                    f"{name} {twice} are in two of the reports combined: combine reports of other seeds"
+                    f"{name} {twice} are in two of the reports combined: combine reports of other "
+                    "seeds"
                 )
             into["runs"].update(copy.deepcopy(data["runs"]))
             into["fixed_sweep_from_earlier_report"] += data.get(
@@ -631,13 +640,13 @@ def prediction_errors(
 ) -> dict[str, dict[str, float]]:
     """How well eq. 3.3 predicted each constraint over the runs' long horizons.
 
-    ``runs``: per DynaMiCS run, its update records (``controller.jsonl`` rows), domain names
-    and constraint indices. For every update of at least ``min_horizon`` steps whose horizon
-    was trained to the end (the next record starts where it ends), the linear prediction at
-    the chosen mixture's batch shares, ``H_t S b`` from the recorded slopes, is set against the change the
-    next update's anchor measured on the same reduced evaluation batches. Per constraint:
-    the number of horizons, the mean absolute error of the prediction, that of predicting
-    no change at all (the mean absolute change), and the correlation of the two."""
+    ``runs``: per DynaMiCS run, its update records (``controller.jsonl`` rows), domain names and
+    constraint indices. For every update of at least ``min_horizon`` steps whose horizon was trained
+    to the end (the next record starts where it ends), the linear prediction at the chosen mixture's
+    batch shares, ``H_t S b`` from the recorded slopes, is set against the change the next update's
+    anchor measured on the same reduced evaluation batches. Per constraint: the number of horizons,
+    the mean absolute error of the prediction, that of predicting no change at all (the mean
+    absolute change), and the correlation of the two."""
     pairs: dict[str, list[tuple[float, float]]] = {}
     for updates, names, constraints in runs:
         for update, following in itertools.pairwise(updates):
@@ -695,7 +704,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             f"### {name}: {data['description']}",
             "",
-            "| method | seeds | feasible | median reduction (test) | per seed (test) | median (eval) | cost "
+            "| method | seeds | feasible | median reduction (test) | per seed (test) | median "
+            "(eval) | cost "
             "| fixed sweep at equal cost (test) |",
             "|---|---|---|---|---|---|---|---|",
         ]
@@ -710,21 +720,25 @@ def markdown(report: dict[str, Any]) -> str:
                 m, "median_equal_compute_fixed", "equal_compute_seeds", lambda x: f"{100 * x:.1f}%"
             )
             lines.append(
-                f"| {label} | {m['seeds']} | {100 * m['feasible']:.0f}% | {100 * m['median_reduction_test']:.1f}% "
+                f"| {label} | {m['seeds']} | {100 * m['feasible']:.0f}% | "
+                f"{100 * m['median_reduction_test']:.1f}% "
                 f"| {per_seed} | {100 * m['median_reduction_eval']:.1f}% | {cost} | {equal} |"
             )
         lines.append("")
         predictions = data.get("predictions")
         if predictions:
             lines += [
-                f"Eq. 3.3's predictions over horizons of {PREDICTION_HORIZON} steps or more (every DynaMiCS run):",
+                f"Eq. 3.3's predictions over horizons of {PREDICTION_HORIZON} steps or more (every "
+                "DynaMiCS run):",
                 "",
-                "| constraint | horizons | error of the prediction | error of predicting no change | correlation |",
+                "| constraint | horizons | error of the prediction | error of predicting no change "
+                "| correlation |",
                 "|---|---|---|---|---|",
             ]
             for name, p in predictions.items():
                 lines.append(
-                    f"| {name} | {p['horizons']} | {p['prediction_error']:.4f} | {p['no_change_error']:.4f} "
+                    f"| {name} | {p['horizons']} | {p['prediction_error']:.4f} | "
+                    f"{p['no_change_error']:.4f} "
                     f"| {p['correlation']:.2f} |"
                 )
             lines.append("")
@@ -768,8 +782,8 @@ PERTURBATIONS: dict[str, dict[str, Any]] = {
 }
 """Perturbations of the size that separates two machines or two builds: every evaluation
 multiplied by 1 + 1e-6 N(0, 1) (``evaluation.relative_noise``), the weights of the model the
-scenario fine-tunes multiplied by 1 + 1e-6 N(0, 1) (:func:`nudged_model`), and other CPU kernels, in a fresh
-process: torch's without vector instructions (``ATEN_CPU_CAPABILITY=default``), or torch's
+scenario fine-tunes multiplied by 1 + 1e-6 N(0, 1) (:func:`nudged_model`), and other CPU kernels, in
+a fresh process: torch's without vector instructions (``ATEN_CPU_CAPABILITY=default``), or torch's
 and MKL's for AVX2, as on a CPU without AVX-512."""
 
 WEIGHT_NUDGE = 1e-6
@@ -1051,15 +1065,18 @@ def selection_margins_markdown(report: dict[str, Any]) -> str:
     for method, rows in report["methods"].items():
         for margin, s in rows["summary"].items():
             lines.append(
-                f"| {method} | {margin} | {s['held_test']} of {s['runs']} | {100 * s['mean_reduction_test']:.1f}% "
+                f"| {method} | {margin} | {s['held_test']} of {s['runs']} | "
+                f"{100 * s['mean_reduction_test']:.1f}% "
                 f"| {100 * s['mean_reduction_eval']:.1f}% |"
             )
     gaps = report["loss_gaps"]
     if gaps["count"] > 1:
         lines += [
             "",
-            f"Loss constraints, eval slack minus test slack over sqrt(2) errors of the change, {gaps['count']} "
-            f"checkpoints: mean {gaps['mean']:+.2f}, standard deviation {gaps['std']:.2f}, beyond 2 in "
+            "Loss constraints, eval slack minus test slack over sqrt(2) errors of the change, "
+            f"{gaps['count']} "
+            f"checkpoints: mean {gaps['mean']:+.2f}, standard deviation {gaps['std']:.2f}, beyond "
+            "2 in "
             f"{100 * gaps['share_beyond_2']:.0f}%",
         ]
     return "\n".join(lines)

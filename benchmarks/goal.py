@@ -1,9 +1,9 @@
 """The goal for a default variant, condition by condition, read from a report of
-``benchmarks/beyond_the_paper.py`` (:func:`dynamics.experiments.robustness.aggregate`).
+``benchmarks/beyond_the_paper.py`` (:func:`robustness.aggregate`, benchmarks/robustness.py).
 
-The conditions (the goal for a default of ``benchmarks/results/beyond-the-paper-notebook.md``), per scenario unless
-said. Reductions and violations are read on the test split, at the checkpoint chosen on the
-eval split; feasibility is read on the eval split (``benchmarks/scenario_families.py`` reads
+The conditions (the goal for a default of ``benchmarks/results/beyond-the-paper-notebook.md``), per
+scenario unless said. Reductions and violations are read on the test split, at the checkpoint chosen
+on the eval split; feasibility is read on the eval split (``benchmarks/scenario_families.py`` reads
 it on the test split):
 
 - **feasible**: the method keeps every constraint on the eval split in at least 95% of the
@@ -36,7 +36,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from dynamics.experiments.robustness import best_fixed, fixed_results
+from robustness import best_fixed, fixed_results
 
 MIN_FEASIBLE = 0.95
 ORACLE_GAP = 0.03
@@ -161,7 +161,8 @@ def goal_conditions(rows: list[ScenarioRow]) -> list[Condition]:
         Condition(
             "oracle",
             met >= ORACLE_SCENARIOS if oracle else None,
-            f"{met} of {len(oracle)} scenarios within {100 * ORACLE_GAP:.0f} points (goal: {ORACLE_SCENARIOS})"
+            f"{met} of {len(oracle)} scenarios within {100 * ORACLE_GAP:.0f} points (goal: "
+            f"{ORACLE_SCENARIOS})"
             if oracle
             else "not measured",
         ),
@@ -204,7 +205,9 @@ def goal_markdown(report: dict[str, Any], method: str) -> str:
             "" if r.violation is None else f"{r.violation:.4f} (fixed: {r.least_violating:.4f})"
         )
         lines.append(
-            f"| `{r.scenario}` | {f'{r.feasible} of {r.runs}' if r.runs else 'no feasible mixture'} | {percent(r.median)} | {percent(r.equal_cost)} "
+            f"| `{r.scenario}` | "
+            f"{f'{r.feasible} of {r.runs}' if r.runs else 'no feasible mixture'} | "
+            f"{percent(r.median)} | {percent(r.equal_cost)} "
             f"| {percent(r.oracle)} | {gap} | {percent(r.targets_alone)} "
             f"| {'' if r.cost is None else f'{r.cost:.2f}x'} | {violation} |"
         )
