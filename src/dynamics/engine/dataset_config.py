@@ -38,7 +38,7 @@ from dynamics.data.loading import (
     StreamShuffleBuffer,
     TruncationSide,
 )
-from dynamics.engine.config_section import ConfigSection
+from dynamics.engine.config_sections import ConfigSection
 
 COLUMN_KEYS = (
     "text",

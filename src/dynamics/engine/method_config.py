@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dynamics.core.options import DEFAULT_VARIANT, VARIANTS, RobustOptions
-from dynamics.engine.config_section import ConfigSection
+from dynamics.engine.config_sections import ConfigSection
 
 
 class GridConfig(ConfigSection):
