@@ -7,11 +7,12 @@ import pytest
 
 from dynamics.core.policies import DynamicsPolicy, FixedWeightsPolicy, GradientAlignmentPolicy
 from dynamics.core.shares import TokenShares
-from dynamics.engine.components import build_data, build_policy
+from dynamics.engine.components import build_policy
 from dynamics.engine.config import ConfigError, RunConfig
 from dynamics.engine.model import load_tokenizer
 from dynamics.engine.preflight import RunSetupError
 from dynamics.engine.run import run
+from dynamics.engine.run_data import build_data
 from dynamics.runs.rundir import read_run
 from tests.engine.test_config import minimal
 from tests.engine.test_run import tiny_config
@@ -75,8 +76,9 @@ def test_fixed_token_shares_are_checked_against_the_floor_as_batch_shares():
     with pytest.raises(RunSetupError) as err:
         build_policy(config, ["math", "wiki"], unit)
     assert str(err.value) == (
-        "method.weights draw {'wiki': 0.2} of the batches under training.sampling: tokens, less than "
-        "method.min_weight (0.3), a share of batches: raise their weights or lower method.min_weight"
+        "method.weights draw {'wiki': 0.2} of the batches under training.sampling: tokens, less "
+        "than method.min_weight (0.3), a share of batches: raise their weights or lower "
+        "method.min_weight"
     )
     allowed = TokenShares(np.array([64.0, 96.0]))  # batch shares 0.6 and 0.4
     policy = build_policy(config, ["math", "wiki"], allowed)
@@ -103,7 +105,8 @@ def test_a_run_by_tokens_records_token_shares_and_the_batch_shares_it_trains(
     data["training"]["sampling"] = "tokens"
     config = RunConfig.from_dict(data)
     run(config, progress=False)
-    streams = build_data(config, load_tokenizer(config.model)).streams
+    tokenizer = load_tokenizer(config.model)
+    streams = build_data(config.datasets, config.training, config.evaluation, tokenizer).streams
     unit = TokenShares(np.array([stream.mean_tokens_per_batch for stream in streams]))
     assert (
         unit.tokens_per_batch[1] > 1.05 * unit.tokens_per_batch[0]
