@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from dynamics.engine.components import RankSlicedSampler, RunData, build_data
+from dynamics.engine.components import RankSlicedSampler
 from dynamics.engine.config import RunConfig
 from dynamics.engine.learner import HFLearner, load_snapshot, save_snapshot
 from dynamics.engine.model import (
@@ -35,6 +35,7 @@ from dynamics.engine.model import (
     prepare_model,
     trainable_parameters,
 )
+from dynamics.engine.run_data import RunData, build_data
 from dynamics.engine.sampler import MixtureSampler
 
 
@@ -71,7 +72,13 @@ def main(config_path: str, out: str) -> None:
     config = RunConfig.from_dict(yaml.safe_load(Path(config_path).read_text()))
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
-    data = build_data(config, load_tokenizer(config.model), accelerator.num_processes)
+    data = build_data(
+        config.datasets,
+        config.training,
+        config.evaluation,
+        load_tokenizer(config.model),
+        accelerator.num_processes,
+    )
     learner = sharded_learner(config, accelerator, data)
     weights = np.array([0.5, 0.5])
     evaluations = {"start": learner.evaluate("eval")}

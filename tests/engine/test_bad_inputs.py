@@ -161,7 +161,8 @@ MATH = {
 
 
 def fixed_token_shares_below_the_floor(data: dict[str, Any], tmp: Path) -> None:
-    """1% of the tokens on math, whose batch share (known once its rows are read) is under the floor."""
+    """1% of the tokens on math, whose batch share (known once its rows are read) is under the
+    floor."""
     data["method"] = {"name": "fixed", "weights": {"math": 1, "wiki": 99}, "floors": {"all": 0.2}}
     data["training"]["sampling"] = "tokens"
 
@@ -678,6 +679,12 @@ def _config(tokenizer_dir: Path, tmp_path: Path, **changes: Any) -> RunConfig:
     return RunConfig.from_dict(data)
 
 
+def _precision_warnings(config: RunConfig, loaded_dtype=None) -> list[str]:
+    """preflight's precision warnings on the sections of ``config`` they read."""
+    mixed_precision = config.training.mixed_precision
+    return precision_warnings(config.model, config.lora, mixed_precision, loaded_dtype)
+
+
 def test_full_fine_tuning_in_bf16_warns_that_weights_stay_in_their_loaded_dtype(
     tokenizer_dir, tmp_path
 ):
@@ -685,11 +692,11 @@ def test_full_fine_tuning_in_bf16_warns_that_weights_stay_in_their_loaded_dtype(
 
     full_bf16 = _config(tokenizer_dir, tmp_path, lora=None, training__mixed_precision="bf16")
     # model.dtype 'auto' loads bfloat16 on a GPU with bf16 support: no fp32 master weights.
-    [warning] = precision_warnings(full_bf16, loaded_dtype=torch.bfloat16)
+    [warning] = _precision_warnings(full_bf16, loaded_dtype=torch.bfloat16)
     assert "training.mixed_precision bf16" in warning and "lora: null" in warning
     assert "bfloat16" in warning and "model.dtype: float32" in warning
     # Loaded in float32 (explicitly, or 'auto' on a CPU) the master weights are fp32.
-    assert precision_warnings(full_bf16, loaded_dtype=torch.float32) == []
+    assert _precision_warnings(full_bf16, loaded_dtype=torch.float32) == []
     explicit = _config(
         tokenizer_dir,
         tmp_path,
@@ -697,16 +704,16 @@ def test_full_fine_tuning_in_bf16_warns_that_weights_stay_in_their_loaded_dtype(
         training__mixed_precision="bf16",
         model__dtype="bfloat16",
     )
-    assert len(precision_warnings(explicit)) == 1
+    assert len(_precision_warnings(explicit)) == 1
     fp32 = _config(
         tokenizer_dir, tmp_path, lora=None, training__mixed_precision="bf16", model__dtype="float32"
     )
-    assert precision_warnings(fp32) == []
+    assert _precision_warnings(fp32) == []
     # A LoRA adapter is created in float32 whatever the base weights' dtype.
     lora_bf16 = _config(
         tokenizer_dir, tmp_path, training__mixed_precision="bf16", model__dtype="bfloat16"
     )
-    assert precision_warnings(lora_bf16) == []
+    assert _precision_warnings(lora_bf16) == []
 
 
 def test_preflight_returns_and_logs_the_warning_and_creates_nothing(

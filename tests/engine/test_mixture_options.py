@@ -7,11 +7,12 @@ import pytest
 
 from dynamics.core.policies import DynamicsPolicy, FixedWeightsPolicy, GradientAlignmentPolicy
 from dynamics.core.shares import TokenShares
-from dynamics.engine.components import build_data, build_policy
+from dynamics.engine.components import build_policy
 from dynamics.engine.config import ConfigError, RunConfig
 from dynamics.engine.model import load_tokenizer
 from dynamics.engine.preflight import RunSetupError
 from dynamics.engine.run import run
+from dynamics.engine.run_data import build_data
 from dynamics.runs.rundir import read_run
 from tests.engine.test_config import minimal
 from tests.engine.test_run import tiny_config
@@ -107,7 +108,8 @@ def test_a_run_by_tokens_records_token_shares_and_the_batch_shares_it_trains(
     data["training"]["sampling"] = "tokens"
     config = RunConfig.from_dict(data)
     run(config, progress=False)
-    streams = build_data(config, load_tokenizer(config.model)).streams
+    tokenizer = load_tokenizer(config.model)
+    streams = build_data(config.datasets, config.training, config.evaluation, tokenizer).streams
     unit = TokenShares(np.array([stream.mean_tokens_per_batch for stream in streams]))
     assert (
         unit.tokens_per_batch[1] > 1.05 * unit.tokens_per_batch[0]

@@ -155,7 +155,8 @@ class EvalBatches:
         kinds = {type(e) for e in [*eval_examples, *test_examples]}
         if not eval_examples or not test_examples:
             raise ValueError(
-                f"evaluation domain {name!r} needs eval and test examples, got {len(eval_examples)} "
+                f"evaluation domain {name!r} needs eval and test examples, got "
+                f"{len(eval_examples)} "
                 f"and {len(test_examples)}; raise the source's eval_size/test_size"
             )
         if len(kinds) != 1:

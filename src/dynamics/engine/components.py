@@ -1,9 +1,9 @@
-"""The parts of a run, set up from its config: the tokenized data and evaluation batches
-(:func:`build_data`), the mixture policy (:func:`build_policy`), and the model, learner and
-policy together (:func:`build_run`); and what keeps several processes in step while a run
-starts (:func:`agree_on_refusal`) and trains (:class:`RankSlicedSampler`,
-:class:`BroadcastPolicy`). Both drivers, ``dynamics run`` and the Trainer callback, build
-from here.
+"""The parts of a run, set up from its config: the mixture policy (:func:`build_policy`),
+and the model, data (``dynamics.engine.run_data``), learner and policy together
+(:func:`build_run`, the one function here that reads the whole config); and what keeps
+several processes in step while a run starts (:func:`agree_on_refusal`) and trains
+(:class:`RankSlicedSampler`, :class:`BroadcastPolicy`). Both drivers, ``dynamics run`` and
+the Trainer callback, build from here.
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ from dynamics.core.problem import SolverGrid
 from dynamics.core.records import UpdateRecord
 from dynamics.core.schedules import UpdateSchedule
 from dynamics.core.shares import MixtureUnit
-from dynamics.data.formatting import LMExample, pad_token_id
 from dynamics.data.loading import DataError
-from dynamics.data.splits import prepare_examples
-from dynamics.engine.batches import Batch, EvalBatches
+from dynamics.engine.batches import Batch
 from dynamics.engine.config import RunConfig
 from dynamics.engine.launch import world_size
 from dynamics.engine.learner import HFLearner
 from dynamics.engine.model import load_causal_lm, load_tokenizer, prepare_model
 from dynamics.engine.preflight import RunSetupError
-from dynamics.engine.sampler import DatasetStream, MixtureSampler
+from dynamics.engine.run_data import RunData, build_data
+from dynamics.engine.sampler import MixtureSampler
 from dynamics.runs import rundir
 
 logger = logging.getLogger(__name__)
@@ -164,13 +163,12 @@ class RunComponents:
     domain_metrics: list[str]
 
 
-def controlled_learner(parts: RunComponents) -> Learner:
-    """The learner the controller drives: the run's own, or with ``evaluation.relative_noise``
-    its evaluations perturbed (a sensitivity check)."""
-    evaluation = parts.config.evaluation
-    if evaluation.relative_noise > 0:
-        return PerturbedEvaluations(parts.learner, evaluation.relative_noise, evaluation.noise_seed)
-    return parts.learner
+def controlled_learner(learner: Learner, relative_noise: float, noise_seed: int) -> Learner:
+    """The learner the controller drives: ``learner``, or with ``evaluation.relative_noise``
+    its evaluations perturbed (a sensitivity check, seeded by ``evaluation.noise_seed``)."""
+    if relative_noise > 0:
+        return PerturbedEvaluations(learner, relative_noise, noise_seed)
+    return learner
 
 
 def build_policy(config: RunConfig, dataset_names: list[str], unit: MixtureUnit) -> MixturePolicy:
@@ -200,87 +198,6 @@ def build_policy(config: RunConfig, dataset_names: list[str], unit: MixtureUnit)
         return POLICIES[method.name].from_settings(settings)
     except ValueError as err:  # what the config alone cannot see: token shares' batch shares
         raise RunSetupError(str(err)) from None
-
-
-@dataclass
-class RunData:
-    """The tokenized data of a run: one training stream per fine-tuning dataset (in weight
-    order) and the fixed evaluation batches of every target and constraint (targets first,
-    in slope-matrix row order)."""
-
-    streams: list[DatasetStream]
-    dataset_names: list[str]
-    domains: list[EvalBatches]
-    targets: tuple[int, ...]
-    constraints: tuple[int, ...]
-    domain_metrics: list[str]
-
-
-def build_data(
-    config: RunConfig,
-    tokenizer: PreTrainedTokenizerBase,
-    world: int = 1,
-    data: Mapping[str, datasets.Dataset] | None = None,
-) -> RunData:
-    """Tokenize and split every dataset of ``config`` (reading ``data[name]`` for rows passed
-    in Python); ``world`` processes share each global training batch (the streams draw
-    batches of ``batch_size * world`` rows)."""
-    data = data or {}
-    training = config.training
-    pad_id = pad_token_id(tokenizer)
-    eval_batch_size = config.evaluation.batch_size or training.batch_size
-    streams: list[DatasetStream] = []
-    domains: dict[str, EvalBatches] = {}
-    for index, dataset in enumerate(config.datasets):
-        parts = prepare_examples(
-            dataset.data_source(data.get(dataset.name)),
-            tokenizer,
-            sequence_length=training.sequence_length,
-            packing=training.packing,
-            seed=training.data_seed + index,
-        )
-        if dataset.role != "constraint":
-            train_examples = [e for e in parts.train if isinstance(e, LMExample)]
-            if not train_examples:
-                raise RunSetupError(
-                    f"dataset {dataset.name!r} has no training examples left after the eval/test split: "
-                    "add rows or lower its eval_size/test_size"
-                )
-            streams.append(
-                DatasetStream(
-                    train_examples,
-                    batch_size=training.batch_size * world,
-                    pad_id=pad_id,
-                    seed=training.seed * 1000 + index,
-                )
-            )
-        if dataset.role in ("target", "constraint"):
-            domains[dataset.name] = EvalBatches.build(
-                dataset.name,
-                parts.eval,
-                parts.test,
-                num_batches=config.evaluation.batches,
-                batch_size=dataset.eval_batch_size or eval_batch_size,
-                pad_id=pad_id,
-                seed=training.data_seed + 7919 * (index + 1),
-            )
-
-    domain_configs = config.evaluation_domains
-    domain_list = [domains[d.name] for d in domain_configs]
-    for d, built in zip(domain_configs, domain_list, strict=True):
-        if built.metric != d.metric:
-            raise RunSetupError(
-                f"dataset {d.name!r}: metric {d.metric!r} does not fit its rows ({built.metric})"
-            )
-    num_targets = sum(1 for d in domain_configs if d.role == "target")
-    return RunData(
-        streams=streams,
-        dataset_names=[d.name for d in config.training_datasets],
-        domains=domain_list,
-        targets=tuple(range(num_targets)),
-        constraints=tuple(range(num_targets, len(domain_configs))),
-        domain_metrics=[d.metric for d in domain_configs],
-    )
 
 
 def build_run(
@@ -314,22 +231,21 @@ def build_run(
     if len(tokenizer) > vocab:
         raise RunSetupError(
             f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {vocab}: "
-            "use the model's own tokenizer (model.tokenizer) or a larger vocab_size in model.init_config"
+            "use the model's own tokenizer (model.tokenizer) or a larger vocab_size in "
+            "model.init_config"
         )
     trained = prepare_model(base_model, config.lora, training.gradient_checkpointing)
-
-    # The first process of each machine loads and tokenizes into datasets' cache; the others
-    # then read the cached tokens (dynamics.data.formatting.tokenize_rows). A refusal of the
-    # data found by the first reaches the others, which would otherwise wait for it forever.
-    def load() -> RunData:
-        return build_data(config, tokenizer, accelerator.num_processes, data)
-
-    run_data, error = attempt(load) if accelerator.is_local_main_process else (None, None)
-    agree_on_refusal(error)
-    if not accelerator.is_local_main_process:
-        run_data, error = attempt(load)
-    agree_on_refusal(error)
-    assert run_data is not None  # else agree_on_refusal raised
+    run_data = _first_on_each_machine(
+        accelerator,
+        lambda: build_data(
+            config.datasets,
+            training,
+            config.evaluation,
+            tokenizer,
+            accelerator.num_processes,
+            data,
+        ),
+    )
     mixture_sampler = MixtureSampler(
         run_data.streams, seed=training.seed, sampling=training.sampling
     )
@@ -362,3 +278,18 @@ def build_run(
         constraints=run_data.constraints,
         domain_metrics=run_data.domain_metrics,
     )
+
+
+def _first_on_each_machine(accelerator: Accelerator, load: Callable[[], RunData]) -> RunData:
+    """``load()`` on the first process of each machine, then on the others. The first loads
+    and tokenizes into datasets' cache; the others then read the cached tokens
+    (dynamics.data.formatting.tokenize_rows). A refusal of the data found by the first
+    reaches the others, which would otherwise wait for it forever."""
+    first = accelerator.is_local_main_process
+    run_data, error = attempt(load) if first else (None, None)
+    agree_on_refusal(error)
+    if not first:
+        run_data, error = attempt(load)
+    agree_on_refusal(error)
+    assert run_data is not None  # else agree_on_refusal raised
+    return run_data

@@ -14,7 +14,7 @@ from pydantic.fields import FieldInfo
 from dynamics.data.errors import DataError
 from dynamics.data.formats import FORMATS, LM_EVAL_CHOICES
 from dynamics.data.source import DataSource
-from dynamics.engine.config_section import ConfigSection
+from dynamics.engine.config_sections import ConfigSection
 
 COLUMN_KEYS: tuple[str, ...] = tuple(
     f.name.removesuffix("_column")

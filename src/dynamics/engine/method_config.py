@@ -14,7 +14,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from dynamics.core.policy_registry import POLICIES
 from dynamics.core.rules import DEFAULT_VARIANT, RULES, VARIANTS, Rule, RuleSet
 from dynamics.core.rules.target_floor import TargetFloor, TargetFloorParams
-from dynamics.engine.config_section import ConfigSection
+from dynamics.engine.config_sections import ConfigSection
 
 
 class GridConfig(ConfigSection):

@@ -31,7 +31,7 @@ import importlib.util
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from dynamics.data.loading import DataError, check_path, offline, one_line
-from dynamics.engine.config import RunConfig
+from dynamics.engine.config import LoraConfig, ModelConfig, RunConfig
+from dynamics.engine.dataset_config import DatasetConfig
 from dynamics.engine.model import load_tokenizer, resolve_dtype
 from dynamics.runs.rundir import RunDirError
 
@@ -66,35 +67,41 @@ def preflight(
 ) -> list[str]:
     """Refuse what cannot run here (raising ``RunSetupError``, ``RunDirError`` or
     ``DataError``); return the warnings, which are also logged. ``data`` holds the rows
-    passed in Python by dataset name; ``model_given``: the model was passed in Python."""
+    passed in Python by dataset name; ``model_given``: the model was passed in Python.
+
+    The one function here that reads the whole config: each check takes the sections it
+    checks."""
+    model, lora, mixed_precision = config.model, config.lora, config.training.mixed_precision
     check_launch()
-    check_precision(config)
-    check_quantization(config)
+    check_precision(model, lora, mixed_precision)
+    # Read with the precision check it belongs to; logged only once every check has passed.
+    warnings = precision_warnings(model, lora, mixed_precision)
+    check_quantization(model, lora)
     check_output_dir(config.output_dir)
-    check_sources(config, data or {})
+    check_sources(config.datasets, data or {})
     if not model_given:  # the caller's own model and tokenizer need no resolving
-        if config.model.name_or_path is None and config.model.init_config is None:
+        if model.name_or_path is None and model.init_config is None:
             raise RunSetupError(
-                "the config names no model: set model.name_or_path (a hub id or folder) or model.init_config "
-                "(or, from Python, pass it: dynamics.run(config, model=model, tokenizer=tokenizer))"
+                "the config names no model: set model.name_or_path (a hub id or folder) or "
+                "model.init_config (or, from Python, pass it: dynamics.run(config, "
+                "model=model, tokenizer=tokenizer))"
             )
-        check_attention(config)
-        check_model(config)
-    warnings = precision_warnings(config)
+        check_attention(model)
+        check_model(model, config.training.sequence_length, lora)
     for warning in warnings:
         logger.warning(warning)
     return warnings
 
 
-def check_sources(config: RunConfig, data: Mapping[str, Any]) -> None:
+def check_sources(datasets: Sequence[DatasetConfig], data: Mapping[str, Any]) -> None:
     """Every dataset has rows to read: a file that exists, a hub id, or rows passed in Python."""
-    names = [d.name for d in config.datasets]
+    names = [d.name for d in datasets]
     unknown = sorted(set(data) - set(names))
     if unknown:
         raise RunSetupError(
             f"data= names {unknown}, which are not datasets of the config ({names})"
         )
-    for dataset in config.datasets:
+    for dataset in datasets:
         rows = data.get(dataset.name)
         if (
             rows is None
@@ -103,13 +110,13 @@ def check_sources(config: RunConfig, data: Mapping[str, Any]) -> None:
             and dataset.lm_eval_task is None
         ):
             raise DataError(
-                f"dataset {dataset.name!r} has no path or hub_id: set one of them (or, from Python, pass its "
-                f"rows: dynamics.run(config, data={{{dataset.name!r}: rows}}))"
+                f"dataset {dataset.name!r} has no path or hub_id: set one of them (or, from "
+                f"Python, pass its rows: dynamics.run(config, data={{{dataset.name!r}: rows}}))"
             )
         if rows is not None and (dataset.path is not None or dataset.hub_id is not None):
             raise RunSetupError(
-                f"dataset {dataset.name!r} has a {'path' if dataset.path else 'hub_id'} in the config and rows in "
-                "data=: give one of them"
+                f"dataset {dataset.name!r} has a {'path' if dataset.path else 'hub_id'} in the "
+                "config and rows in data=: give one of them"
             )
         check_path(dataset.data_source(rows))
 
@@ -144,10 +151,10 @@ def check_launch() -> None:
         else:
             what = f"{name} ({variable}={value})"
         raise RunSetupError(
-            f"launched under {what}: dynamics snapshots and restores "
-            "sharded training state only under FSDP2; launch with fsdp_version: 2 in the accelerate "
-            "config (or accelerate launch --use_fsdp --fsdp_version 2), or with plain data "
-            "parallelism (torchrun; a LoRA adapter's base model fits on each GPU)"
+            f"launched under {what}: dynamics snapshots and restores sharded training state only "
+            "under FSDP2; launch with fsdp_version: 2 in the accelerate config (or accelerate "
+            "launch --use_fsdp --fsdp_version 2), or with plain data parallelism (torchrun; a "
+            "LoRA adapter's base model fits on each GPU)"
         )
 
 
@@ -160,7 +167,8 @@ def check_output_dir(output_dir: str) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise RunDirError(
-            f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir (or --out)"
+            f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir (or "
+            "--out)"
         )
     error = _creatable_in(existing)
     if error is not None:
@@ -215,9 +223,8 @@ def _first_sentence(err: BaseException) -> str:
     return one_line(err).split(". ", 1)[0]
 
 
-def model_config(config: RunConfig) -> PretrainedConfig:
+def model_config(model: ModelConfig) -> PretrainedConfig:
     """The transformers config of the model to train, without its weights."""
-    model = config.model
     if model.init_config is not None:
         init = dict(model.init_config)
         model_type = init.pop("model_type")
@@ -225,7 +232,8 @@ def model_config(config: RunConfig) -> PretrainedConfig:
             built: PretrainedConfig = AutoConfig.for_model(model_type, **init)
         except (ValueError, TypeError, KeyError) as err:
             raise RunSetupError(
-                f"model.init_config: model_type {model_type!r} cannot be built ({_first_sentence(err)}); "
+                f"model.init_config: model_type {model_type!r} cannot be built "
+                f"({_first_sentence(err)}); "
                 "use a transformers model type, e.g. 'llama', 'qwen2' or 'gpt2'"
             ) from None
         return built
@@ -233,8 +241,8 @@ def model_config(config: RunConfig) -> PretrainedConfig:
     assert name is not None  # validated: exactly one of name_or_path and init_config
     if not Path(name).expanduser().is_dir() and _looks_like_path(name):
         raise RunSetupError(
-            f"model.name_or_path {name!r}: no such local folder; give a model folder (with config.json "
-            "and the weights) or a hub id such as Qwen/Qwen2.5-3B"
+            f"model.name_or_path {name!r}: no such local folder; give a model folder (with "
+            "config.json and the weights) or a hub id such as Qwen/Qwen2.5-3B"
         )
     try:
         loaded: PretrainedConfig = AutoConfig.from_pretrained(
@@ -243,29 +251,30 @@ def model_config(config: RunConfig) -> PretrainedConfig:
     except (OSError, ValueError) as err:
         if Path(name).expanduser().is_dir():
             raise RunSetupError(
-                f"model.name_or_path {name!r}: the folder holds no loadable model ({one_line(err, 160)}); "
-                "point it at a folder with config.json and the weights"
+                f"model.name_or_path {name!r}: the folder holds no loadable model "
+                f"({one_line(err, 160)}); point it at a folder with config.json and the weights"
             ) from None
         raise _not_found("model.name_or_path", name, "model", err) from None
     return loaded
 
 
-def check_model(config: RunConfig) -> None:
-    """The model and tokenizer resolve and fit each other and the settings."""
-    built = model_config(config)
-    tokenizer_field = "model.tokenizer" if config.model.tokenizer else "model.name_or_path"
-    tokenizer_name = config.model.tokenizer or config.model.name_or_path or ""
+def check_model(model: ModelConfig, sequence_length: int, lora: LoraConfig | None) -> None:
+    """The model and tokenizer resolve and fit each other, ``training.sequence_length`` and
+    ``lora.target_modules``."""
+    built = model_config(model)
+    tokenizer_field = "model.tokenizer" if model.tokenizer else "model.name_or_path"
+    tokenizer_name = model.tokenizer or model.name_or_path or ""
     if (
-        config.model.tokenizer
+        model.tokenizer
         and _looks_like_path(tokenizer_name)
         and not Path(tokenizer_name).expanduser().is_dir()
     ):
         raise RunSetupError(
-            f"model.tokenizer {tokenizer_name!r}: no such local folder; give a tokenizer folder or hub id "
-            "(or leave it unset to use the model's)"
+            f"model.tokenizer {tokenizer_name!r}: no such local folder; give a tokenizer folder "
+            "or hub id (or leave it unset to use the model's)"
         )
     try:
-        tokenizer = load_tokenizer(config.model)
+        tokenizer = load_tokenizer(model)
     except (OSError, ValueError, ImportError) as err:
         if Path(tokenizer_name).expanduser().is_dir():
             raise RunSetupError(
@@ -278,31 +287,32 @@ def check_model(config: RunConfig) -> None:
     vocab = getattr(text_config, "vocab_size", None)
     if isinstance(vocab, int) and len(tokenizer) > vocab:
         raise RunSetupError(
-            f"the tokenizer ({tokenizer_field}) has {len(tokenizer)} tokens but the model's vocab_size is "
+            f"the tokenizer ({tokenizer_field}) has {len(tokenizer)} tokens but the model's "
+            "vocab_size is "
             f"{vocab}: use the model's own tokenizer, or a larger vocab_size in model.init_config"
         )
     positions = getattr(text_config, "max_position_embeddings", None) or getattr(
         text_config, "n_positions", None
     )
-    length = config.training.sequence_length
+    length = sequence_length
     if isinstance(positions, int) and length > positions:
         raise RunSetupError(
-            f"training.sequence_length={length} exceeds the model's max_position_embeddings={positions}: "
-            "positions past it were never trained (or have no embedding at all); lower "
-            "training.sequence_length"
+            f"training.sequence_length={length} exceeds the model's "
+            f"max_position_embeddings={positions}: positions past it were never trained (or have "
+            "no embedding at all); lower training.sequence_length"
         )
-    if config.lora is not None and not isinstance(config.lora.target_modules, str):
-        _check_lora_targets(built, list(config.lora.target_modules), config)
+    if lora is not None and not isinstance(lora.target_modules, str):
+        _check_lora_targets(built, list(lora.target_modules), model.trust_remote_code)
 
 
-def _check_lora_targets(built: PretrainedConfig, targets: list[str], config: RunConfig) -> None:
+def _check_lora_targets(
+    built: PretrainedConfig, targets: list[str], trust_remote_code: bool
+) -> None:
     """Every name in lora.target_modules must end a module path of the model (PEFT's rule),
     checked on a meta-device copy: no weights are allocated or read."""
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(
-                built, trust_remote_code=config.model.trust_remote_code
-            )
+            model = AutoModelForCausalLM.from_config(built, trust_remote_code=trust_remote_code)
     except Exception as err:  # a model the check cannot build is left to the real load
         logger.debug("lora.target_modules not checked: no meta-device copy of the model (%s)", err)
         return
@@ -318,7 +328,8 @@ def _check_lora_targets(built: PretrainedConfig, targets: list[str], config: Run
             - {"lm_head"}
         )
         raise RunSetupError(
-            f"lora.target_modules: the model has no module named {', '.join(repr(t) for t in missing)}; "
+            "lora.target_modules: the model has no module named "
+            f"{', '.join(repr(t) for t in missing)}; "
             f"its linear layers are {', '.join(linear[:12])} (or use 'all-linear')"
         )
 
@@ -330,38 +341,41 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def check_quantization(config: RunConfig) -> None:
+def check_quantization(model: ModelConfig, lora: LoraConfig | None) -> None:
     """``model.quantization`` freezes the base weights in bitsandbytes' 4-bit or 8-bit
     layers: only a LoRA adapter can be trained on them, each process holds its own copy (no
     sharding), and the layers compute on a CUDA GPU with the bitsandbytes package."""
-    quantization = config.model.quantization
+    quantization = model.quantization
     if quantization is None:
         return
-    if config.lora is None:
+    if lora is None:
         raise RunSetupError(
-            f"model.quantization (bits: {quantization.bits}) with lora: null: quantized weights cannot be "
-            "fine-tuned in full; set lora to train an adapter on them (QLoRA), or remove model.quantization"
+            f"model.quantization (bits: {quantization.bits}) with lora: null: quantized weights "
+            "cannot be fine-tuned in full; set lora to train an adapter on them (QLoRA), or "
+            "remove model.quantization"
         )
     launch = sharded_launch()
     if launch is not None:
         raise RunSetupError(
-            f"model.quantization under {launch}: a quantized model is not sharded; launch with torchrun "
+            f"model.quantization under {launch}: a quantized model is not sharded; launch with "
+            "torchrun "
             "(each process holds the quantized model and its adapter), or remove model.quantization"
         )
     if not _cuda_available():
         raise RunSetupError(
-            "model.quantization needs a CUDA GPU and bitsandbytes; remove it to train in full precision "
-            "on this machine"
+            "model.quantization needs a CUDA GPU and bitsandbytes; remove it to train in full "
+            "precision on this machine"
         )
     if importlib.util.find_spec("bitsandbytes") is None:
         raise RunSetupError(
-            "model.quantization needs the bitsandbytes package, which is not installed: pip install "
-            "'dynamics[qlora]' (or bitsandbytes), or remove model.quantization to train in full precision"
+            "model.quantization needs the bitsandbytes package, which is not installed: pip "
+            "install 'dynamics[qlora]' (or bitsandbytes), or remove model.quantization to train "
+            "in full precision"
         )
 
 
-def _loaded_dtype(config: RunConfig, loaded_dtype: torch.dtype | None) -> torch.dtype:
-    return loaded_dtype if loaded_dtype is not None else resolve_dtype(config.model.dtype)
+def _loaded_dtype(model: ModelConfig, loaded_dtype: torch.dtype | None) -> torch.dtype:
+    return loaded_dtype if loaded_dtype is not None else resolve_dtype(model.dtype)
 
 
 # attn_implementation -> the package its kernels come from.
@@ -371,35 +385,48 @@ FLASH_PACKAGES = {
 }
 
 
-def check_attention(config: RunConfig) -> None:
+def check_attention(model: ModelConfig) -> None:
     """FlashAttention kernels need a CUDA GPU and their package."""
-    chosen = config.model.attn_implementation
+    chosen = model.attn_implementation
     if chosen not in FLASH_PACKAGES:
         return
     module, package = FLASH_PACKAGES[chosen]
     if not torch.cuda.is_available():
         raise RunSetupError(
-            f"model.attn_implementation {chosen} needs a CUDA GPU, and none is visible; use sdpa (or leave it unset)"
+            f"model.attn_implementation {chosen} needs a CUDA GPU, and none is visible; use sdpa "
+            "(or leave it unset)"
         )
     if importlib.util.find_spec(module) is None:
         raise RunSetupError(
-            f"model.attn_implementation {chosen} needs the {package} package: pip install {package}, or use sdpa"
+            f"model.attn_implementation {chosen} needs the {package} package: pip install "
+            f"{package}, or use sdpa"
         )
 
 
-def check_precision(config: RunConfig, loaded_dtype: torch.dtype | None = None) -> None:
-    """Full fine-tuning of float16 weights under fp16 mixed precision cannot step: the fp16
-    loss scaler refuses to unscale float16 gradients."""
-    dtype = _loaded_dtype(config, loaded_dtype)
-    if config.lora is None and config.training.mixed_precision == "fp16" and dtype == torch.float16:
+def check_precision(
+    model: ModelConfig,
+    lora: LoraConfig | None,
+    mixed_precision: str,
+    loaded_dtype: torch.dtype | None = None,
+) -> None:
+    """Full fine-tuning of float16 weights under fp16 mixed precision
+    (``training.mixed_precision``) cannot step: the fp16 loss scaler refuses to unscale
+    float16 gradients."""
+    dtype = _loaded_dtype(model, loaded_dtype)
+    if lora is None and mixed_precision == "fp16" and dtype == torch.float16:
         raise RunSetupError(
-            "full fine-tuning (lora: null) of float16 weights with training.mixed_precision fp16 cannot "
-            "step: the fp16 loss scaler does not unscale float16 gradients; set model.dtype: float32 "
-            "(fp32 master weights), or train a LoRA adapter"
+            "full fine-tuning (lora: null) of float16 weights with training.mixed_precision fp16 "
+            "cannot step: the fp16 loss scaler does not unscale float16 gradients; set "
+            "model.dtype: float32 (fp32 master weights), or train a LoRA adapter"
         )
 
 
-def precision_warnings(config: RunConfig, loaded_dtype: torch.dtype | None = None) -> list[str]:
+def precision_warnings(
+    model: ModelConfig,
+    lora: LoraConfig | None,
+    mixed_precision: str,
+    loaded_dtype: torch.dtype | None = None,
+) -> list[str]:
     """The warning of full fine-tuning under mixed precision when the weights do not load in
     float32. accelerate's mixed precision only autocasts the forward pass: it keeps no fp32
     master copy, so AdamW updates the weights (and keeps its moments) in the dtype they were
@@ -407,21 +434,21 @@ def precision_warnings(config: RunConfig, loaded_dtype: torch.dtype | None = Non
     with bf16 support, float32 elsewhere). ``loaded_dtype`` overrides that resolution, to
     check a GPU machine's case anywhere. LoRA adapters are created in float32 by PEFT
     whatever the base weights' dtype, so they are never warned about."""
-    precision = config.training.mixed_precision
-    if config.lora is not None or precision == "no":
+    precision = mixed_precision
+    if lora is not None or precision == "no":
         return []
-    dtype = _loaded_dtype(config, loaded_dtype)
+    dtype = _loaded_dtype(model, loaded_dtype)
     if dtype in (torch.float32, torch.float64):
         return []
     name = str(dtype).removeprefix("torch.")
     how = (
         "model.dtype 'auto' picks bfloat16 on a GPU with bf16 support"
-        if config.model.dtype == "auto"
-        else f"model.dtype {config.model.dtype}"
+        if model.dtype == "auto"
+        else f"model.dtype {model.dtype}"
     )
     return [
-        f"full fine-tuning (lora: null) with training.mixed_precision {precision}: master weights stay "
-        f"fp32 only if the model is loaded in fp32, and here it is loaded in {name} ({how}), so the "
-        f"optimizer updates {name} weights and small updates round away; set model.dtype: float32 "
-        "for fp32 master weights"
+        f"full fine-tuning (lora: null) with training.mixed_precision {precision}: master weights "
+        f"stay fp32 only if the model is loaded in fp32, and here it is loaded in {name} ({how}), "
+        f"so the optimizer updates {name} weights and small updates round away; set model.dtype: "
+        "float32 for fp32 master weights"
     ]

@@ -56,13 +56,13 @@ from dynamics.runs import state as run_state
 logger = logging.getLogger(__name__)
 
 
-def checkpoint_steps(config: RunConfig) -> list[int]:
-    """The resume points: every ``training.checkpoint_interval`` steps (by default at every
-    main evaluation; none for 0)."""
-    interval = config.training.checkpoint_interval
+def checkpoint_steps(total_steps: int, interval: int | None, eval_interval: int) -> list[int]:
+    """The resume points: every ``training.checkpoint_interval`` (``interval``) steps before
+    ``training.total_steps``; by default (None) at every main evaluation, every
+    ``evaluation.interval``; none for 0."""
     if interval is None:
-        interval = config.evaluation.interval
-    return list(range(interval, config.training.total_steps, interval)) if interval else []
+        interval = eval_interval
+    return list(range(interval, total_steps, interval)) if interval else []
 
 
 def run(
@@ -90,27 +90,14 @@ def run(
     # weight loading, checkpoint shards) would only interleave with it.
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
-    accelerator_main = is_main_process()
     out = Path(config.output_dir)
-    # Checked before anything is written, so a bad request leaves no half-made run folder;
-    # a refusal found by one rank (only rank 0 checks the output folder) stops every rank.
-    choice, error = attempt(
-        lambda: _check_start(config, data, model is not None, resume, accelerator_main)
-    )
-    agree_on_refusal(error)
+    choice = _start_on_every_rank(config, data, model is not None, resume)
     if resume and (out / rundir.SUMMARY_FILE).is_file():
         return dict(json.loads((out / rundir.SUMMARY_FILE).read_text()))
     resume_point = choice.path if choice is not None else None
     parts = build_run(config, model=model, tokenizer=tokenizer, data=data)
-
     # Created only once setup succeeded: a data or model error leaves no folder behind.
-    agree_on_refusal(
-        attempt(
-            lambda: (
-                _prepare_folder(config, choice if resume else None) if accelerator_main else None
-            )
-        )[1]
-    )
+    _prepare_folder_on_every_rank(config, choice if resume else None)
     accelerator = parts.accelerator
     if config.trackers:
         tracking.start_trackers(accelerator, config)
@@ -128,17 +115,20 @@ def run(
         callbacks = writer.callbacks()
     else:
         callbacks = sharded_saves.callbacks() if sharded_saves is not None else LoopCallbacks()
+    training, evaluation, method = config.training, config.evaluation, config.method
     controller = MixtureController(
-        controlled_learner(parts),
+        controlled_learner(parts.learner, evaluation.relative_noise, evaluation.noise_seed),
         parts.policy,
         targets=parts.targets,
         constraints=parts.constraints,
-        eval_interval=config.evaluation.interval,
-        reduced_batches=config.evaluation.reduced_batches,
+        eval_interval=evaluation.interval,
+        reduced_batches=evaluation.reduced_batches,
         callbacks=callbacks,
-        max_backtracks=config.method.backtrack,
-        backtrack_patience=config.method.backtrack_patience,
-        checkpoint_steps=checkpoint_steps(config),
+        max_backtracks=method.backtrack,
+        backtrack_patience=method.backtrack_patience,
+        checkpoint_steps=checkpoint_steps(
+            training.total_steps, training.checkpoint_interval, evaluation.interval
+        ),
     )
     if resume_point is not None:
         resume_from(resume_point, controller, parts, writer, sharded_saves)
@@ -154,6 +144,27 @@ def run(
         accelerator.end_training()
     accelerator.wait_for_everyone()
     return summary
+
+
+def _start_on_every_rank(
+    config: RunConfig,
+    data: Mapping[str, datasets.Dataset] | None,
+    model_given: bool,
+    resume: bool,
+) -> run_state.ResumeChoice | None:
+    """:func:`_check_start` on every rank. Checked before anything is written, so a bad
+    request leaves no half-made run folder; a refusal found by one rank (only rank 0 checks
+    the output folder) stops every rank."""
+    main = is_main_process()
+    choice, error = attempt(lambda: _check_start(config, data, model_given, resume, main))
+    agree_on_refusal(error)
+    return choice
+
+
+def _prepare_folder_on_every_rank(config: RunConfig, choice: run_state.ResumeChoice | None) -> None:
+    """:func:`_prepare_folder` on rank 0; a failure there stops every rank."""
+    main = is_main_process()
+    agree_on_refusal(attempt(lambda: _prepare_folder(config, choice) if main else None)[1])
 
 
 def _prepare_folder(config: RunConfig, choice: run_state.ResumeChoice | None) -> None:
@@ -229,9 +240,9 @@ def _check_start(
     choice = run_state.choose_resume_point(out)
     if choice.path is None and choice.damaged:
         raise rundir.RunDirError(
-            f"{out} has no usable resume point ({choice.describe_damaged()}): its files were changed or "
-            f"cut short after they were written; restore them from a copy, or start the run again in a new "
-            f"folder: dynamics run {out / rundir.CONFIG_FILE} --out NEW_DIR"
+            f"{out} has no usable resume point ({choice.describe_damaged()}): its files were "
+            "changed or cut short after they were written; restore them from a copy, or start the "
+            f"run again in a new folder: dynamics run {out / rundir.CONFIG_FILE} --out NEW_DIR"
         )
     if choice.path is not None:
         check_same_processes(choice.path, out)
@@ -268,9 +279,9 @@ def check_same_processes(point: Path, out: Path) -> None:
         return f"{n} process" if n == 1 else f"{n} processes"
 
     raise RunSetupError(
-        f"the resume point {point} was saved by {count(saved)} but this run has {here}: resume with the "
-        f"same number of processes (torchrun --nproc-per-node {saved} -m dynamics.cli run --resume {out}, "
-        f"or over several machines {saved} processes in all)"
+        f"the resume point {point} was saved by {count(saved)} but this run has {here}: resume "
+        f"with the same number of processes (torchrun --nproc-per-node {saved} -m dynamics.cli "
+        f"run --resume {out}, or over several machines {saved} processes in all)"
     )
 
 
@@ -287,6 +298,6 @@ def check_same_config(config: RunConfig, out: Path, how: str | None = None) -> N
         mine, theirs = config.model_dump(mode="json"), saved.model_dump(mode="json")
         changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
         raise RunSetupError(
-            f"the config differs from the one {out} started with (in {', '.join(changed)}): resume with "
-            f"the saved {path}, {how or f'e.g. dynamics run --resume {out}'}"
+            f"the config differs from the one {out} started with (in {', '.join(changed)}): "
+            f"resume with the saved {path}, {how or f'e.g. dynamics run --resume {out}'}"
         )

@@ -190,8 +190,9 @@ class OptimizerSteps:
         )
         if len(state.skipped_steps) > self.max_skipped_steps:
             raise Diverged(
-                f"training diverged: {len(state.skipped_steps)} steps had a non-finite loss or gradient "
-                f"(the last at step {step}, on {', '.join(datasets)}), more than "
+                f"training diverged: {len(state.skipped_steps)} steps had a non-finite loss or "
+                f"gradient (the last at step {step}, on {', '.join(datasets)}), more than "
                 f"training.max_skipped_steps={self.max_skipped_steps}: lower optimizer.lr, set "
-                "optimizer.max_grad_norm, or use fp32 (training.mixed_precision: no), and start again"
+                "optimizer.max_grad_norm, or use fp32 (training.mixed_precision: no), and start "
+                "again"
             )

@@ -66,7 +66,6 @@ from dynamics.engine.components import (
     BroadcastPolicy,
     RankSlicedSampler,
     RunComponents,
-    build_data,
     build_policy,
     controlled_learner,
 )
@@ -75,6 +74,7 @@ from dynamics.engine.launch import process_rank, world_size
 from dynamics.engine.learner import BatchSampler, HFLearner
 from dynamics.engine.preflight import RunSetupError, check_sources, sharded_launch
 from dynamics.engine.run import check_same_config
+from dynamics.engine.run_data import build_data
 from dynamics.engine.run_folder import RunFolderWriter
 from dynamics.engine.sampler import MixtureSampler
 from dynamics.runs import rundir
@@ -192,8 +192,10 @@ class DynamicsCallback(TrainerCallback):
         self.tokenizer = tokenizer
         self.world = world = world_size()
         rank = process_rank()
-        check_sources(config, data or {})
-        self.data = build_data(config, tokenizer, world, data)
+        check_sources(config.datasets, data or {})
+        self.data = build_data(
+            config.datasets, config.training, config.evaluation, tokenizer, world, data
+        )
         mixture_sampler = MixtureSampler(
             self.data.streams, seed=config.training.seed, sampling=config.training.sampling
         )
@@ -278,7 +280,11 @@ class DynamicsCallback(TrainerCallback):
             resume_how="trainer.train(resume_from_checkpoint=True) with a DynamicsCallback built from the same config",
         )
         self._controller = MixtureController(
-            controlled_learner(parts),
+            controlled_learner(
+                parts.learner,
+                self.config.evaluation.relative_noise,
+                self.config.evaluation.noise_seed,
+            ),
             policy,
             targets=self.data.targets,
             constraints=self.data.constraints,
