@@ -161,7 +161,8 @@ MATH = {
 
 
 def fixed_token_shares_below_the_floor(data: dict[str, Any], tmp: Path) -> None:
-    """1% of the tokens on math, whose batch share (known once its rows are read) is under the floor."""
+    """1% of the tokens on math, whose batch share (known once its rows are read) is under
+    the floor."""
     data["method"] = {"name": "fixed", "weights": {"math": 1, "wiki": 99}, "min_weight": 0.2}
     data["training"]["sampling"] = "tokens"
 

@@ -290,7 +290,7 @@ def test_an_option_set_turns_off_the_variants_options_that_need_what_it_turns_of
         RunConfig.from_dict(config)
 
 
-def test_the_direct_candidate_is_on_where_an_option_needs_it_and_never_turned_on_over_a_users_false():
+def test_the_direct_candidate_is_on_where_an_option_needs_it_never_over_a_users_false():
     config = minimal()
     config["method"] = {"name": "dynamics", "variant": "paper", "target_noise": 1.0}
     assert RunConfig.from_dict(config).method.robust_options().lp_candidate

@@ -75,8 +75,9 @@ def test_fixed_token_shares_are_checked_against_the_floor_as_batch_shares():
     with pytest.raises(RunSetupError) as err:
         build_policy(config, ["math", "wiki"], unit)
     assert str(err.value) == (
-        "method.weights draw {'wiki': 0.2} of the batches under training.sampling: tokens, less than "
-        "method.min_weight (0.3), a share of batches: raise their weights or lower method.min_weight"
+        "method.weights draw {'wiki': 0.2} of the batches under training.sampling: tokens, "
+        "less than method.min_weight (0.3), a share of batches: "
+        "raise their weights or lower method.min_weight"
     )
     allowed = TokenShares(np.array([64.0, 96.0]))  # batch shares 0.6 and 0.4
     policy = build_policy(config, ["math", "wiki"], allowed)

@@ -27,7 +27,8 @@ def result(feasible: bool, reduction: float, seconds: float = 10.0, violation: f
 
 
 def report_of(tmp_path, monkeypatch, outcomes: dict[str, dict[str, dict[str, dict]]]) -> dict:
-    """``robustness.aggregate`` over run folders whose outcomes are ``outcomes[scenario][seed][label]``."""
+    """``robustness.aggregate`` over run folders whose outcomes are
+    ``outcomes[scenario][seed][label]``."""
     for scenario, seeds in outcomes.items():
         for seed, labels in seeds.items():
             for label in labels:
@@ -65,12 +66,14 @@ def test_each_condition_reads_its_scenarios(tmp_path, monkeypatch):
             "seed1": {**sweep(0.05, 0.50, None), "robust": result(False, 0.0, 30.0)},
             "seed2": {**sweep(0.05, 0.50, None), "robust": result(True, 0.45, 30.0)},
         },
-        # Nothing binds: training on the targets alone (0.90) is the bar, and 0.4 points short fails it.
+        # Nothing binds: training on the targets alone (0.90) is the bar,
+        # and 0.4 points short fails it.
         "unconstrained": {
             f"seed{s}": {**sweep(0.1, 0.7, 0.90), "robust": result(True, 0.896, 20.0)}
             for s in range(3)
         },
-        # No fixed mixture feasible: the least violating on eval is w0 (0.010); the method's 0.012 fails.
+        # No fixed mixture feasible: the least violating on eval is w0 (0.010);
+        # the method's 0.012 fails.
         "nothing_feasible": {
             f"seed{s}": {
                 "fixed-w0": result(False, 0.0, violation=0.010),

@@ -351,7 +351,8 @@ def test_methods_are_compared_with_the_fixed_sweep_at_equal_compute(tmp_path, mo
     assert paper["seeds"] == 2 and paper["median_reduction_test"] == pytest.approx(0.40)
     assert paper["median_cost"] == pytest.approx(2.5) and paper["cost_seeds"] == 1
     assert paper["equal_compute_seeds"] == 1
-    # 2.5 draws from (w1: infeasible, w0, w0.5) ranked on eval: keep w0.5 unless every draw misses it.
+    # 2.5 draws from (w1: infeasible, w0, w0.5) ranked on eval:
+    # keep w0.5 unless every draw misses it.
     miss = (2 / 3) ** 2.5
     w0_kept = miss - (1 / 3) ** 2.5
     expected = 0.40 * (1 - miss) + 0.02 * w0_kept
@@ -359,8 +360,8 @@ def test_methods_are_compared_with_the_fixed_sweep_at_equal_compute(tmp_path, mo
     table = markdown(robustness.aggregate(tmp_path))
     assert "fixed sweep at equal cost" in table
     assert (
-        f"| paper | 2 | 100% | 40.0% | 30.0, 50.0 | 45.0% | 2.50x (1 seed) | {100 * expected:.1f}% (1 seed) |"
-        in table
+        "| paper | 2 | 100% | 40.0% | 30.0, 50.0 | 45.0% | 2.50x (1 seed) | "
+        f"{100 * expected:.1f}% (1 seed) |" in table
     )
 
 

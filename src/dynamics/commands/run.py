@@ -23,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scenario",
         metavar="NAME",
-        help="run one of the paper's scenarios (e.g. paper/s28) instead of a config file; any field can be "
-        "overridden with key=value",
+        help="run one of the paper's scenarios (e.g. paper/s28) instead of a config file; "
+        "any field can be overridden with key=value",
     )
     add_data_root_argument(parser)
     parser.add_argument("--out", help="run folder (overrides output_dir); must be new or empty")
@@ -82,8 +82,8 @@ def main(args: argparse.Namespace) -> int:
             )
     elif config_path is None and args.scenario is None:
         raise UsageError(
-            "give a run config (dynamics run CONFIG.yaml), a scenario (--scenario paper/s28) or a run folder "
-            "to resume (--resume DIR)"
+            "give a run config (dynamics run CONFIG.yaml), a scenario (--scenario paper/s28) "
+            "or a run folder to resume (--resume DIR)"
         )
     if args.scenario is not None and config_path is not None:
         raise UsageError("give either a run config or --scenario, not both")
