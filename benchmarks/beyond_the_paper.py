@@ -1,10 +1,12 @@
 """The paper's method against the robustness options and a fine fixed sweep, on offline
 scenarios with several seeds (``benchmarks/results/beyond-the-paper-notebook.md``).
 
-    .venv/bin/python benchmarks/beyond_the_paper.py [--out runs/beyond] [--scenarios demo,conflict,unconstrained]
-        [--seeds 0,1,2] [--methods paper,robust,...] [--no-fixed] [--report-only] [--jobs N]
+    .venv/bin/python benchmarks/beyond_the_paper.py [--out runs/beyond]
+        [--scenarios demo,conflict,unconstrained] [--seeds 0,1,2] [--methods paper,robust,...]
+        [--no-fixed] [--report-only] [--jobs N]
         [--fixed-from benchmarks/results/protocol.json ...] [--goal robust]
-    .venv/bin/python benchmarks/beyond_the_paper.py --combine A.json B.json --json C.json [--goal robust]
+    .venv/bin/python benchmarks/beyond_the_paper.py --combine A.json B.json --json C.json
+        [--goal robust]
 
 Runs that already finished under ``--out`` are skipped, so the command resumes. Every run
 trains on one thread, ``--jobs`` at a time (default: the CPU cores available). It then

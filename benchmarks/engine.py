@@ -8,8 +8,10 @@
     once per dataset per update, against c_t (up to 128) probe steps.
 
     .venv/bin/python benchmarks/engine.py [--hidden 256] [--layers 4] [--seq 128] [--batch 8]
-    .venv/bin/python benchmarks/engine.py --shape qwen2.5-0.5b --mixed-precision bf16 --lora-rank 32 --seq 512
-    .venv/bin/python benchmarks/engine.py --shape qwen2.5-0.5b --mixed-precision bf16 --lora-rank 32 --seq 512 --quantization 4
+    .venv/bin/python benchmarks/engine.py --shape qwen2.5-0.5b --mixed-precision bf16
+        --lora-rank 32 --seq 512
+    .venv/bin/python benchmarks/engine.py --shape qwen2.5-0.5b --mixed-precision bf16
+        --lora-rank 32 --seq 512 --quantization 4
 
 ``--profile above-goal`` (or ``always``) adds the torch profiler's top entries over one LoRA
 snapshot + restore when its ratio is above the goal (or in any case), sorted by device time

@@ -105,7 +105,8 @@ def main() -> None:
         "--processes",
         type=int,
         default=max(1, torch.cuda.device_count()),
-        help="processes, one per GPU (default: every GPU); with one, each shard is the whole tensor",
+        help="processes, one per GPU (default: every GPU); "
+        "with one, each shard is the whole tensor",
     )
     parser.add_argument(
         "--no-fsdp", action="store_true", help="plain data parallelism (what a CPU can run)"

@@ -1,8 +1,10 @@
 """Wall time of a DynaMiCS run over a fixed-weight run of the same config, next to the
 cost model's prediction (appendix H) for it.
 
-    .venv/bin/python benchmarks/run_overhead.py [--steps 128] [--schedule dense-warmup] [--processes 1,2]
-    .venv/bin/python benchmarks/run_overhead.py --shape qwen2.5-0.5b --seq 512 --batch 8 --mixed-precision bf16
+    .venv/bin/python benchmarks/run_overhead.py [--steps 128] [--schedule dense-warmup]
+        [--processes 1,2]
+    .venv/bin/python benchmarks/run_overhead.py --shape qwen2.5-0.5b --seq 512 --batch 8
+        --mixed-precision bf16
 
 Both runs use the same random-init model (a tiny Llama, or a named shape of
 ``benchmarks/shapes.py``), data (the test fixtures), evaluation settings and steps; only the
@@ -31,9 +33,9 @@ runs. The model has the shape of Qwen2.5-3B (``benchmarks/shapes.py``; random in
 library's default dtype: bfloat16 on a GPU that computes in it, float32 elsewhere, with
 bf16 autocast on a GPU), LoRA rank 32 on every projection, sequences of 512 tokens of
 random ids, batches of 8 (``--seq`` and ``--batch`` change them, for a toy run on a CPU; the
-JSON says whether they are the paper's), ``--datasets`` fine-tuning datasets and ``--domains`` evaluation
-domains. ``--scale s`` shrinks it for a smaller GPU or a CPU: layers, attention heads (128
-wide each; the KV heads keep the 8:1 grouping), hidden and MLP width and the vocabulary
+JSON says whether they are the paper's), ``--datasets`` fine-tuning datasets and ``--domains``
+evaluation domains. ``--scale s`` shrinks it for a smaller GPU or a CPU: layers, attention heads
+(128 wide each; the KV heads keep the 8:1 grouping), hidden and MLP width and the vocabulary
 are multiplied by ``s`` (at least 1 layer, 1 head and 512 tokens). It follows a 2,048-step
 DynaMiCS run with the dense-warmup schedule through the learner, in order: a main
 evaluation of 200 batches per domain every 64 steps, and at every update an anchor
@@ -238,7 +240,8 @@ def main() -> None:
     parser.add_argument(
         "--paper-evaluation",
         action="store_true",
-        help="the paper's evaluation settings (every 64 of 2,048 steps on 200 batches, probes on 50) scaled by --steps/2048",
+        help="the paper's evaluation settings (every 64 of 2,048 steps on 200 batches, "
+        "probes on 50) scaled by --steps/2048",
     )
     paper = parser.add_argument_group(
         "--paper-shape: the paper's cost at the paper's shape (module docstring)"
@@ -340,18 +343,20 @@ def main() -> None:
                 "schedule": args.schedule,
                 "evaluation": {**evaluation_settings(args), "batch_size": args.batch},
                 "evaluation_settings": (
-                    f"the paper's (every {CostModel().eval_interval} of {PAPER_TOTAL_STEPS} steps on "
-                    f"{CostModel().main_eval_batches} batches, probes on {CostModel().reduced_eval_batches}) "
+                    f"the paper's (every {CostModel().eval_interval} of {PAPER_TOTAL_STEPS} steps "
+                    f"on {CostModel().main_eval_batches} batches, "
+                    f"probes on {CostModel().reduced_eval_batches}) "
                     f"scaled by {args.steps}/{PAPER_TOTAL_STEPS}, each at least 1"
                     if args.paper_evaluation
-                    else f"every {args.steps}/32 steps on 8 batches, probes on 2 (the paper's 4:1 batches)"
+                    else f"every {args.steps}/32 steps on 8 batches, probes on 2 "
+                    "(the paper's 4:1 batches)"
                 ),
                 "processes": results,
                 "predicted_cost_ratio_assumed_3": round(predicted(3.0), 3),
                 "measured_train_fwd_ratio": round(ratio, 2),
                 "predicted_cost_ratio_measured_ratio": round(predicted(ratio), 3),
-                "note": "measured_cost_ratio compares training wall time (probes and evaluations in, setup out); "
-                "the prediction is the same for any number of processes",
+                "note": "measured_cost_ratio compares training wall time (probes and evaluations "
+                "in, setup out); the prediction is the same for any number of processes",
             },
             indent=2,
         )
@@ -535,7 +540,8 @@ def predictions(units: dict[str, float | None], n_datasets: int, n_domains: int)
 
 
 def paper_sizes(scenarios: Any) -> list[tuple[int, int]]:
-    """(N, M) of the paper's 50 scenarios (table tab:scenarios), as ``dynamics cost --paper-tables``."""
+    """(N, M) of the paper's 50 scenarios (table tab:scenarios), as
+    ``dynamics cost --paper-tables``."""
     return [(s.N, s.M) for s in scenarios if s.table == "tab:scenarios"]
 
 
@@ -663,7 +669,8 @@ def paper_shape(args: argparse.Namespace) -> dict[str, Any]:
             "main_batches": paper.main_eval_batches,
             "reduced_batches": paper.reduced_eval_batches,
             "batch_size": args.batch,
-            "split": "eval only (a run's main evaluation also evaluates the test split, which the cost model leaves out)",
+            "split": "eval only (a run's main evaluation also evaluates the test split, "
+            "which the cost model leaves out)",
         },
         "seconds_budget": args.seconds,
         "measured": {
@@ -678,9 +685,11 @@ def paper_shape(args: argparse.Namespace) -> dict[str, Any]:
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else None,
         },
         "predicted_2048_steps": predictions({u: per_unit[u] for u in UNITS}, n, m),
-        "note": "unit_s are means over what ran (per training step, per main evaluation of M x 200 batches, "
-        "per probe step, per reduced evaluation of M x 50 batches); predicted_2048_steps are the cost model "
-        "(dynamics.core.cost) evaluated on them, not measurements of a whole run",
+        "note": "unit_s are means over what ran (per training step, "
+        "per main evaluation of M x 200 batches, per probe step, "
+        "per reduced evaluation of M x 50 batches); "
+        "predicted_2048_steps are the cost model (dynamics.core.cost) evaluated on them, "
+        "not measurements of a whole run",
     }
 
 

@@ -13,7 +13,7 @@ output projection, exact), the median seconds of one scoring (the two alternate,
 every ratio is between medians of this run) and, on a GPU, the peak memory. The scores of
 the two must agree (``max_abs_difference``).
 
-    .venv/bin/python benchmarks/scoring.py                         # Qwen2.5-0.5B's vocabulary, 2 layers
+    .venv/bin/python benchmarks/scoring.py            # Qwen2.5-0.5B's vocabulary, 2 layers
     .venv/bin/python benchmarks/scoring.py --layers 24 --questions 18 --length 300
 
 The model is the named shape of ``benchmarks/shapes.py`` from random weights, with

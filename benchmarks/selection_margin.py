@@ -1,6 +1,6 @@
 """How often the checkpoint a run keeps holds its constraints on the test split, at each
-checkpoint selection margin (``benchmarks/results/beyond-the-paper-notebook.md``, "A checkpoint that clears its
-constraints by a margin").
+checkpoint selection margin (``benchmarks/results/beyond-the-paper-notebook.md``, "A checkpoint that
+clears its constraints by a margin").
 
     .venv/bin/python benchmarks/selection_margin.py --out runs/margin [--margins 0,1,2,3]
         [--json benchmarks/results/selection_margin.json]
@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--margins: give at least one margin, each >= 0")
     if not args.out.is_dir():
         parser.error(
-            f"--out {args.out} is not a folder: train into it with benchmarks/beyond_the_paper.py first"
+            f"--out {args.out} is not a folder: "
+            "train into it with benchmarks/beyond_the_paper.py first"
         )
     report = selection_margins(args.out, margins)
     if not report["methods"]:

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         nargs="+",
         default=[],
-        help="earlier protocol reports: the best fixed mixture's seed spread where --out has one seed",
+        help="earlier protocol reports: "
+        "the best fixed mixture's seed spread where --out has one seed",
     )
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(methods) - set(METHODS)) + sorted(set(perturbations) - set(PERTURBATIONS))
     if unknown:
         parser.error(
-            f"unknown methods or perturbations {unknown}: use {sorted(METHODS)} and {sorted(PERTURBATIONS)}"
+            f"unknown methods or perturbations {unknown}: use {sorted(METHODS)} and "
+            f"{sorted(PERTURBATIONS)}"
         )
     try:
         fixed_from = read_reports(args.fixed_from)

@@ -1,8 +1,8 @@
 """Model shapes the benchmarks build from random weights (no downloads).
 
-``tiny`` runs on a CPU in seconds, ``small`` in minutes; ``qwen2.5-0.5b`` has the shape of Qwen/Qwen2.5-0.5B
-(its config.json: 24 layers, hidden 896, 14 heads, 2 KV heads, tied embeddings, a vocabulary
-of 151,936), for the GPU check (``benchmarks/gpu.sh``); ``qwen2.5-3b`` has the shape of
+``tiny`` runs on a CPU in seconds, ``small`` in minutes; ``qwen2.5-0.5b`` has the shape of
+Qwen/Qwen2.5-0.5B (its config.json: 24 layers, hidden 896, 14 heads, 2 KV heads, tied embeddings, a
+vocabulary of 151,936), for the GPU check (``benchmarks/gpu.sh``); ``qwen2.5-3b`` has the shape of
 Qwen/Qwen2.5-3B, the smallest model of the paper (its config.json: 36 layers, hidden 2048,
 16 heads of 128, 2 KV heads, tied embeddings, the same vocabulary), for
 ``benchmarks/run_overhead.py --paper-shape``.

@@ -3,7 +3,8 @@
 Goal: under 50 ms for N = M = 20 on a 2-core machine, so the solver stays negligible next
 to the probes (paper section 3.3: "the cost of these computations is negligible").
 
-    .venv/bin/python benchmarks/solver.py [--datasets 20] [--domains 20] [--problems 20] [--repeats 5]
+    .venv/bin/python benchmarks/solver.py [--datasets 20] [--domains 20] [--problems 20]
+        [--repeats 5]
 
 Prints one JSON object. The problems are random but shaped like real updates: slopes of
 order 1e-3 loss per step, targets helped by some datasets, half the domains constrained

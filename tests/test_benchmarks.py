@@ -52,7 +52,8 @@ def test_the_gpu_check_prints_one_json_object_with_its_measurements(gpu_check):
     ]
     assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in values), values
     assert one["dynamics_train_s"] <= one["dynamics_wall_s"]  # setup left out
-    # The paper's evaluation every 64 of 2,048 steps on 200 batches, probes on 50, scaled to 16 steps.
+    # The paper's evaluation every 64 of 2,048 steps on 200 batches, probes on 50,
+    # scaled to 16 steps.
     assert overhead["evaluation"] == {
         "interval": 1,
         "batches": 2,

@@ -33,7 +33,10 @@ def test_every_command_builds_its_parser():
 
 
 def test_help_does_not_import_torch():
-    code = "import sys; from dynamics.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    code = (
+        "import sys; from dynamics.cli import build_parser; build_parser(); "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -48,7 +48,8 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
 """(importing module, imported package) -> why this arrow points up."""
 
 CORE_THIRD_PARTY = {"numpy", "scipy", "threadpoolctl"}
-"""What ``core`` may import besides the standard library (threadpoolctl caps BLAS threads in the solver)."""
+"""What ``core`` may import besides the standard library
+(threadpoolctl caps BLAS threads in the solver)."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,8 @@ def upward(found: list[Import]) -> list[Import]:
 
 
 def private_imports(found: list[Import]) -> list[Import]:
-    """``from dynamics.x import _name`` (or a private module): a private name used by another module."""
+    """``from dynamics.x import _name`` (or a private module):
+    a private name used by another module."""
 
     def private(name: str) -> bool:
         return name.startswith("_") and not name.startswith("__")

@@ -30,7 +30,8 @@ COMMANDS: dict[str, str] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dynamics",
-        description="Fine-tune language models on a dynamic data mixture under performance constraints.",
+        description="Fine-tune language models on a dynamic data mixture "
+        "under performance constraints.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():

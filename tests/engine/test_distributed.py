@@ -207,7 +207,8 @@ def finish(ranks: list[Child], timeout: float = 120, stop_on_failure: bool = Fal
             for rank in ranks:
                 rank.kill()
             pytest.fail(
-                f"rank {failed[0]} exited with {ranks[failed[0]].poll()}: {ranks[failed[0]].stderr()[-3000:]}"
+                f"rank {failed[0]} exited with {ranks[failed[0]].poll()}: "
+                f"{ranks[failed[0]].stderr()[-3000:]}"
             )
         time.sleep(0.05)
     codes = [rank.poll() for rank in ranks]
@@ -216,7 +217,8 @@ def finish(ranks: list[Child], timeout: float = 120, stop_on_failure: bool = Fal
             rank.kill()
         tails = "; ".join(f"rank {i}: {rank.stderr()[-1000:]}" for i, rank in enumerate(ranks))
         pytest.fail(
-            f"a rank was still running after {timeout} s: it was left waiting for the others ({tails})"
+            f"a rank was still running after {timeout} s: "
+            f"it was left waiting for the others ({tails})"
         )
     if stop_on_failure:
         assert codes == [0] * len(ranks), [rank.stderr()[-3000:] for rank in ranks]

@@ -283,6 +283,6 @@ def test_report_of_a_run_before_its_first_evaluation_and_of_no_run_folder(
     assert cli_main(["report", str(out)]) == 2
     err = capsys.readouterr().err
     assert (
-        f"{out / 'summary.json'} and {out / 'config.yaml'} are missing: is {out} a dynamics run folder?"
-        in err
+        f"{out / 'summary.json'} and {out / 'config.yaml'} are missing: "
+        f"is {out} a dynamics run folder?" in err
     )

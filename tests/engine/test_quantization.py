@@ -105,7 +105,8 @@ def test_without_cuda_the_run_is_refused_at_start(tokenizer_dir, tmp_path, capsy
     monkeypatch.setattr(preflight_module, "_cuda_available", lambda: False)
     message = refusal(quantized_config(tokenizer_dir, tmp_path / "run"), tmp_path, capsys)
     assert message == (
-        "model.quantization needs a CUDA GPU and bitsandbytes; remove it to train in full precision on this machine"
+        "model.quantization needs a CUDA GPU and bitsandbytes; "
+        "remove it to train in full precision on this machine"
     )
 
 

@@ -122,8 +122,8 @@ BEST_SWAP_KILLS = [("best-new", 1), ("best-swap", 1)]
 
 @pytest.fixture(scope="module")
 def killed_runs(reference) -> dict[tuple[str, int], tuple[Path, tuple[int | None, str]]]:
-    """The reference config killed at each point of KILL_POINTS and BEST_SWAP_KILLS: two runs at a time (one
-    thread each, in their own folders), after the reference, which times itself alone."""
+    """The reference config killed at each point of KILL_POINTS and BEST_SWAP_KILLS: two runs at a
+    time (one thread each, in their own folders), after the reference, which times itself alone."""
     base = reference[0]
 
     def killed(kill: tuple[str, int]) -> tuple[Path, tuple[int | None, str]]:

@@ -25,8 +25,9 @@ from tests.fixtures.tiny_tokenizer import FIXTURES
 PAPER_FIXTURES = FIXTURES / "paper_datasets"
 NAMES = list(SCENARIOS)
 TINY_LLAMA = (
-    "{model_type: llama, vocab_size: 512, hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, "
-    "num_attention_heads: 2, num_key_value_heads: 1, max_position_embeddings: 128}"
+    "{model_type: llama, vocab_size: 512, hidden_size: 16, intermediate_size: 32, "
+    "num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1, "
+    "max_position_embeddings: 128}"
 )
 
 

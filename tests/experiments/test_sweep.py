@@ -382,7 +382,8 @@ def test_a_scenario_sweep_plans_the_papers_grid_with_the_scenarios_budgets(tmp_p
         yaml.safe_dump(
             {
                 "base": "base.yaml",
-                # The base config's alignment_batches carries over to the sweep's gradient alignment.
+                # The base config's alignment_batches carries over to the sweep's
+                # gradient alignment.
                 "overrides": ["method.alignment_batches=4"],
                 "scenarios": {"names": ["paper/s28"], "datasets": sources},
                 "methods": {
@@ -465,8 +466,8 @@ def test_proportional_without_budgets_is_left_out_with_a_note(tmp_path):
     plan = plan_sweep(read_sweep_file(path), tmp_path / "out", tmp_path)
     assert [r.method for r in plan.runs] == ["fixed-uniform-w0.2"] * 2
     assert plan.notes == [
-        f"{config}: fixed proportional runs left out: the targets ['math'] have no budget (give each target "
-        "dataset a budget, or use schemes: [uniform])"
+        f"{config}: fixed proportional runs left out: the targets ['math'] have no budget "
+        "(give each target dataset a budget, or use schemes: [uniform])"
         for config in ("lr3e-3", "lr1e-3")
     ]
 

@@ -1,5 +1,6 @@
 """A user's Trainer script with DynamicsCallback, launched by the tests under torchrun:
-``python -m torch.distributed.run --nproc_per_node N tests/integrations/trainer_script.py CONFIG``."""
+``python -m torch.distributed.run --nproc_per_node N
+tests/integrations/trainer_script.py CONFIG``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``dynamics cost``: DynaMiCS compute cost as a multiple of one fixed-mixture run (paper: app:compute_costs)."""
+"""``dynamics cost``: DynaMiCS compute cost as a multiple of one fixed-mixture run (paper:
+app:compute_costs)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ from dynamics.core.schedules import (
 )
 from dynamics.data.scenarios import ScenarioError, list_scenarios, load_scenario
 
-HELP = "Compute cost of a DynaMiCS run as a multiple of one fixed-mixture run (the paper's cost model)."
+HELP = (
+    "Compute cost of a DynaMiCS run as a multiple of one fixed-mixture run "
+    "(the paper's cost model)."
+)
 
 _M_MEANING = "M = targets + constraints"
 
@@ -59,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--train-fwd-ratio",
         type=float,
         default=DEFAULT_TRAIN_FWD_RATIO,
-        help=f"cost of one training step in forward passes of the same batch (default {DEFAULT_TRAIN_FWD_RATIO:g})",
+        help="cost of one training step in forward passes of the same batch (default "
+        f"{DEFAULT_TRAIN_FWD_RATIO:g})",
     )
     parser.add_argument(
         "--predictor",
@@ -130,17 +135,20 @@ def main(args: argparse.Namespace) -> int:
         return 0
 
     print(
-        f"{scenario.name}: N = {scenario.N} fine-tuning datasets, M = {scenario.M} evaluation domains "
+        f"{scenario.name}: N = {scenario.N} fine-tuning datasets, "
+        f"M = {scenario.M} evaluation domains "
         f"({scenario.n_T} targets + {scenario.n_C} constraints)"
     )
     print(
         f"schedule {schedule.name}, {schedule.total_steps} steps, {len(schedule)} updates, "
-        f"{predictor} predictor ({model.n_evals} reduced evaluation{'s' if model.n_evals > 1 else ''} per probe)"
+        f"{predictor} predictor ({model.n_evals} reduced "
+        f"evaluation{'s' if model.n_evals > 1 else ''} per probe)"
     )
     print(_assumption(model.train_fwd_ratio))
     print()
     print(
-        f"{'step':>6} {'H_t':>5} {'c_t':>5} {'recycled':>9} {'baseline rho_t':>15} {'overhead':>12} {'beta_t':>8}"
+        f"{'step':>6} {'H_t':>5} {'c_t':>5} {'recycled':>9} {'baseline rho_t':>15} "
+        f"{'overhead':>12} {'beta_t':>8}"
     )
     for t, h, c, r, b, o in zip(
         cost.steps,
@@ -156,7 +164,8 @@ def main(args: argparse.Namespace) -> int:
         )
     print()
     print(
-        f"total: {cost.relative:.2f}x one fixed-mixture run ({cost.total:,.0f} vs {cost.baseline.sum():,.0f} forward passes)"
+        f"total: {cost.relative:.2f}x one fixed-mixture run ({cost.total:,.0f} vs "
+        f"{cost.baseline.sum():,.0f} forward passes)"
     )
     return 0
 
@@ -183,8 +192,8 @@ def _schedule(args: argparse.Namespace) -> UpdateSchedule:
 
 def _assumption(ratio: float) -> str:
     return (
-        f"assumes one training step = {ratio:g} forward passes of the same batch (--train-fwd-ratio); "
-        f"{_M_MEANING}"
+        f"assumes one training step = {ratio:g} forward passes of the same batch "
+        f"(--train-fwd-ratio); {_M_MEANING}"
     )
 
 
@@ -201,8 +210,9 @@ def _paper_tables(args: argparse.Namespace) -> int:
     for option, value in options.items():
         if value is not None:
             raise UsageError(
-                f"{option} cannot be combined with --paper-tables: the tables fix the paper's 50 scenarios, "
-                "schedules and predictors at 2048 steps and c_max = 128 (only --train-fwd-ratio applies)"
+                f"{option} cannot be combined with --paper-tables: the tables fix the paper's 50 "
+                "scenarios, schedules and predictors at 2048 steps and c_max = 128 "
+                "(only --train-fwd-ratio applies)"
             )
     paper_scenarios = [s for s in list_scenarios() if s.table == "tab:scenarios"]
     results = paper_cost_tables([(s.N, s.M) for s in paper_scenarios], args.train_fwd_ratio)
@@ -227,7 +237,8 @@ def _paper_tables(args: argparse.Namespace) -> int:
         return 0
 
     print(
-        f"Mean cost over the paper's {len(paper_scenarios)} scenarios, as multiples of one fixed-mixture run"
+        f"Mean cost over the paper's {len(paper_scenarios)} scenarios, "
+        "as multiples of one fixed-mixture run"
     )
     print(_assumption(args.train_fwd_ratio))
     print()
@@ -237,6 +248,7 @@ def _paper_tables(args: argparse.Namespace) -> int:
     for row, value in results:
         paper = f"~{row.paper_value:.1f}x"
         print(
-            f"{row.table:<20} {row.schedule:<13} {row.predictor:<9} {value:>7.2f}x {paper:>7} {value - row.paper_value:>+6.2f}"
+            f"{row.table:<20} {row.schedule:<13} {row.predictor:<9} {value:>7.2f}x {paper:>7} "
+            f"{value - row.paper_value:>+6.2f}"
         )
     return 0

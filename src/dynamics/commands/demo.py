@@ -1,4 +1,5 @@
-"""``dynamics demo [--out DIR] [--quick] [--seed N] [--jobs N] [--pretrain]``: the offline end-to-end demonstration."""
+"""``dynamics demo [--out DIR] [--quick] [--seed N] [--jobs N] [--pretrain]``: the offline
+end-to-end demonstration."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="DynaMiCS (the default variant only, without the paper's method as reference) and two fixed "
-        "mixtures: w = 0.05 (the seed-0 sweep's best) and w = 0.2",
+        help="DynaMiCS (the default variant only, without the paper's method as reference) "
+        "and two fixed mixtures: w = 0.05 (the seed-0 sweep's best) and w = 0.2",
     )
     parser.add_argument(
         "--seed",
         type=int,
         default=0,
-        help="seed of the data order, the splits and the mixture sampling (the base model is the same)",
+        help="seed of the data order, the splits and the mixture sampling "
+        "(the base model is the same)",
     )
     parser.add_argument(
         "--jobs",
@@ -32,9 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pretrain",
         action="store_true",
-        help="pretrain the base model on this machine (about 7 minutes on 2 cores, cached) instead of "
-        "installing the weights shipped with dynamics; another CPU pretrains another model, so the "
-        "numbers then differ from README's",
+        help="pretrain the base model on this machine (about 7 minutes on 2 cores, cached) "
+        "instead of installing the weights shipped with dynamics; another CPU pretrains another "
+        "model, so the numbers then differ from README's",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 

@@ -49,13 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--apply-chat-template",
         action="store_true",
         default=None,
-        help="put each context through the tokenizer's chat template, as lm-eval's --apply_chat_template",
+        help="put each context through the tokenizer's chat template, "
+        "as lm-eval's --apply_chat_template",
     )
     parser.add_argument(
         "--fewshot-as-multiturn",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="with --apply-chat-template, few-shot examples as turns of the chat (lm-eval's default)",
+        help="with --apply-chat-template, few-shot examples as turns of the chat "
+        "(lm-eval's default)",
     )
     parser.add_argument(
         "--system-instruction", metavar="TEXT", help="lm-eval's --system_instruction"

@@ -39,17 +39,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--private",
         action="store_true",
-        help="make the repository private (created private, or an existing public one turned private)",
+        help="make the repository private (created private, or an existing public one turned "
+        "private)",
     )
     parser.add_argument(
         "--merge",
         action="store_true",
-        help="upload the LoRA/QLoRA adapter merged into its base model (whole weights) instead of the adapter",
+        help="upload the LoRA/QLoRA adapter merged into its base model (whole weights) "
+        "instead of the adapter",
     )
     parser.add_argument(
         "--base",
         metavar="MODEL",
-        help="with --merge: the base model's hub id or folder, when the run config names none (as dynamics eval)",
+        help="with --merge: the base model's hub id or folder, when the run config names none (as "
+        "dynamics eval)",
     )
     parser.add_argument(
         "--dry-run",
@@ -131,7 +134,8 @@ def _merged_with_card(folder: Path, repo_id: str, out: Path, base: str | None) -
     except (MergeError, RunDirError) as err:
         raise UsageError(str(err)) from None
     print(
-        f"merged: {folder / CHECKPOINT_DIR} into its base model, with a model card of the merged weights"
+        f"merged: {folder / CHECKPOINT_DIR} into its base model, with a model card of the merged "
+        "weights"
     )
     return out
 
@@ -154,7 +158,8 @@ def _push(args: argparse.Namespace, folder: Path, weights: Path, step: int) -> i
 
     api = HfApi()
     try:
-        # None leaves a new repository's visibility to the Hub (an organisation may default to private).
+        # None leaves a new repository's visibility to the Hub (an organisation may default to
+        # private).
         url = api.create_repo(
             args.repo_id, private=True if args.private else None, exist_ok=True, repo_type="model"
         )
@@ -166,21 +171,24 @@ def _push(args: argparse.Namespace, folder: Path, weights: Path, step: int) -> i
             folder_path=weights,
             repo_type="model",
             allow_patterns=files,
-            commit_message=f"dynamics: best checkpoint of {folder.name} (step {step}{', merged' if args.merge else ''})",
+            commit_message=f"dynamics: best checkpoint of {folder.name} (step "
+            f"{step}{', merged' if args.merge else ''})",
         )
     except LocalTokenNotFoundError:
         raise UsageError(
-            "no Hugging Face token: log in with 'hf auth login' or set HF_TOKEN (a token with write access)"
+            "no Hugging Face token: log in with 'hf auth login' or set HF_TOKEN (a token with "
+            "write access)"
         ) from None
     except HfHubHTTPError as err:
         status = getattr(getattr(err, "response", None), "status_code", None)
         if status in (401, 403):
             raise UsageError(
-                f"the Hub refused the upload to {args.repo_id} ({status}): log in with 'hf auth login' or set "
-                "HF_TOKEN to a token with write access to that namespace"
+                f"the Hub refused the upload to {args.repo_id} ({status}): log in with 'hf auth "
+                "login' or set HF_TOKEN to a token with write access to that namespace"
             ) from None
         print(
-            f"dynamics push: error: the upload to {args.repo_id} failed: {' '.join(str(err).split())}",
+            f"dynamics push: error: the upload to {args.repo_id} failed: "
+            f"{' '.join(str(err).split())}",
             file=sys.stderr,
         )
         return 1
@@ -206,10 +214,12 @@ def _is_private(api: HfApi, repo_id: str, *, make_private: bool) -> bool:
     except HfHubHTTPError as err:
         status = getattr(getattr(err, "response", None), "status_code", None)
         raise UsageError(
-            f"--private: {repo_id} exists and is public, and the Hub refused to make it private ({status}): {fix}"
+            f"--private: {repo_id} exists and is public, and the Hub refused to make it private "
+            f"({status}): {fix}"
         ) from None
     if not api.repo_info(repo_id, repo_type="model").private:
         raise UsageError(
-            f"--private: {repo_id} exists and is still public after the request to make it private: {fix}"
+            f"--private: {repo_id} exists and is still public after the request to make it "
+            f"private: {fix}"
         )
     return True

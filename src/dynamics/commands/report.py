@@ -43,7 +43,8 @@ def main(args: argparse.Namespace) -> int:
             out = Path(args.out)
             report = write_report(args.paths, out)
             print(
-                f"report: {out / 'index.html'} ({len(report['figures'])} figures; numbers in {out / 'report.json'})"
+                f"report: {out / 'index.html'} ({len(report['figures'])} figures; "
+                f"numbers in {out / 'report.json'})"
             )
             return 0
         if len(args.paths) != 1:

@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show_parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     config_parser = actions.add_parser(
         "config",
-        help="the scenario's run config (YAML) with the paper's settings; dynamics run --scenario trains it",
+        help="the scenario's run config (YAML) with the paper's settings; "
+        "dynamics run --scenario trains it",
     )
     config_parser.add_argument("name", help="scenario name, e.g. paper/s28")
     add_data_root_argument(config_parser)
@@ -40,8 +41,8 @@ def add_data_root_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-root",
         metavar="DIR",
-        help="read every dataset from DIR/<ABBREV>.jsonl (or .json/.parquet), rows shaped like the hub's, "
-        "instead of the hub (see docs/datasets.md)",
+        help="read every dataset from DIR/<ABBREV>.jsonl (or .json/.parquet), "
+        "rows shaped like the hub's, instead of the hub (see docs/datasets.md)",
     )
 
 
@@ -146,7 +147,8 @@ def _table(scenarios: list[Scenario]) -> str:
         for row in [header, *rows]
     ]
     lines.append(
-        "(acc) = accuracy constraint; all others are loss constraints. `dynamics scenarios show NAME` for details."
+        "(acc) = accuracy constraint; all others are loss constraints. "
+        "`dynamics scenarios show NAME` for details."
     )
     return "\n".join(line.rstrip() for line in lines)
 

@@ -63,7 +63,8 @@ def _read_json(path: str) -> Any:
                 text = f.read()
     except OSError as err:
         raise UsageError(
-            f"cannot read problem file {name}: {err.strerror}; pass the path of a JSON problem file or '-' for stdin"
+            f"cannot read problem file {name}: {err.strerror}; "
+            "pass the path of a JSON problem file or '-' for stdin"
         ) from None
     except UnicodeDecodeError:
         raise UsageError(
@@ -73,7 +74,8 @@ def _read_json(path: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise UsageError(
-            f"problem file {name} is not valid JSON ({err.msg} at line {err.lineno} column {err.colno}); fix the syntax"
+            f"problem file {name} is not valid JSON "
+            f"({err.msg} at line {err.lineno} column {err.colno}); fix the syntax"
         ) from None
 
 
@@ -99,7 +101,8 @@ def _numbers(
     for k, x in enumerate(value):
         if not (_is_number(x) or (allow_null and x is None)):
             raise UsageError(
-                f"'{field}[{k}]' must be a finite number{' or null' if allow_null else ''}, got {x!r}"
+                f"'{field}[{k}]' must be a finite number{' or null' if allow_null else ''}, "
+                f"got {x!r}"
             )
     return value
 
@@ -107,12 +110,14 @@ def _numbers(
 def _indices(value: Any, field: str, num_domains: int) -> list[int]:
     if not isinstance(value, list):
         raise UsageError(
-            f"'{field}' must be a list of domain indices in [0, {num_domains - 1}], got {type(value).__name__}"
+            f"'{field}' must be a list of domain indices in [0, {num_domains - 1}], "
+            f"got {type(value).__name__}"
         )
     for k, i in enumerate(value):
         if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < num_domains:
             raise UsageError(
-                f"'{field}[{k}]' must be a domain index in [0, {num_domains - 1}] (a row of slopes), got {i!r}"
+                f"'{field}[{k}]' must be a domain index in [0, {num_domains - 1}] "
+                f"(a row of slopes), got {i!r}"
             )
     if len(set(value)) != len(value):
         raise UsageError(f"'{field}' lists an index twice; list each domain once")
@@ -146,7 +151,8 @@ def load_problem(data: Any) -> MixtureProblem:
     """
     if not isinstance(data, dict):
         raise UsageError(
-            f"the problem file must hold a JSON object with keys {list(_REQUIRED_KEYS)}, got {type(data).__name__}"
+            f"the problem file must hold a JSON object with keys {list(_REQUIRED_KEYS)}, "
+            f"got {type(data).__name__}"
         )
     unknown = sorted(set(data) - set(_REQUIRED_KEYS) - set(_OPTIONAL_KEYS))
     if unknown:
@@ -179,7 +185,8 @@ def load_problem(data: Any) -> MixtureProblem:
     for i in constraints:
         if reference[i] is None:
             raise UsageError(
-                f"'reference_losses[{i}]' is null but domain {i} is a constraint; give its reference loss (the base model's)"
+                f"'reference_losses[{i}]' is null but domain {i} is a constraint; "
+                "give its reference loss (the base model's)"
             )
     horizon = data["horizon"]
     if not _is_number(horizon) or horizon <= 0:
@@ -189,7 +196,8 @@ def load_problem(data: Any) -> MixtureProblem:
     min_weight = data.get("min_weight", 0.0)
     if not _is_number(min_weight) or not (min_weight >= 0 and num_datasets * min_weight <= 1):
         raise UsageError(
-            f"'min_weight' must be a number in [0, 1/N] = [0, {1 / num_datasets:g}] for N = {num_datasets} datasets "
+            f"'min_weight' must be a number in [0, 1/N] = [0, {1 / num_datasets:g}] for "
+            f"N = {num_datasets} datasets "
             f"(the least weight of every dataset, method.floors.all), got {min_weight!r}"
         )
     try:

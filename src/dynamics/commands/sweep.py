@@ -17,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--address",
-        help="a running Ray cluster ('auto' on one of its nodes, or ray://host:10001); default: a local Ray",
+        help="a running Ray cluster ('auto' on one of its nodes, or ray://host:10001); "
+        "default: a local Ray",
     )
     parser.add_argument(
         "--num-cpus", type=int, help="CPU cores of the local Ray instance (default: all)"
@@ -25,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-ray",
         action="store_true",
-        help="run one after another in this process even when Ray is installed, on whatever devices it sees",
+        help="run one after another in this process even when Ray is installed, "
+        "on whatever devices it sees",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="list the runs and their status, train nothing"

@@ -4,6 +4,7 @@ open("docs/config.md", "w").write(m())'``."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -18,6 +19,11 @@ from dynamics.engine.config import (
 )
 from dynamics.engine.dataset_config import DatasetConfig
 from dynamics.engine.method_config import FloorsConfig, GridConfig, MethodConfig
+
+PROSE_WIDTH = 100
+"""Columns of a prose line in docs/*.md (tests/test_docs_width.py checks the hand-written ones)."""
+_WORD = re.compile(r"(?:`[^`]*`|[^\s`])+")
+"""What a line never breaks inside: a run of characters without spaces, code spans included."""
 
 
 def config_reference_markdown() -> str:
@@ -45,11 +51,14 @@ def config_reference_markdown() -> str:
     lines = [
         "# Run configuration reference",
         "",
-        "Generated from the config's field descriptions (`dynamics.engine.config_docs`); a test keeps",
-        "this file in sync. Override any field on the command line with `key.path=value`",
-        "(datasets by name: `datasets.math.budget=500`). The config of one of the paper's",
-        "scenarios, with the paper's settings: `dynamics scenarios config paper/s28`; train it with",
-        "`dynamics run --scenario paper/s28` (docs/datasets.md says how its datasets are read).",
+        *prose_lines(
+            "Generated from the config's field descriptions (`dynamics.engine.config_docs`); "
+            "a test keeps this file in sync. Override any field on the command line with "
+            "`key.path=value` (datasets by name: `datasets.math.budget=500`). The config of one "
+            "of the paper's scenarios, with the paper's settings: "
+            "`dynamics scenarios config paper/s28`; train it with "
+            "`dynamics run --scenario paper/s28` (docs/datasets.md says how its datasets are read)."
+        ),
         "",
         "| field | default | description |",
         "| --- | --- | --- |",
@@ -62,7 +71,7 @@ def config_reference_markdown() -> str:
             "",
             f"## `{prefix}`",
             "",
-            intro,
+            *prose_lines(intro),
             "",
             "| field | default | description |",
             "| --- | --- | --- |",
@@ -70,6 +79,19 @@ def config_reference_markdown() -> str:
         for name, info in model.model_fields.items():
             lines.append(f"| `{name}` | `{_default(info)}` | {info.description or ''} |")
     return "\n".join(lines) + "\n"
+
+
+def prose_lines(text: str) -> list[str]:
+    """A paragraph as lines within the docs' width. A code span stays on one line, so that it
+    can be copied as it is; a table row keeps its field's description on one line, as a
+    Markdown table needs."""
+    lines: list[str] = []
+    for word in _WORD.findall(text):
+        if lines and len(lines[-1]) + 1 + len(word) <= PROSE_WIDTH:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
 
 
 def _default(info: Any) -> str:

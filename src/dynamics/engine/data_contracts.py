@@ -104,5 +104,6 @@ def check_domains(domains: Sequence[EvaluationDomain]) -> None:
     for domain in domains:
         if domain.metric not in ("loss", "accuracy"):
             raise ValueError(
-                f"domain {domain.name!r}: metric must be 'loss' or 'accuracy', got {domain.metric!r}"
+                f"domain {domain.name!r}: metric must be 'loss' or 'accuracy', "
+                f"got {domain.metric!r}"
             )

@@ -85,14 +85,14 @@ def model_args(run_dir: Path, base: str | None = None) -> dict[str, dict[str, An
     checkpoint = rundir.best_checkpoint_dir(run_dir)
     if not checkpoint.is_dir():
         raise HarnessError(
-            f"{run_dir} has no {rundir.CHECKPOINT_DIR}/: the run has not reached a feasible evaluation, so there is "
-            "no checkpoint to compare with the base model"
+            f"{run_dir} has no {rundir.CHECKPOINT_DIR}/: the run has not reached a feasible "
+            "evaluation, so there is no checkpoint to compare with the base model"
         )
     pretrained = base if base is not None else config.model.name_or_path
     if pretrained is None:
         raise HarnessError(
-            f"{run_dir}: the run's base model is not a hub id or folder (model.init_config, or a model passed in "
-            "Python): give --base with the base model's hub id or folder"
+            f"{run_dir}: the run's base model is not a hub id or folder (model.init_config, "
+            "or a model passed in Python): give --base with the base model's hub id or folder"
         )
     shared: dict[str, Any] = {
         "dtype": config.model.dtype,
@@ -168,7 +168,8 @@ def evaluate_run(
         import lm_eval
     except ImportError:
         raise HarnessError(
-            "dynamics eval needs lm-evaluation-harness: pip install 'dynamics[lm-eval]' (or lm_eval==0.4.13)"
+            "dynamics eval needs lm-evaluation-harness: "
+            "pip install 'dynamics[lm-eval]' (or lm_eval==0.4.13)"
         ) from None
     import torch
 

@@ -1,4 +1,5 @@
-"""The Learner for Hugging Face causal LMs (docs/method.md; paper section 3 and the appendices on gradient alignment and accuracy constraints).
+"""The Learner for Hugging Face causal LMs (docs/method.md; paper section 3 and the appendices on
+gradient alignment and accuracy constraints).
 
 ``HFLearner`` implements :class:`dynamics.core.learner.Learner` and
 :class:`~dynamics.core.learner.AlignmentLearner`:

@@ -30,8 +30,8 @@ def merge_adapter(run_dir: str | Path, out: str | Path, base: str | None = None)
     checkpoint = rundir.best_checkpoint_dir(folder)
     if checkpoint.is_dir() and not (checkpoint / ADAPTER_CONFIG).is_file():
         raise MergeError(
-            f"--merge: {checkpoint} holds whole weights (a full fine-tuning run), so there is no adapter to "
-            "merge: push without --merge"
+            f"--merge: {checkpoint} holds whole weights (a full fine-tuning run), "
+            "so there is no adapter to merge: push without --merge"
         )
     try:
         arguments = model_args(folder, base)["base"]

@@ -147,8 +147,9 @@ def prepare_model(
     quantized = is_quantized(model)
     if quantized and lora is None:
         raise ValueError(
-            "the model is loaded quantized (model.quantization), so its weights cannot be trained: set lora "
-            "to train an adapter on them, or remove model.quantization for full fine-tuning"
+            "the model is loaded quantized (model.quantization), so its weights cannot be "
+            "trained: set lora to train an adapter on them, "
+            "or remove model.quantization for full fine-tuning"
         )
     if gradient_checkpointing:
         # Non-reentrant checkpointing lets gradients reach LoRA weights even though the

@@ -383,9 +383,9 @@ def install_shipped_base_model(folder: Path, spec: BaseModelSpec) -> None:
     digest = weights_sha256(weights) if weights.is_file() else "missing"
     if digest != SHIPPED_WEIGHTS_SHA256:
         raise ValueError(
-            f"the shipped base model {weights} is damaged (SHA-256 {digest[:16]}, expected "
-            f"{SHIPPED_WEIGHTS_SHA256[:16]}): reinstall dynamics, or pretrain the base model on this "
-            "machine (dynamics demo --pretrain)"
+            f"the shipped base model {weights} is damaged (SHA-256 {digest[:16]}, "
+            f"expected {SHIPPED_WEIGHTS_SHA256[:16]}): reinstall dynamics, or pretrain the base "
+            "model on this machine (dynamics demo --pretrain)"
         )
     write_offline_domains(folder / DOMAINS_DIR, spec.data_seed, spec.sizes)
     tokenizer = byte_tokenizer()
@@ -423,8 +423,8 @@ def base_model_summary(folder: Path) -> str:
         else "pretrained on this machine"
     )
     return (
-        f"weights SHA-256 {digest[:16]} ({origin}), quiz accuracy {report['quiz_accuracy']:.3f}, held-out code / prose "
-        f"{losses['code']:.3f} / {losses['prose']:.3f} nats"
+        f"weights SHA-256 {digest[:16]} ({origin}), quiz accuracy {report['quiz_accuracy']:.3f}, "
+        f"held-out code / prose {losses['code']:.3f} / {losses['prose']:.3f} nats"
     )
 
 

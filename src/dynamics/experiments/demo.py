@@ -96,8 +96,8 @@ RUN_THREADS = 1
 """Torch threads of each demo run. One, whether the runs train one after another in this
 process or several at once in their own processes (``jobs``): the order in which a
 multi-threaded kernel adds up its parts depends on the thread count, so a fixed count makes
-a run's numbers independent of the machine's cores and of ``jobs``. A small model uses a second thread
-poorly, so on two cores two runs of one thread each finish sooner than the same runs of
+a run's numbers independent of the machine's cores and of ``jobs``. A small model uses a second
+thread poorly, so on two cores two runs of one thread each finish sooner than the same runs of
 two threads one after another."""
 FINE_TARGET_MASSES = (0.05, 0.1)
 QUICK_FIXED = ("uniform-w0.05", "uniform-w0.2")
@@ -114,8 +114,8 @@ WHY = {
     "code-heldout": "constraint (loss): stdlib code pretraining held out; must not get worse",
     "prose-heldout": "constraint (loss): stdlib prose pretraining held out; must not get worse",
     "quiz": "constraint (accuracy): stdlib facts the base model answers well above chance (0.25); "
-    "must not drop. Closed-book recall: its questions, answered, are in `facts`, so the quiz measures "
-    "whether fine-tuning keeps memorised facts, not whether the model generalises",
+    "must not drop. Closed-book recall: its questions, answered, are in `facts`, so the quiz "
+    "measures whether fine-tuning keeps memorised facts, not whether the model generalises",
 }
 
 
@@ -353,7 +353,8 @@ def train_all(configs: dict[str, dict[str, Any]], jobs: int, *, progress: bool) 
                 finished_count += 1
                 if progress:
                     print(
-                        f"[{finished_count}/{len(labels)}] {label} done at {time.perf_counter() - started:.0f} s",
+                        f"[{finished_count}/{len(labels)}] {label} done at "
+                        f"{time.perf_counter() - started:.0f} s",
                         flush=True,
                     )
                 following = next(waiting, None)

@@ -86,7 +86,8 @@ def scenario_config(
         model = (data.get("model") or {}).get("name_or_path")
         if model is not None and model not in PAPER_LEARNING_RATES:
             logger.warning(
-                "%s is not one of the paper's models %s: its learning rate stays %g; set optimizer.lr to choose one",
+                "%s is not one of the paper's models %s: its learning rate stays %g; "
+                "set optimizer.lr to choose one",
                 model,
                 sorted(PAPER_LEARNING_RATES),
                 FALLBACK_LEARNING_RATE,

@@ -75,12 +75,13 @@ def _both_schemes() -> list[Scheme]:
 class DynamicsMethods(_Section):
     schedules: list[str | list[int]] = Field(
         default_factory=_dense_warmup,
-        description="Update schedules, one DynaMiCS run each (presets, fixed:H, or a list of steps).",
+        description="Update schedules, one DynaMiCS run each "
+        "(presets, fixed:H, or a list of steps).",
     )
     variants: list[Variant] = Field(
         default_factory=_paper,
-        description="method.variant values, crossed with the schedules (default: the paper's method, the "
-        "reference).",
+        description="method.variant values, crossed with the schedules "
+        "(default: the paper's method, the reference).",
     )
     predictors: list[Predictor] = Field(
         default_factory=_linear, description="method.predictor values, crossed with the above."
@@ -90,11 +91,13 @@ class DynamicsMethods(_Section):
 class FixedMethods(_Section):
     schemes: list[Scheme] = Field(
         default_factory=_both_schemes,
-        description="Fixed-weight schemes (paper section 4.4); proportional needs every target's budget.",
+        description="Fixed-weight schemes (paper section 4.4); "
+        "proportional needs every target's budget.",
     )
     target_masses: list[float] = Field(
         default_factory=lambda: list(PAPER_TARGET_MASSES),
-        description="Target masses w in [0, 1]; configurations identical to an earlier one are skipped.",
+        description="Target masses w in [0, 1]; "
+        "configurations identical to an earlier one are skipped.",
     )
 
     @field_validator("target_masses")
@@ -140,8 +143,9 @@ class ScenarioSweep(_Section):
     )
     datasets: dict[str, dict[str, Any]] = Field(
         ...,
-        description="Where each dataset abbreviation's rows are: abbreviation -> fields of a run config's "
-        "dataset entry (path or hub_id, format, columns, ...); name, role and budget come from the scenario.",
+        description="Where each dataset abbreviation's rows are: abbreviation -> fields of a run "
+        "config's dataset entry (path or hub_id, format, columns, ...); "
+        "name, role and budget come from the scenario.",
     )
 
 
@@ -149,8 +153,8 @@ class Resources(_Section):
     gpus: float = Field(
         0,
         ge=0,
-        description="GPUs per run (Ray task); 0 trains on CPU (the task sees no GPU). Without Ray (--no-ray) "
-        "runs use whatever devices the process sees.",
+        description="GPUs per run (Ray task); 0 trains on CPU (the task sees no GPU). "
+        "Without Ray (--no-ray) runs use whatever devices the process sees.",
     )
     cpus: int = Field(
         1, ge=1, description="CPU cores per run; it trains with this many torch threads."
@@ -166,7 +170,8 @@ class SweepFile(_Section):
     )
     configs: dict[str, list[str]] = Field(
         default_factory=dict,
-        description="Named variants of the base: name -> its key=value overrides (default: the base alone).",
+        description="Named variants of the base: name -> its key=value overrides "
+        "(default: the base alone).",
     )
     scenarios: ScenarioSweep | None = Field(
         None, description="The paper's scenarios instead of (or crossed with) configs."
@@ -285,8 +290,8 @@ def method_sections(
         ]
         if "proportional" in methods.fixed.schemes and unbudgeted:
             notes.append(
-                f"fixed proportional runs left out: the targets {unbudgeted} have no budget (give each target "
-                "dataset a budget, or use schemes: [uniform])"
+                f"fixed proportional runs left out: the targets {unbudgeted} have no budget "
+                "(give each target dataset a budget, or use schemes: [uniform])"
             )
         # Only the schemes asked for: a proportional mixture equal to a uniform one is
         # skipped as a duplicate only when the uniform one is planned too.
@@ -322,8 +327,8 @@ def scenario_datasets(name: str, sources: dict[str, dict[str, Any]]) -> list[dic
     )
     if missing:
         raise SweepError(
-            f"scenarios.datasets: {name} needs rows for {missing}; add e.g. '{missing[0]}: {{path: ...}}' "
-            "(see docs/sweeps.md)"
+            f"scenarios.datasets: {name} needs rows for {missing}; "
+            f"add e.g. '{missing[0]}: {{path: ...}}' (see docs/sweeps.md)"
         )
     out: list[dict[str, Any]] = []
     for spec, role in [(t, "target") for t in scenario.targets] + [
@@ -455,7 +460,10 @@ def _duplicate_message(sweep: SweepFile, group: str, method: str, path: Path) ->
     """Why two planned runs share ``path``, naming the sweep file's field to fix."""
     where = f"the sweep plans run {group}/{method} twice (both would write {path})"
     if sweep.scenarios is not None and _repeated(sweep.scenarios.names):
-        return f"scenarios.names: {where}: remove the repeated scenarios {_repeated(sweep.scenarios.names)}"
+        return (
+            f"scenarios.names: {where}: remove the repeated scenarios "
+            f"{_repeated(sweep.scenarios.names)}"
+        )
     fields: list[tuple[str, list[Any]]] = []
     if method.startswith("dynamics-") and sweep.methods.dynamics is not None:
         dynamics = sweep.methods.dynamics
@@ -473,7 +481,10 @@ def _duplicate_message(sweep: SweepFile, group: str, method: str, path: Path) ->
     for name, values in fields:
         if _repeated(values):
             return f"{section}.{name}: {where}: remove the repeated entries {_repeated(values)}"
-    return f"{section}.schedules: {where}: two of its schedules get the folder label '{method}'; keep one of them"
+    return (
+        f"{section}.schedules: {where}: two of its schedules get the folder label '{method}'; "
+        "keep one of them"
+    )
 
 
 def _config_conflicts(runs: list[PlannedRun]) -> dict[str, str]:
@@ -557,7 +568,8 @@ def record_failure(folder: Path, err: BaseException, details: str) -> dict[str, 
         rundir.atomic_write_text(error_file, details)
     except OSError as write_err:
         return {
-            "error": f"{_one_line(err)} (no traceback: {error_file} could not be written: {_one_line(write_err)})"
+            "error": f"{_one_line(err)} (no traceback: {error_file} could not be written: "
+            f"{_one_line(write_err)})"
         }
     return {"error": f"{_one_line(err)} (traceback in {error_file})", "error_file": str(error_file)}
 
@@ -572,8 +584,9 @@ def _check_fits(nodes: list[dict[str, Any]], resources: Resources, address: str 
         alive, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={}
     )
     raise SweepError(
-        f"resources: each run asks for {resources.gpus:g} GPUs and {resources.cpus} CPU cores, but no node of "
-        f"{where} has that much (the largest: {largest.get('GPU', 0):g} GPUs, {largest.get('CPU', 0):g} cores); "
+        f"resources: each run asks for {resources.gpus:g} GPUs and {resources.cpus} CPU cores, "
+        f"but no node of {where} has that much "
+        f"(the largest: {largest.get('GPU', 0):g} GPUs, {largest.get('CPU', 0):g} cores); "
         "lower resources.gpus / resources.cpus"
         + (", or give --address of a cluster that has them" if address is None else "")
     )
@@ -738,8 +751,10 @@ def run_sweep(
             echo(f"[{index}/{len(jobs)}] {planned.name}: FAILED: {result['error']}")
         else:
             echo(
-                f"[{index}/{len(jobs)}] {planned.name}: {'feasible' if result['feasible'] else 'infeasible'}, "
-                f"reduction {100 * result['constrained_ppl_reduction']:.1f}%, {result['seconds']:.0f} s"
+                f"[{index}/{len(jobs)}] {planned.name}: "
+                f"{'feasible' if result['feasible'] else 'infeasible'}, "
+                f"reduction {100 * result['constrained_ppl_reduction']:.1f}%, "
+                f"{result['seconds']:.0f} s"
             )
         rundir.write_json(out / SWEEP_FILE, record)
     final = {
@@ -747,7 +762,8 @@ def run_sweep(
         for s in ("complete", "done", "failed", "conflict")
     }
     echo(
-        f"sweep: {final['done']} finished now, {final['complete']} were already complete, {final['failed']} failed"
+        f"sweep: {final['done']} finished now, {final['complete']} were already complete, "
+        f"{final['failed']} failed"
         + (
             f" (see {out / SWEEP_FILE}; rerun the same command to retry them)"
             if final["failed"]

@@ -137,9 +137,9 @@ class MixtureTrainSource:
         """The data collator: one micro-batch, drawn when it reaches the device."""
         if len(placeholders) != self.batch_size:
             raise RunSetupError(
-                f"the dataloader asked for a batch of {len(placeholders)} rows but the mixture draws "
-                f"{self.batch_size}: set TrainingArguments.per_device_train_batch_size to training.batch_size "
-                f"({self.batch_size})"
+                f"the dataloader asked for a batch of {len(placeholders)} rows but the mixture "
+                f"draws {self.batch_size}: set TrainingArguments.per_device_train_batch_size to "
+                f"training.batch_size ({self.batch_size})"
             )
         return PendingBatch(self)
 
@@ -147,8 +147,8 @@ class MixtureTrainSource:
         """The next micro-batch: dataset j with probability ``w_j``, its stream's next batch."""
         if self.weights is None:
             raise RuntimeError(
-                "the mixture has no weights yet: pass the DynamicsCallback to the Trainer's callbacks "
-                "(it sets the weights when training begins)"
+                "the mixture has no weights yet: pass the DynamicsCallback to the Trainer's "
+                "callbacks (it sets the weights when training begins)"
             )
         _, batch = self.sampler.next_batch(self.weights)
         self.drawn += 1
@@ -185,8 +185,8 @@ class DynamicsCallback(TrainerCallback):
     ) -> None:
         if config.method.backtrack:
             raise RunSetupError(
-                "method.backtrack returns the model to an earlier step, which a Trainer's step counter "
-                "cannot follow: set method.backtrack: 0, or run with dynamics run"
+                "method.backtrack returns the model to an earlier step, which a Trainer's step "
+                "counter cannot follow: set method.backtrack: 0, or run with dynamics run"
             )
         self.config = config
         self.tokenizer = tokenizer
@@ -232,7 +232,8 @@ class DynamicsCallback(TrainerCallback):
     ) -> None:
         if model is None or optimizer is None or lr_scheduler is None:
             raise RunSetupError(
-                "DynamicsCallback needs the Trainer's model, optimizer and LR scheduler at train begin"
+                "DynamicsCallback needs the Trainer's model, optimizer and LR scheduler "
+                "at train begin"
             )
         self._check_trainer(args, state)
         started = time.perf_counter()
@@ -277,7 +278,8 @@ class DynamicsCallback(TrainerCallback):
             parts,
             out,
             progress=False,
-            resume_how="trainer.train(resume_from_checkpoint=True) with a DynamicsCallback built from the same config",
+            resume_how="trainer.train(resume_from_checkpoint=True) "
+            "with a DynamicsCallback built from the same config",
         )
         self._controller = MixtureController(
             controlled_learner(
@@ -308,10 +310,11 @@ class DynamicsCallback(TrainerCallback):
         expected = state.global_step * args.gradient_accumulation_steps
         if self.source.drawn != expected:
             raise RuntimeError(
-                f"after {state.global_step} steps the Trainer drew {self.source.drawn} batches of the "
-                f"mixture instead of {expected}: pass train_dataset=callback.train_dataset and "
-                "data_collator=callback.data_collator, and keep the Trainer's default dataloader (device placement "
-                "on, batches not dispatched), whose batches are drawn when a step asks for them"
+                f"after {state.global_step} steps the Trainer drew {self.source.drawn} batches of "
+                f"the mixture instead of {expected}: pass train_dataset=callback.train_dataset and "
+                "data_collator=callback.data_collator, and keep the Trainer's default dataloader "
+                "(device placement on, batches not dispatched), "
+                "whose batches are drawn when a step asks for them"
             )
         self._remaining -= 1
         if self._remaining == 0:
@@ -400,9 +403,9 @@ class DynamicsCallback(TrainerCallback):
         point = checkpoint / STATE_DIR
         if run_state.find_resume_point(checkpoint, name=STATE_DIR) is None:
             raise RunSetupError(
-                f"the Trainer resumes at step {state.global_step} but {point} holds no complete mixture state: "
-                "resume from a checkpoint the Trainer saved with DynamicsCallback (save_strategy 'steps'), "
-                "inside TrainingArguments.output_dir"
+                f"the Trainer resumes at step {state.global_step} but {point} holds no complete "
+                "mixture state: resume from a checkpoint the Trainer saved with DynamicsCallback "
+                "(save_strategy 'steps'), inside TrainingArguments.output_dir"
             )
         check_same_config(self.config, point, how="building the callback from it")
         saved = run_state.read_loop_file(point)
@@ -440,13 +443,13 @@ class DynamicsCallback(TrainerCallback):
             theirs, ours = getattr(args, trainer_field), getattr(training, config_field)
             if theirs != ours:
                 problems.append(
-                    f"TrainingArguments.{trainer_field} is {theirs} but training.{config_field} is {ours}: "
-                    "set both to the same value"
+                    f"TrainingArguments.{trainer_field} is {theirs} but training.{config_field} is "
+                    f"{ours}: set both to the same value"
                 )
         if args.world_size != self.world:
             problems.append(
-                f"the Trainer runs {args.world_size} processes but the callback was built for {self.world} "
-                "(WORLD_SIZE): build it inside the launched script"
+                f"the Trainer runs {args.world_size} processes but the callback was built for "
+                f"{self.world} (WORLD_SIZE): build it inside the launched script"
             )
         if args.fp16:
             problems.append(
@@ -458,13 +461,14 @@ class DynamicsCallback(TrainerCallback):
         )
         if launched or args.fsdp or args.deepspeed:
             problems.append(
-                f"sharded training ({sharded}) is not supported by DynamicsCallback: it saves its run folder "
-                "from whole tensors only; train with plain data parallelism, or with dynamics run under FSDP2"
+                f"sharded training ({sharded}) is not supported by DynamicsCallback: "
+                "it saves its run folder from whole tensors only; "
+                "train with plain data parallelism, or with dynamics run under FSDP2"
             )
         if args.dataloader_num_workers:
             problems.append(
-                "TrainingArguments.dataloader_num_workers must be 0: the mixture draws each batch in the "
-                "training process, where its weights change"
+                "TrainingArguments.dataloader_num_workers must be 0: the mixture draws each batch "
+                "in the training process, where its weights change"
             )
         if problems:
             raise RunSetupError(
