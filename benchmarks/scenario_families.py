@@ -7,9 +7,10 @@ a family of offline scenarios drawn from seeds, with a frozen development / eval
     .venv/bin/python benchmarks/scenario_families.py --report-only [--json FILE]
 
 Each seed draws one scenario (:func:`draw_scenario`) on the demo's base model
-(:mod:`dynamics.experiments.demo`): 1-4 targets among the skills, 0-3 non-targets among the
-general texts and the unused skills, 1-4 constraints (loss on held-out text or untrained
-skills, accuracy on the two quizzes; an accuracy constraint in every scenario of even seed),
+(:mod:`dynamics.experiments.demo`): 1-4 targets among the skills, 1-4 constraints (loss on
+held-out text or untrained skills, accuracy on the quizzes; an accuracy constraint in every
+scenario of even seed), 0-3 non-targets among the general texts and the unused skills (most
+often the text a constraint's capability was learnt from, as a practitioner replays it),
 target budgets, a learning rate of 0.5-3 times the demo's (log-uniform) and 128-512 steps.
 Seeds 0-99 are the development split, 100-199 the evaluation split; the evaluation split
 runs only with ``--frozen-commit``, the commit of the default frozen before any evaluation
@@ -92,6 +93,14 @@ STEPS = (128, 512)
 STEP_MULTIPLE = 16
 """Lengths are multiples of 16, so that the main evaluation's interval (an eighth of the
 run) divides them."""
+MAX_NON_TARGETS = 3
+REPLAY = {"code-heldout": "code", "prose-heldout": "prose", "quiz": "facts", "modules_quiz": "facts"}
+"""The pool's text each constraint's capability was learnt from in pretraining."""
+REPLAY_CHANCE = 0.75
+HELD_OUT_CHANCE = 2 / 3
+SECOND_QUIZ_CHANCE = 0.25
+"""The second quiz sits near chance on the base model (0.33 against 0.25), so it is drawn
+rarely and only beside the demo's quiz."""
 
 
 @dataclass(frozen=True)
@@ -130,28 +139,45 @@ def split_of(seed: int) -> str:
 
 
 def draw_scenario(seed: int) -> FamilyScenario:
-    """The scenario of ``seed``, drawn with ``random.Random(f"families:{seed}")``. Even seeds
-    have 1-2 accuracy constraints and odd seeds none, so that exactly half of each split has
-    one. Constraints are drawn before non-targets, so that an unused skill is a constraint
-    or a non-target, never both (they would be the same rows)."""
+    """The scenario of ``seed``, drawn with ``random.Random(f"families:{seed}")``.
+
+    Even seeds have the demo's quiz as an accuracy constraint (with the second quiz beside it
+    one time in four, where there is room) and odd seeds none, so that exactly half of each
+    split has one. Each loss constraint is a held-out text two times in three, while one is
+    left, and an untrained skill otherwise. A constraint whose capability was learnt from a
+    text of the pool (:data:`REPLAY`) brings that text into the non-targets three times in
+    four, as a practitioner keeps some of the data behind what they protect; the other
+    non-targets are drawn up to a count of 0-3. Constraints are drawn before non-targets, so
+    that an unused skill is a constraint or a non-target, never both (the same rows)."""
     split_of(seed)
     rng = random.Random(f"families:{seed}")
     targets = tuple(rng.sample(SKILLS, rng.randint(1, 4)))
     unused = [s for s in SKILLS if s not in targets]
     constraints = rng.randint(1, 4)
-    accuracy = (
-        tuple(rng.sample(QUIZZES, rng.randint(1, min(2, constraints)))) if seed % 2 == 0 else ()
+    accuracy: tuple[str, ...] = ()
+    if seed % 2 == 0:
+        second = constraints >= 2 and rng.random() < SECOND_QUIZ_CHANCE
+        accuracy = QUIZZES if second else QUIZZES[:1]
+    held_out, skills, loss = list(HELD_OUT_TEXT), list(unused), []
+    for _ in range(constraints - len(accuracy)):
+        pool = held_out if held_out and (not skills or rng.random() < HELD_OUT_CHANCE) else skills
+        loss.append(pool.pop(rng.randrange(len(pool))))
+    replayed = dict.fromkeys(
+        REPLAY[c] for c in (*loss, *accuracy) if c in REPLAY and rng.random() < REPLAY_CHANCE
     )
-    # At least two held-out texts and two unused skills: every count drawn is available.
-    loss = tuple(rng.sample([*HELD_OUT_TEXT, *unused], constraints - len(accuracy)))
-    others = [*GENERAL_TEXT, *(s for s in unused if s not in loss)]
-    non_targets = tuple(rng.sample(others, rng.randint(0, 3)))
+    others = [
+        name
+        for name in (*GENERAL_TEXT, *(s for s in unused if s not in loss))
+        if name not in replayed
+    ]
+    count = rng.randint(0, MAX_NON_TARGETS)
+    non_targets = (*replayed, *rng.sample(others, max(0, count - len(replayed))))
     return FamilyScenario(
         seed=seed,
         targets=targets,
         budgets=tuple(rng.choice(TARGET_BUDGETS) for _ in targets),
-        non_targets=non_targets,
-        loss_constraints=loss,
+        non_targets=non_targets[:MAX_NON_TARGETS],
+        loss_constraints=tuple(loss),
         accuracy_constraints=accuracy,
         lr=float(f"{DEMO_LR * math.exp(rng.uniform(*map(math.log, LR_FACTORS))):.3g}"),
         steps=rng.randrange(STEPS[0], STEPS[1] + 1, STEP_MULTIPLE),

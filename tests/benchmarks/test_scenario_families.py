@@ -91,6 +91,17 @@ def test_half_of_each_split_has_an_accuracy_constraint():
     assert any(families.draw_scenario(s).loss_constraints for s in range(0, 200, 2))
 
 
+def test_most_constraints_bring_the_text_they_were_learnt_from_but_not_all():
+    drawn = [families.draw_scenario(s) for s in ALL_SEEDS]
+    pairs = [(s, families.REPLAY[c]) for s in drawn for c in s.constraints if c in families.REPLAY]
+    replayed = sum(text in s.non_targets for s, text in pairs)
+    assert 0.6 < replayed / len(pairs) < 0.95  # 3 in 4 drawn, fewer where the quizzes share one
+    # Held-out text is the more common loss constraint, and untrained skills are drawn too.
+    loss = [c for s in drawn for c in s.loss_constraints]
+    held_out = sum(c in families.HELD_OUT_TEXT for c in loss)
+    assert len(loss) / 2 < held_out < len(loss)
+
+
 def test_seeds_are_split_into_development_and_evaluation():
     assert families.split_of(0) == families.split_of(99) == "development"
     assert families.split_of(100) == families.split_of(199) == "evaluation"
