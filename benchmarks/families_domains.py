@@ -75,9 +75,10 @@ def strings_row(rng: random.Random) -> dict[str, str]:
         rng.choice(phrase.replace(" ", "")) if rng.random() < 0.75 else rng.choice(ascii_lowercase)
     )
     count = phrase.count(letter)
+    times = "time" if count == 1 else "times"
     return {
         "prompt": f'How many times does the letter "{letter}" appear in "{phrase}"?',
-        "response": f'The letter "{letter}" appears {count} time{"" if count == 1 else "s"} in "{phrase}".',
+        "response": f'The letter "{letter}" appears {count} {times} in "{phrase}".',
     }
 
 

@@ -2,8 +2,8 @@
 a family of offline scenarios drawn from seeds, with a frozen development / evaluation split.
 
     .venv/bin/python benchmarks/scenario_families.py --seeds 0-99 [--out runs/families] [--jobs N]
-    .venv/bin/python benchmarks/scenario_families.py --seeds 100-199 --frozen-commit <the default's commit>
-    .venv/bin/python benchmarks/scenario_families.py --describe --seeds 0-9     # the scenarios, no training
+    .venv/bin/python benchmarks/scenario_families.py --seeds 100-199 --frozen-commit <commit>
+    .venv/bin/python benchmarks/scenario_families.py --describe --seeds 0-9  # no training
     .venv/bin/python benchmarks/scenario_families.py --report-only [--json FILE]
 
 Each seed draws one scenario (:func:`draw_scenario`) on the demo's base model
@@ -94,7 +94,12 @@ STEP_MULTIPLE = 16
 """Lengths are multiples of 16, so that the main evaluation's interval (an eighth of the
 run) divides them."""
 MAX_NON_TARGETS = 3
-REPLAY = {"code-heldout": "code", "prose-heldout": "prose", "quiz": "facts", "modules_quiz": "facts"}
+REPLAY = {
+    "code-heldout": "code",
+    "prose-heldout": "prose",
+    "quiz": "facts",
+    "modules_quiz": "facts",
+}
 """The pool's text each constraint's capability was learnt from in pretraining."""
 REPLAY_CHANCE = 0.75
 HELD_OUT_CHANCE = 2 / 3
@@ -311,21 +316,23 @@ def frozen_commit(
     evaluation = [s.seed for s in scenarios if s.split == "evaluation"]
     if evaluation and given is None:
         raise ValueError(
-            f"seeds 100-199 are the evaluation split: freeze the default first and give its commit with "
-            f"--frozen-commit <hash> (evaluation seeds asked: {', '.join(map(str, evaluation))})"
+            "seeds 100-199 are the evaluation split: freeze the default first and give its "
+            "commit with --frozen-commit <hash> "
+            f"(evaluation seeds asked: {', '.join(map(str, evaluation))})"
         )
     if given is None:
         return None
     resolved = git(repo, "rev-parse", "--verify", "--quiet", f"{given}^{{commit}}")
     if resolved.returncode != 0:
         raise ValueError(
-            f"--frozen-commit {given!r} is not a commit of {repo}: give the default's commit (git log)"
+            f"--frozen-commit {given!r} is not a commit of {repo}: "
+            "give the default's commit (git log)"
         )
     commit = resolved.stdout.strip()
     if git(repo, "diff", "--quiet", commit, "--", FROZEN_SOURCE).returncode != 0:
         raise ValueError(
-            f"{FROZEN_SOURCE} differs from that of --frozen-commit {given}: the evaluation split trains the frozen "
-            f"default; run it from a checkout of {given}"
+            f"{FROZEN_SOURCE} differs from that of --frozen-commit {given}: the evaluation "
+            f"split trains the frozen default; run it from a checkout of {given}"
         )
     return commit
 
@@ -349,7 +356,8 @@ def record_scenario(
         earlier = json.loads(path.read_text()).get("frozen_commit")
         if scenario.split == "evaluation" and earlier != commit:
             raise ValueError(
-                f"{folder} ran at --frozen-commit {earlier}, not {commit}: use another --out for another default"
+                f"{folder} ran at --frozen-commit {earlier}, not {commit}: "
+                "use another --out for another default"
             )
         return
     rundir.atomic_write_text(path, json.dumps(record, indent=1) + "\n")
@@ -516,7 +524,8 @@ def goal_conditions(rows: Sequence[Mapping[str, Any]]) -> list[Condition]:
         violation_condition = Condition(
             "nothing feasible",
             violation <= VIOLATION_RATIO * least,
-            f"median {violation:.4f} against {least:.4f} over {len(nothing)} scenarios (goal: at most {VIOLATION_RATIO}x)",
+            f"median {violation:.4f} against {least:.4f} over {len(nothing)} scenarios "
+            f"(goal: at most {VIOLATION_RATIO}x)",
         )
     else:
         violation_condition = Condition("nothing feasible", None, "not measured")
@@ -637,6 +646,9 @@ def family_report(
     return report
 
 
+CONSTRAINT_KINDS = ("loss_constraints", "accuracy_constraints")
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     """The table of every scenario that ran (complete or not), then the goal per split."""
 
@@ -645,11 +657,12 @@ def markdown(report: Mapping[str, Any]) -> str:
 
     mass = report["rule_of_thumb_mass"]
     lines = [
-        f"Rule of thumb: fixed target mass {'not measured' if mass is None else f'{mass:g}'} (best median over "
-        "the development scenarios). Test split; checkpoints chosen on eval.",
+        f"Rule of thumb: fixed target mass {'not measured' if mass is None else f'{mass:g}'} "
+        "(best median over the development scenarios). Test split; checkpoints chosen on eval.",
         "",
-        "| scenario | split | targets | non-targets | constraints (loss; accuracy) | LR | steps | runs | default "
-        "| holds on test | paper | best@k (k) | oracle | targets alone | rule of thumb | violation (least fixed) |",
+        "| scenario | split | targets | non-targets | constraints (loss; accuracy) | LR | steps "
+        "| runs | default | holds on test | paper | best@k (k) | oracle | targets alone "
+        "| rule of thumb | violation (least fixed) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, e in report["scenarios"].items():
@@ -659,7 +672,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             e["split"],
             ", ".join(e["targets"]),
             ", ".join(e["non_targets"]) or "none",
-            f"{', '.join(e['loss_constraints']) or 'none'}; {', '.join(e['accuracy_constraints']) or 'none'}",
+            "; ".join(", ".join(e[kind]) or "none" for kind in CONSTRAINT_KINDS),
             f"{e['lr']:.3g}",
             str(e["steps"]),
             f"{len(e['runs'])} of {e['planned']}",

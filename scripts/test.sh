@@ -21,6 +21,7 @@ bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ "$lint" = 1 ]; then
   .venv/bin/ruff check src tests benchmarks
+  .venv/bin/ruff format --check src tests benchmarks
   .venv/bin/mypy
 fi
 .venv/bin/python -m pytest -q "${select[@]}" "$@" tests
