@@ -1,17 +1,24 @@
 """Decision rules beyond the paper: each rule one module (its parameters, their checks, the
-stages of an update it acts in, its record), registered by one line in
-:mod:`dynamics.core.rules.registry`; a variant is a named list of rules with parameters.
+stages of an update it acts in, its record, and the line that registers it), imported by one
+line of :mod:`dynamics.core.rules.registry`; a variant is a named list of rules with
+parameters.
 
 docs/beyond-the-paper.md describes every rule and its value in ``variant: robust``."""
 
-from dynamics.core.rules.base import Candidate, Measurement, Params, Rule, UpdateStep
+from dynamics.core.rules.base import (
+    RULES,
+    Candidate,
+    Measurement,
+    Params,
+    Rule,
+    UpdateStep,
+    register,
+)
 from dynamics.core.rules.record import ChoiceRecord, RulesRecord
 from dynamics.core.rules.registry import (
     DEFAULT_VARIANT,
-    RULES,
     VARIANTS,
     RuleSet,
-    register,
     rule_of,
     rule_set,
     setting,

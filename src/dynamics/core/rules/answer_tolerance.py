@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dynamics.core.problem import MixtureProblem
 from dynamics.core.resolution import with_answer_tolerance
-from dynamics.core.rules.base import Params, Rule, UpdateStep, described
+from dynamics.core.rules.base import Params, Rule, UpdateStep, described, register
 
 
 @dataclass(frozen=True)
@@ -46,3 +46,6 @@ class AnswerTolerance(Rule[AnswerToleranceParams]):
         if step.accuracy_slopes != "expected":
             return problem  # the learner reported no expected accuracy: answers were counted
         return with_answer_tolerance(problem, step.questions, self.params.answer_tolerance)
+
+
+register(AnswerTolerance)

@@ -13,7 +13,7 @@ An update with rules goes through these stages, each rule acting in the ones it 
 5. ``candidates``: mixtures added to the (lambda, eps) grid's (the direct optimum).
 6. ``learn``: what the rule keeps from the decision for the next update (the calibration).
 
-Every stage runs the rules in the registry's order (:data:`dynamics.core.rules.RULES`).
+Every stage runs the rules in the registry's order (:data:`RULES`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,16 @@ from dynamics.core.robust import Candidate, RobustProblem
 if TYPE_CHECKING:  # the policy interface imports the records, which import the rules' records
     from dynamics.core.policy_interface import UpdateContext
 
-__all__ = ["Candidate", "Measurement", "Params", "Rule", "UpdateStep", "described"]
+__all__ = [
+    "RULES",
+    "Candidate",
+    "Measurement",
+    "Params",
+    "Rule",
+    "UpdateStep",
+    "described",
+    "register",
+]
 
 
 @dataclass(frozen=True)
@@ -131,3 +140,16 @@ class Rule(Generic[P]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+RULES: dict[str, type[Rule[Any]]] = {}
+"""Rule name -> rule class, in the order the rules act: the order in which
+:mod:`dynamics.core.rules.registry` imports their modules."""
+
+
+def register(rule: type[Rule[Any]]) -> None:
+    """Add ``rule`` to :data:`RULES`, after the rules already there; a rule's module ends by
+    registering its rule."""
+    if rule.name in RULES:
+        raise ValueError(f"a decision rule named {rule.name!r} is already registered")
+    RULES[rule.name] = rule

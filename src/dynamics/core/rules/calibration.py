@@ -12,7 +12,7 @@ import numpy as np
 
 from dynamics.core.decisions import PredictionCalibration, calibrated
 from dynamics.core.problem import MixtureProblem
-from dynamics.core.rules.base import Params, Rule, UpdateStep, described
+from dynamics.core.rules.base import Params, Rule, UpdateStep, described, register
 
 
 @dataclass(frozen=True)
@@ -67,3 +67,6 @@ class Calibration(Rule[CalibrationParams]):
             if last is None
             else (np.asarray(last["losses"], dtype=float), int(last["horizon"]))
         )
+
+
+register(Calibration)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynamics.core.rules.base import Measurement, Params, Rule, described
+from dynamics.core.rules.base import Measurement, Params, Rule, described, register
 
 
 @dataclass(frozen=True)
@@ -39,3 +39,6 @@ class ExpectedAccuracy(Rule[ExpectedAccuracyParams]):
 
     def measure(self, measurement: Measurement) -> Measurement:
         return Measurement(expected_accuracy=True)
+
+
+register(ExpectedAccuracy)

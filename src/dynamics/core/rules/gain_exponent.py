@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, replace
 
 from dynamics.core.robust import RobustProblem
-from dynamics.core.rules.base import Params, Rule, UpdateStep, described
+from dynamics.core.rules.base import Params, Rule, UpdateStep, described, register
 
 
 @dataclass(frozen=True)
@@ -44,3 +44,6 @@ class GainExponent(Rule[GainExponentParams]):
 
     def shape(self, robust: RobustProblem, step: UpdateStep) -> RobustProblem:
         return replace(robust, gain_exponent=self.params.gain_exponent)
+
+
+register(GainExponent)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynamics.core.robust import RobustProblem, solve_direct
-from dynamics.core.rules.base import Candidate, Params, Rule, UpdateStep, described
+from dynamics.core.rules.base import Candidate, Params, Rule, UpdateStep, described, register
 
 
 @dataclass(frozen=True)
@@ -64,3 +64,6 @@ class LpCandidate(Rule[LpCandidateParams]):
 
     def record(self) -> LpCandidateRecord:
         return LpCandidateRecord(self.params.lp_candidate, self._failure)
+
+
+register(LpCandidate)

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynamics.core.robust import RobustChoice
-from dynamics.core.rules.base import P, Params
-from dynamics.core.rules.registry import RULES
+from dynamics.core.rules.base import RULES, P, Params
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The decision rules an update can use, by name, and the named variants that combine them.
 
-A rule is one module of this package and one line below. The registry's order is the order
-in which the rules act within each stage of an update (:mod:`dynamics.core.rules.base`).
+A rule is one module of this package, which registers its rule, and one import line below.
+The order of those lines is the order in which the rules act within each stage of an update
+(:mod:`dynamics.core.rules.base`).
 """
 
 from __future__ import annotations
@@ -9,33 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from dynamics.core.rules.answer_tolerance import AnswerTolerance, AnswerToleranceParams
-from dynamics.core.rules.base import P, Params, Rule
-from dynamics.core.rules.calibration import Calibration, CalibrationParams
-from dynamics.core.rules.expected_accuracy import ExpectedAccuracy, ExpectedAccuracyParams
-from dynamics.core.rules.gain_exponent import GainExponent, GainExponentParams
-from dynamics.core.rules.lp_candidate import LpCandidate, LpCandidateParams
-from dynamics.core.rules.target_floor import TargetFloor, TargetFloorParams
-from dynamics.core.rules.target_noise import TargetNoise, TargetNoiseParams
+# isort: off
+# The rules' modules, in the order the rules act; each registers its rule as it is imported.
+from dynamics.core.rules.lp_candidate import LpCandidateParams
+from dynamics.core.rules.target_noise import TargetNoiseParams
+from dynamics.core.rules.calibration import CalibrationParams
+from dynamics.core.rules.gain_exponent import GainExponentParams
+from dynamics.core.rules.target_floor import TargetFloorParams
+from dynamics.core.rules.expected_accuracy import ExpectedAccuracyParams
+from dynamics.core.rules.answer_tolerance import AnswerToleranceParams
+# isort: on
 
-RULES: dict[str, type[Rule[Any]]] = {}
-"""Rule name -> rule class, in the order the rules act."""
-
-
-def register(rule: type[Rule[Any]]) -> None:
-    """Add ``rule`` to :data:`RULES`, after the rules already there."""
-    if rule.name in RULES:
-        raise ValueError(f"a decision rule named {rule.name!r} is already registered")
-    RULES[rule.name] = rule
-
-
-register(LpCandidate)
-register(TargetNoise)
-register(Calibration)
-register(GainExponent)
-register(TargetFloor)
-register(ExpectedAccuracy)
-register(AnswerTolerance)
+from dynamics.core.rules.base import RULES, P, Params, Rule
 
 VARIANTS: dict[str, tuple[Params, ...]] = {
     "paper": (),

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from dynamics.core.decisions import target_floor
 from dynamics.core.robust import RobustProblem
-from dynamics.core.rules.base import Params, Rule, UpdateStep, described
+from dynamics.core.rules.base import Params, Rule, UpdateStep, described, register
 
 
 @dataclass(frozen=True)
@@ -104,3 +104,6 @@ class TargetFloor(Rule[TargetFloorParams]):
 
     def record(self) -> TargetFloorRecord:
         return TargetFloorRecord(self.params.target_floor, self._decision)
+
+
+register(TargetFloor)

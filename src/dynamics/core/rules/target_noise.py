@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, replace
 
 from dynamics.core.robust import RobustProblem
-from dynamics.core.rules.base import Params, Rule, UpdateStep, described
+from dynamics.core.rules.base import Params, Rule, UpdateStep, described, register
 
 
 @dataclass(frozen=True)
@@ -40,3 +40,6 @@ class TargetNoise(Rule[TargetNoiseParams]):
 
     def shape(self, robust: RobustProblem, step: UpdateStep) -> RobustProblem:
         return replace(robust, target_z=self.params.target_noise)
+
+
+register(TargetNoise)
