@@ -12,6 +12,8 @@ from pydantic.fields import FieldInfo
 from dynamics.data.errors import DataError
 from dynamics.data.formats import FORMATS, format_of
 from dynamics.data.formats.lm_eval_choices import LM_EVAL_CHOICES
+from dynamics.data.formats.registry import register
+from dynamics.data.formats.text import TextFormat
 from dynamics.data.source import DataSource
 from dynamics.engine.config import ConfigError, RunConfig
 from dynamics.engine.dataset_config import DatasetConfig
@@ -24,6 +26,25 @@ def test_the_registry_holds_the_formats_by_name() -> None:
         source = DataSource(path="rows.jsonl", format=name)
         assert format_of(source) is row_format
         assert source.metric == row_format.metrics[0]  # the format's default metric
+
+
+def test_the_format_field_is_documented_from_every_format_summary() -> None:
+    description = DatasetConfig.model_fields["format"].description
+    assert description is not None
+    for name, row_format in FORMATS.items():
+        assert f"{name} ({row_format.summary})" in description
+
+
+def test_a_format_without_a_summary_or_a_second_of_one_name_is_refused() -> None:
+    class Unsummarised(TextFormat):
+        name = "unsummarised"
+        summary = ""
+
+    with pytest.raises(ValueError, match="Unsummarised sets no summary: give the class one"):
+        register(Unsummarised())
+    with pytest.raises(ValueError, match="row format 'text' is registered twice"):
+        register(TextFormat())
+    assert "unsummarised" not in FORMATS
 
 
 def test_an_lm_eval_source_is_read_with_the_lm_eval_format() -> None:

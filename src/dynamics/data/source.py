@@ -29,7 +29,7 @@ import datasets
 from pydantic import BeforeValidator, Field
 
 from dynamics.data.errors import DataError
-from dynamics.data.formats import FORMATS, LM_EVAL_CHOICES, format_names
+from dynamics.data.formats import FORMATS, LM_EVAL_CHOICES, format_names, format_summaries
 
 if TYPE_CHECKING:
     FormatName = str
@@ -128,9 +128,7 @@ Split = Annotated[str, Field(description="Split to read; slices work, e.g. 'trai
 Format = Annotated[
     FormatName,
     Field(
-        description="Row format, a name of dynamics.data.formats.FORMATS: text (plain text), "
-        "instruction (prompt/response pairs, messages, or TRL's prompt/completion: strings or "
-        "message lists), multiple_choice (docs/datasets.md).",
+        description=f"Row format: {format_summaries()} (docs/datasets.md).",
     ),
 ]
 LossOnField = Annotated[

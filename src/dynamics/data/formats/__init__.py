@@ -24,12 +24,24 @@ from dynamics.data.formats.registry import FORMATS
 if TYPE_CHECKING:
     from dynamics.data.source import DataSource
 
-__all__ = ["FORMATS", "LM_EVAL_CHOICES", "RowFormat", "format_names", "format_of"]
+__all__ = [
+    "FORMATS",
+    "LM_EVAL_CHOICES",
+    "RowFormat",
+    "format_names",
+    "format_of",
+    "format_summaries",
+]
 
 
 def format_names() -> tuple[str, ...]:
     """The names of the row formats, in the order they are registered."""
     return tuple(FORMATS)
+
+
+def format_summaries() -> str:
+    """Each format's name and what its rows are: ``text (plain text), ...``."""
+    return ", ".join(f"{name} ({row_format.summary})" for name, row_format in FORMATS.items())
 
 
 def format_of(source: DataSource) -> RowFormat:

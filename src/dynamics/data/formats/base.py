@@ -36,6 +36,8 @@ class RowFormat:
 
     name: str
     """What ``DataSource.format`` (a run config's ``format``) names it by."""
+    summary: str
+    """What its rows are, in a few words, for the ``format`` field's documentation."""
     metrics: tuple[str, ...] = ("loss",)
     """The metrics a source of this format may be scored by; the first is its default."""
     trainable: bool = True

@@ -64,6 +64,9 @@ if TYPE_CHECKING:
 
 class InstructionFormat(RowFormat):
     name = "instruction"
+    summary = (
+        "prompt/response pairs, messages, or TRL's prompt/completion: strings or message lists"
+    )
     renders_chats = True
 
     def required_columns(self, source: DataSource, columns: list[str]) -> list[str]:

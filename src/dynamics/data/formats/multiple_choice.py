@@ -59,6 +59,7 @@ CHOICE_FEATURES = datasets.Features(
 
 class MultipleChoiceFormat(RowFormat):
     name = "multiple_choice"
+    summary = "a question and its choices, scored by accuracy or the answer's loss"
     metrics = ("accuracy", "loss")
     trainable = False
     packs = False

@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 class TextFormat(RowFormat):
     name = "text"
+    summary = "plain text"
 
     def required_columns(self, source: DataSource, columns: list[str]) -> list[str]:
         return [source.text_column]
