@@ -56,10 +56,14 @@ def _rule_field(rule: type[Rule[Any]], parameter: DataclassField[Any]) -> Any:
         for name in rule.requires
         for f in fields(RULES[name].params_type)
     ]
+    unset = (
+        f"the variant's ({'; '.join(in_variants)}; {off} in the others)"
+        if in_variants
+        else f"{off} (no variant sets it)"
+    )
     description = (
         f"{parameter.metadata['description']}"
-        f"{' Needs ' + ', '.join(needs) + ' on.' if needs else ''} Unset: the variant's "
-        f"({'; '.join(in_variants) or 'none'}; {off} in the others)."
+        f"{' Needs ' + ', '.join(needs) + ' on.' if needs else ''} Unset: {unset}."
     )
     return Field(None, description=description, **parameter.metadata.get("bounds", {}))
 
