@@ -604,6 +604,33 @@ def read_scenarios(
     return found
 
 
+def reported_scenarios(
+    report: Path,
+) -> list[tuple[FamilyScenario, dict[str, Any], dict[str, dict[str, Any]]]]:
+    """The scenarios of an earlier report (``report.json``, or one kept in
+    ``benchmarks/results/``) as :func:`read_scenarios` reads them from run folders: their
+    runs' results as recorded, so that a family measured over several machines or sessions,
+    whose run folders are gone, is judged as one."""
+    entries = json.loads(report.read_text())["scenarios"].values()
+    return [
+        (recorded_scenario(e), {"frozen_commit": e["frozen_commit"]}, e["runs"]) for e in entries
+    ]
+
+
+def join_scenarios(
+    ran: Sequence[tuple[FamilyScenario, dict[str, Any], dict[str, dict[str, Any]]]],
+    reports: Sequence[Path],
+) -> list[tuple[FamilyScenario, dict[str, Any], dict[str, dict[str, Any]]]]:
+    """The scenarios that ``ran`` (:func:`read_scenarios` of ``--out``) and those of
+    ``reports``, by seed; a scenario that ran replaces a report's of the same seed, and a
+    later report an earlier one's."""
+    found = {}
+    for report in reports:
+        found.update({s.seed: (s, r, runs) for s, r, runs in reported_scenarios(report)})
+    found.update({s.seed: (s, r, runs) for s, r, runs in ran})
+    return [found[seed] for seed in sorted(found)]
+
+
 def recorded_scenario(record: Mapping[str, Any]) -> FamilyScenario:
     """The scenario of a ``scenario.json``."""
     return FamilyScenario(
@@ -758,6 +785,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--json", type=Path, help="where the report goes (default: <out>/report.json)"
     )
+    parser.add_argument(
+        "--with",
+        dest="reports",
+        type=Path,
+        action="append",
+        default=[],
+        help="an earlier report.json whose scenarios join those under --out (repeatable)",
+    )
     args = parser.parse_args(argv)
     try:
         seeds = parse_seeds(args.seeds)
@@ -783,7 +818,8 @@ def main(argv: list[str] | None = None) -> int:
             progress=True,
             log=lambda m: print(m, flush=True),
         )
-    report = family_report(read_scenarios(args.out) if args.out.is_dir() else [])
+    ran = read_scenarios(args.out) if args.out.is_dir() else []
+    report = family_report(join_scenarios(ran, args.reports))
     rundir.atomic_write_text(
         args.json or args.out / "report.json", json.dumps(report, indent=1) + "\n"
     )

@@ -665,6 +665,37 @@ def test_the_report_lists_every_scenario_that_ran_and_the_goal_per_split():
     assert "The goal on the evaluation split:" in table
 
 
+def test_a_report_kept_from_earlier_runs_joins_the_scenarios_under_out(tmp_path):
+    done = {
+        **sweep(w0_05=result(True, 0.30, 0.30)),
+        "robust": result(True, 0.32, cost=1.5),
+        "paper": result(True, 0.2),
+    }
+    earlier = families.family_report(
+        [
+            (TWO_TARGETS, {"seed": 0}, done),
+            (replace_seed(TWO_TARGETS, 1), {"seed": 1}, {"robust": result(True, 0.1)}),
+        ]
+    )
+    kept = tmp_path / "families_dev.json"
+    kept.write_text(json.dumps(earlier))
+    # Seed 1 ran again under --out, complete this time; seed 2 ran only there.
+    ran = [
+        (replace_seed(TWO_TARGETS, 1), {"seed": 1}, done),
+        (replace_seed(TWO_TARGETS, 2), {"seed": 2}, {"paper": result(True, 0.2)}),
+    ]
+    joined = families.join_scenarios(ran, [kept])
+    assert [(s.seed, sorted(runs) == sorted(done)) for s, _, runs in joined] == [
+        (0, True),
+        (1, True),
+        (2, False),
+    ]
+    assert families.family_report(joined)["scenarios"]["s000"] == earlier["scenarios"]["s000"]
+    [*_, (seed, _, runs)] = families.join_scenarios([], [kept])
+    assert seed == replace_seed(TWO_TARGETS, 1)
+    assert runs == earlier["scenarios"]["s001"]["runs"]
+
+
 @pytest.mark.slow
 def test_results_are_read_from_run_folders(tmp_path, quick_base, single_thread):
     """Two 8-step runs of a hand-made scenario on the seconds-long base model: what the
