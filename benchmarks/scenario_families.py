@@ -577,6 +577,10 @@ def goal_conditions(rows: Sequence[Mapping[str, Any]]) -> list[Condition]:
 # --- reading run folders -------------------------------------------------------------------
 
 
+ScenarioRuns = tuple[FamilyScenario, dict[str, Any], dict[str, dict[str, Any]]]
+"""A scenario as measured: the scenario, its ``scenario.json`` and its runs' results by label."""
+
+
 def run_results(folder: Path) -> dict[str, dict[str, Any]]:
     """Every finished run of a scenario folder by label: :func:`records_result` (feasibility
     on eval, test reduction, ``held_test``, violations) and the cost model's
@@ -591,9 +595,7 @@ def run_results(folder: Path) -> dict[str, dict[str, Any]]:
     return results
 
 
-def read_scenarios(
-    out: Path,
-) -> list[tuple[FamilyScenario, dict[str, Any], dict[str, dict[str, Any]]]]:
+def read_scenarios(out: Path) -> list[ScenarioRuns]:
     """(scenario, its ``scenario.json``, its runs' results) of every scenario under ``out``;
     the scenario as recorded, which is the one its runs trained on."""
     found = []
@@ -604,9 +606,7 @@ def read_scenarios(
     return found
 
 
-def reported_scenarios(
-    report: Path,
-) -> list[tuple[FamilyScenario, dict[str, Any], dict[str, dict[str, Any]]]]:
+def reported_scenarios(report: Path) -> list[ScenarioRuns]:
     """The scenarios of an earlier report (``report.json``, or one kept in
     ``benchmarks/results/``) as :func:`read_scenarios` reads them from run folders: their
     runs' results as recorded, so that a family measured over several machines or sessions,
@@ -617,17 +617,14 @@ def reported_scenarios(
     ]
 
 
-def join_scenarios(
-    ran: Sequence[tuple[FamilyScenario, dict[str, Any], dict[str, dict[str, Any]]]],
-    reports: Sequence[Path],
-) -> list[tuple[FamilyScenario, dict[str, Any], dict[str, dict[str, Any]]]]:
+def join_scenarios(ran: Sequence[ScenarioRuns], reports: Sequence[Path]) -> list[ScenarioRuns]:
     """The scenarios that ``ran`` (:func:`read_scenarios` of ``--out``) and those of
     ``reports``, by seed; a scenario that ran replaces a report's of the same seed, and a
     later report an earlier one's."""
     found = {}
     for report in reports:
-        found.update({s.seed: (s, r, runs) for s, r, runs in reported_scenarios(report)})
-    found.update({s.seed: (s, r, runs) for s, r, runs in ran})
+        found.update({measured[0].seed: measured for measured in reported_scenarios(report)})
+    found.update({measured[0].seed: measured for measured in ran})
     return [found[seed] for seed in sorted(found)]
 
 
