@@ -371,15 +371,23 @@ def measure_family(
     frozen: str | None = None,
     repo: Path = ROOT,
     jobs: int = 1,
+    labels: Sequence[str] | None = None,
     progress: bool = False,
     log: Callable[[str], None] = print,
 ) -> None:
     """Run every run of every scenario of ``seeds`` not finished under ``out``
     (``out/s<seed>/<label>``), ``jobs`` at a time on one thread each; a folder without
-    ``summary.json`` is a crashed run, redone from the start. ``frozen``: the default's
-    frozen commit in ``repo`` (:func:`frozen_commit`), which evaluation seeds need."""
+    ``summary.json`` is a crashed run, redone from the start. ``labels``: only those runs
+    of each scenario's plan (None: all). ``frozen``: the default's frozen commit in ``repo``
+    (:func:`frozen_commit`), which evaluation seeds need."""
     scenarios = [draw_scenario(seed) for seed in seeds]
     commit = frozen_commit(scenarios, frozen, repo)
+    unknown = sorted(set(labels or ()) - {label for s in scenarios for label in plan(s)})
+    if unknown:
+        raise ValueError(
+            f"--runs {','.join(unknown)}: no scenario of these seeds plans such a run; use "
+            f"{', '.join(METHODS)} or fixed-w<mass>"
+        )
     data = out / "data"
     prepare_data(base_folder, data)
     configs: dict[str, dict[str, Any]] = {}
@@ -388,7 +396,7 @@ def measure_family(
         folder.mkdir(parents=True, exist_ok=True)
         record_scenario(folder, scenario, commit, repo)
         for label, method in plan(scenario).items():
-            if needs_training(folder / label):
+            if (labels is None or label in labels) and needs_training(folder / label):
                 log(f"{scenario.name} {label}")
                 configs[f"{scenario.name} {label}"] = scenario_config(
                     scenario, base_folder, data, folder / label, method
@@ -619,12 +627,20 @@ def reported_scenarios(report: Path) -> list[ScenarioRuns]:
 
 def join_scenarios(ran: Sequence[ScenarioRuns], reports: Sequence[Path]) -> list[ScenarioRuns]:
     """The scenarios that ``ran`` (:func:`read_scenarios` of ``--out``) and those of
-    ``reports``, by seed; a scenario that ran replaces a report's of the same seed, and a
-    later report an earlier one's."""
-    found = {}
-    for report in reports:
-        found.update({measured[0].seed: measured for measured in reported_scenarios(report)})
-    found.update({measured[0].seed: measured for measured in ran})
+    ``reports``, by seed, their runs joined by label: a run that ran replaces a report's of
+    the same label, and a later report's an earlier one's, so that a change to the default
+    needs only the default's runs again (``--runs robust``)."""
+    found: dict[int, ScenarioRuns] = {}
+    for measured in [*(m for r in reports for m in reported_scenarios(r)), *ran]:
+        scenario, record, results = measured
+        earlier = found.get(scenario.seed)
+        if earlier is not None and earlier[0] != scenario:
+            raise ValueError(
+                f"{scenario.name} is another scenario in one of --with's reports than under "
+                "--out: join reports of one generator"
+            )
+        runs = {**(earlier[2] if earlier else {}), **results}
+        found[scenario.seed] = (scenario, record, runs)
     return [found[seed] for seed in sorted(found)]
 
 
@@ -774,6 +790,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--jobs", type=int, default=available_cores(), help="runs trained at once")
     parser.add_argument(
+        "--runs",
+        help="train only these labels, e.g. robust (a changed default, beside the fixed runs "
+        "of --with's report); default: every run of the plan",
+    )
+    parser.add_argument(
         "--report-only", action="store_true", help="only read the finished runs under --out"
     )
     parser.add_argument(
@@ -806,15 +827,19 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
         base = ensure_base_model(spec=DEMO_BASE_SPEC)
         args.out.mkdir(parents=True, exist_ok=True)
-        measure_family(
-            args.out,
-            seeds,
-            base_folder=base,
-            frozen=args.frozen_commit,
-            jobs=args.jobs,
-            progress=True,
-            log=lambda m: print(m, flush=True),
-        )
+        try:
+            measure_family(
+                args.out,
+                seeds,
+                base_folder=base,
+                frozen=args.frozen_commit,
+                jobs=args.jobs,
+                labels=None if args.runs is None else args.runs.split(","),
+                progress=True,
+                log=lambda m: print(m, flush=True),
+            )
+        except ValueError as error:
+            parser.error(str(error))
     ran = read_scenarios(args.out) if args.out.is_dir() else []
     report = family_report(join_scenarios(ran, args.reports))
     rundir.atomic_write_text(

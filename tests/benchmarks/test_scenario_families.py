@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -362,6 +363,15 @@ def repo(tmp_path) -> Path:
     return folder
 
 
+def test_a_run_label_no_scenario_plans_is_refused_before_anything_is_written(tmp_path, repo):
+    out = tmp_path / "families"
+    with pytest.raises(ValueError, match="--runs robsut: no scenario of these seeds"):
+        families.measure_family(
+            out, [0, 1], base_folder=tmp_path / "no-base", repo=repo, labels=["robust", "robsut"]
+        )
+    assert not out.exists()
+
+
 def test_the_evaluation_split_refuses_to_run_without_a_frozen_commit(tmp_path, repo, capsys):
     out = tmp_path / "families"
     with pytest.raises(
@@ -539,8 +549,6 @@ def test_the_rule_of_thumb_is_the_mass_best_in_median_over_the_development_scena
 
 
 def replace_seed(scenario: FamilyScenario, seed: int) -> FamilyScenario:
-    from dataclasses import replace
-
     return replace(scenario, seed=seed)
 
 
@@ -694,6 +702,21 @@ def test_a_report_kept_from_earlier_runs_joins_the_scenarios_under_out(tmp_path)
     [*_, (seed, _, runs)] = families.join_scenarios([], [kept])
     assert seed == replace_seed(TWO_TARGETS, 1)
     assert runs == earlier["scenarios"]["s001"]["runs"]
+
+
+def test_a_default_run_again_replaces_only_its_own_run_of_a_kept_report(tmp_path):
+    done = {**sweep(w0_05=result(True, 0.30, 0.30)), "robust": result(True, 0.32, cost=1.5)}
+    kept = tmp_path / "families_dev.json"
+    kept.write_text(json.dumps(families.family_report([(TWO_TARGETS, {"seed": 0}, done)])))
+    again = {"robust": result(False, 0.0, cost=1.7)}
+    [(_, _, runs)] = families.join_scenarios([(TWO_TARGETS, {"seed": 0}, again)], [kept])
+    assert runs["robust"]["feasible"] is False and runs["robust"]["predicted_cost"] == 1.7
+    assert {k: v for k, v in runs.items() if k != "robust"} == {
+        k: v for k, v in done.items() if k != "robust"
+    }
+    other = replace(TWO_TARGETS, steps=256)
+    with pytest.raises(ValueError, match="another scenario"):
+        families.join_scenarios([(other, {"seed": 0}, again)], [kept])
 
 
 @pytest.mark.slow
