@@ -363,6 +363,16 @@ def record_scenario(
     rundir.atomic_write_text(path, json.dumps(record, indent=1) + "\n")
 
 
+def check_labels(scenarios: Sequence[FamilyScenario], labels: Sequence[str] | None) -> None:
+    """Refuse a label of ``--runs`` that no scenario of ``scenarios`` plans."""
+    unknown = sorted(set(labels or ()) - {label for s in scenarios for label in plan(s)})
+    if unknown:
+        raise ValueError(
+            f"--runs {','.join(unknown)}: no scenario of these seeds plans such a run; use "
+            f"{', '.join(METHODS)} or fixed-w<mass>"
+        )
+
+
 def measure_family(
     out: Path,
     seeds: Sequence[int],
@@ -382,12 +392,7 @@ def measure_family(
     (:func:`frozen_commit`), which evaluation seeds need."""
     scenarios = [draw_scenario(seed) for seed in seeds]
     commit = frozen_commit(scenarios, frozen, repo)
-    unknown = sorted(set(labels or ()) - {label for s in scenarios for label in plan(s)})
-    if unknown:
-        raise ValueError(
-            f"--runs {','.join(unknown)}: no scenario of these seeds plans such a run; use "
-            f"{', '.join(METHODS)} or fixed-w<mass>"
-        )
+    check_labels(scenarios, labels)
     data = out / "data"
     prepare_data(base_folder, data)
     configs: dict[str, dict[str, Any]] = {}
@@ -631,13 +636,18 @@ def join_scenarios(ran: Sequence[ScenarioRuns], reports: Sequence[Path]) -> list
     the same label, and a later report's an earlier one's, so that a change to the default
     needs only the default's runs again (``--runs robust``)."""
     found: dict[int, ScenarioRuns] = {}
-    for measured in [*(m for r in reports for m in reported_scenarios(r)), *ran]:
-        scenario, record, results = measured
+    for scenario, record, results in [*(m for r in reports for m in reported_scenarios(r)), *ran]:
         earlier = found.get(scenario.seed)
         if earlier is not None and earlier[0] != scenario:
             raise ValueError(
                 f"{scenario.name} is another scenario in one of --with's reports than under "
                 "--out: join reports of one generator"
+            )
+        if earlier is not None and earlier[1].get("frozen_commit") != record.get("frozen_commit"):
+            raise ValueError(
+                f"{scenario.name} ran at frozen commit {earlier[1].get('frozen_commit')} in one "
+                f"place and {record.get('frozen_commit')} in another: its runs would mix two "
+                "defaults; join reports of one frozen default"
             )
         runs = {**(earlier[2] if earlier else {}), **results}
         found[scenario.seed] = (scenario, record, runs)
@@ -821,25 +831,24 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps([describe(s) for s in scenarios], indent=1))
         return 0
     if not args.report_only:
+        labels = None if args.runs is None else args.runs.split(",")
         try:
             frozen_commit(scenarios, args.frozen_commit)
+            check_labels(scenarios, labels)
         except ValueError as error:
             parser.error(str(error))
         base = ensure_base_model(spec=DEMO_BASE_SPEC)
         args.out.mkdir(parents=True, exist_ok=True)
-        try:
-            measure_family(
-                args.out,
-                seeds,
-                base_folder=base,
-                frozen=args.frozen_commit,
-                jobs=args.jobs,
-                labels=None if args.runs is None else args.runs.split(","),
-                progress=True,
-                log=lambda m: print(m, flush=True),
-            )
-        except ValueError as error:
-            parser.error(str(error))
+        measure_family(
+            args.out,
+            seeds,
+            base_folder=base,
+            frozen=args.frozen_commit,
+            jobs=args.jobs,
+            labels=labels,
+            progress=True,
+            log=lambda m: print(m, flush=True),
+        )
     ran = read_scenarios(args.out) if args.out.is_dir() else []
     report = family_report(join_scenarios(ran, args.reports))
     rundir.atomic_write_text(

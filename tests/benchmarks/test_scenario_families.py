@@ -370,6 +370,9 @@ def test_a_run_label_no_scenario_plans_is_refused_before_anything_is_written(tmp
             out, [0, 1], base_folder=tmp_path / "no-base", repo=repo, labels=["robust", "robsut"]
         )
     assert not out.exists()
+    with pytest.raises(SystemExit):
+        families.main(["--seeds", "0-1", "--runs", "robsut", "--out", str(out)])
+    assert not out.exists()
 
 
 def test_the_evaluation_split_refuses_to_run_without_a_frozen_commit(tmp_path, repo, capsys):
@@ -717,6 +720,8 @@ def test_a_default_run_again_replaces_only_its_own_run_of_a_kept_report(tmp_path
     other = replace(TWO_TARGETS, steps=256)
     with pytest.raises(ValueError, match="another scenario"):
         families.join_scenarios([(other, {"seed": 0}, again)], [kept])
+    with pytest.raises(ValueError, match="its runs would mix two defaults"):
+        families.join_scenarios([(TWO_TARGETS, {"frozen_commit": "abc1234"}, again)], [kept])
 
 
 @pytest.mark.slow
