@@ -26,6 +26,7 @@ from dynamics.core.metrics import (
     perplexity_reduction,
     prediction_errors,
     run_feasible,
+    standardized_slack,
 )
 
 # Domains: 0 = target loss, 1 = constraint loss, 2 = constraint on NEGATIVE accuracy.
@@ -271,9 +272,27 @@ def test_a_margin_prefers_the_checkpoint_that_clears_it_and_falls_back_to_the_be
     assert constrained_perplexity_reduction(run, (0,), (1,), margin=2.0) == pytest.approx(
         1 - np.exp(-0.3)
     )
-    # Where no feasible checkpoint clears the margin, the best feasible one is kept: the
-    # margin never makes a feasible run infeasible.
+    # Where no feasible checkpoint clears the margin, the margin never makes a feasible run
+    # infeasible: the feasible checkpoint most errors inside its reference is kept, here
+    # the one of less target gain.
     assert best_feasible_checkpoint([base, edge], (0,), (1,), margin=2.0).step == 64
+    closer = batched(
+        192, [[1.8] * 4, [0.98, 0.99, 0.96, 1.01]], [1.8, 1.0]
+    )  # slack 0.015, error 0.011: 1.4 errors, short of 2 but nearer than the edge's 0.45
+    np.testing.assert_allclose(
+        standardized_slack(closer, base, (1,)),
+        [0.015 / (np.std([-0.02, -0.01, -0.04, 0.01], ddof=1) / 2)],
+    )
+    assert best_feasible_checkpoint([base, edge, closer], (0,), (1,), margin=0.0).step == 64
+    assert best_feasible_checkpoint([base, edge, closer], (0,), (1,), margin=2.0).step == 192
+    # A checkpoint that clears the margin still comes first, whatever its standardized slack.
+    assert best_feasible_checkpoint([*run, closer], (0,), (1,), margin=2.0).step == 128
+
+
+def test_a_constraint_that_did_not_move_is_infinitely_far_inside_its_reference() -> None:
+    base = batched(0, [[2.0] * 4, [0.5] * 4, [1.0] * 4], [2.0, 0.5, 1.0])
+    later = batched(8, [[1.5] * 4, [0.5] * 4, [1.1] * 4], [1.5, 0.5, 1.1])
+    assert list(standardized_slack(later, base, (1, 2))) == [np.inf, -np.inf]
 
 
 def test_a_margin_needs_the_per_batch_values() -> None:

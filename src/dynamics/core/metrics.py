@@ -151,6 +151,20 @@ def change_standard_error(point: Checkpoint, reference: Checkpoint) -> np.ndarra
     return np.asarray(change.std(axis=1, ddof=1) / np.sqrt(change.shape[1]))
 
 
+def standardized_slack(
+    point: Checkpoint, reference: Checkpoint, constraints: Sequence[int]
+) -> np.ndarray:
+    """Per constraint, its eval slack over the standard error of its change from the
+    reference (:func:`change_standard_error`), shape (|C|,): how many errors it is inside
+    (above 0) or beyond its reference. A constraint whose change has no error (no answer
+    flipped) is +inf when held, -inf when broken."""
+    slack = constraint_slack(point, reference, constraints, "eval")
+    error = change_standard_error(point, reference)[list(constraints)]
+    held = slack >= -TIE_TOLERANCE
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(error > 0, slack / error, np.where(held, np.inf, -np.inf))
+
+
 def clears_margin(
     point: Checkpoint, reference: Checkpoint, constraints: Sequence[int], margin: float
 ) -> bool:
@@ -170,12 +184,15 @@ def selection_rank(
     targets: Sequence[int],
     constraints: Sequence[int],
     margin: float,
-) -> tuple[bool, float]:
+) -> tuple[bool, float, float]:
     """How a feasible checkpoint ranks for selection, lower first: whether it falls short of
-    the ``margin`` (never with ``margin`` 0), then its summed target loss on the eval split
-    (:func:`best_feasible_checkpoint`)."""
-    short = margin > 0 and not clears_margin(point, reference, constraints, margin)
-    return short, float(split_values(point, "eval")[list(targets)].sum())
+    the ``margin`` (never with ``margin`` 0); among those short of it, the least
+    standardized slack of its constraints, greatest first (:func:`standardized_slack`);
+    then its summed target loss on the eval split (:func:`best_feasible_checkpoint`)."""
+    loss = float(split_values(point, "eval")[list(targets)].sum())
+    if margin == 0 or clears_margin(point, reference, constraints, margin):
+        return False, 0.0, loss
+    return True, -float(standardized_slack(point, reference, constraints).min()), loss
 
 
 def best_feasible_checkpoint(
@@ -187,10 +204,11 @@ def best_feasible_checkpoint(
     """The feasible checkpoint after step 0 with the lowest summed target loss, both judged
     on the evaluation split (the earliest one on ties); None when the run is infeasible.
 
-    With a ``margin`` above 0, the feasible checkpoints whose every constraint clears its
-    reference by ``margin`` standard errors of its change (:func:`clears_margin`) come first:
-    the best of them, or the best feasible one where none does. The checkpoint is then less
-    likely to break a constraint on data it was not chosen on, for some target gain."""
+    With a ``margin`` above 0, a chance constraint: the best of the feasible checkpoints
+    whose every constraint clears its reference by ``margin`` standard errors of its change
+    (:func:`clears_margin`); where none does, the feasible checkpoint whose closest
+    constraint is the most standard errors inside its reference, the one most likely to
+    hold on data it was not chosen on. Some target gain is given up for that."""
     reference = reference_point(points)
     feasible = [
         p

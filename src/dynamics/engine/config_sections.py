@@ -207,13 +207,11 @@ class EvaluationConfig(ConfigSection):
     selection_margin: float = Field(
         0.0,
         ge=0,
-        description="Checkpoint selection: prefer the feasible checkpoints whose every constraint "
-        "clears its reference on the eval split by this many standard errors of its change, "
-        "measured batch by batch; where none does, the best feasible one (0: the best feasible "
-        "checkpoint, the paper's choice). On 8 eval batches few checkpoints clear 2 errors and it "
-        "kept no more constraints on the test split "
-        "(benchmarks/results/beyond-the-paper-notebook.md); more evaluation.batches narrow the "
-        "errors themselves.",
+        description="Checkpoint selection as a chance constraint: the best of the feasible "
+        "checkpoints whose every constraint clears its reference on the eval split by this many "
+        "standard errors of its change, measured batch by batch; where none does, the feasible "
+        "checkpoint whose closest constraint is the most errors inside its reference (0: the best "
+        "feasible checkpoint, the paper's choice). More evaluation.batches narrow the errors.",
     )
 
     @model_validator(mode="after")

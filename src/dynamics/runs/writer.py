@@ -60,12 +60,13 @@ def _per_batch(values: np.ndarray, names: list[str]) -> dict[str, list[float]]:
 
 class BestCheckpoint:
     """The best checkpoint so far: the feasible evaluation with the lowest target loss sum,
-    those clearing the selection ``margin`` first (``metrics.best_feasible_checkpoint``)."""
+    those clearing the selection ``margin`` first, then those closest to clearing it
+    (``metrics.best_feasible_checkpoint``)."""
 
     def __init__(self, margin: float = 0.0) -> None:
         self.margin = margin
         self.record: EvaluationRecord | None = None
-        self.rank: tuple[bool, float] | None = None
+        self.rank: tuple[bool, float, float] | None = None
 
     def update(self, record: EvaluationRecord, history: RunHistory) -> bool:
         """Whether ``record`` is the new best (and then remember it)."""
