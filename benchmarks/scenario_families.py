@@ -654,6 +654,10 @@ def reported_scenarios(report: Path) -> list[ScenarioRuns]:
     ]
 
 
+class JoinError(ValueError):
+    """Scenarios that cannot be judged as one family; the message says which and why."""
+
+
 def join_scenarios(ran: Sequence[ScenarioRuns], reports: Sequence[Path]) -> list[ScenarioRuns]:
     """The scenarios that ``ran`` (:func:`read_scenarios` of ``--out``) and those of
     ``reports``, by seed, their runs joined by label: a run that ran replaces a report's of
@@ -663,12 +667,12 @@ def join_scenarios(ran: Sequence[ScenarioRuns], reports: Sequence[Path]) -> list
     for scenario, record, results in [*(m for r in reports for m in reported_scenarios(r)), *ran]:
         earlier = found.get(scenario.seed)
         if earlier is not None and earlier[0] != scenario:
-            raise ValueError(
+            raise JoinError(
                 f"{scenario.name} is another scenario in one of --with's reports than under "
                 "--out: join reports of one generator"
             )
         if earlier is not None and earlier[1].get("frozen_commit") != record.get("frozen_commit"):
-            raise ValueError(
+            raise JoinError(
                 f"{scenario.name} ran at frozen commit {earlier[1].get('frozen_commit')} in one "
                 f"place and {record.get('frozen_commit')} in another: its runs would mix two "
                 "defaults; join reports of one frozen default"
@@ -717,6 +721,11 @@ def family_report(
     report["frozen_commits"] = sorted(
         {e["frozen_commit"] for e in report["scenarios"].values() if e["frozen_commit"]}
     )
+    if len(report["frozen_commits"]) > 1:
+        raise JoinError(
+            f"the evaluation scenarios ran at frozen commits {', '.join(report['frozen_commits'])}"
+            ": one evaluation judges one frozen default; report each commit's scenarios apart"
+        )
     return report
 
 
@@ -884,7 +893,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.selection_margin is not None and args.selection_margin < 0:
         parser.error("--selection-margin: give a number of standard errors, 0 or more")
     ran = read_scenarios(args.out, args.selection_margin) if args.out.is_dir() else []
-    report = family_report(join_scenarios(ran, args.reports))
+    try:
+        report = family_report(join_scenarios(ran, args.reports))
+    except JoinError as error:
+        parser.error(str(error))
     rundir.atomic_write_text(
         args.json or args.out / "report.json", json.dumps(report, indent=1) + "\n"
     )

@@ -681,6 +681,10 @@ def test_the_report_lists_every_scenario_that_ran_and_the_goal_per_split():
     )
     assert table.count("| s0") == 1 and table.count("| s12") == 2
     assert "The goal on the evaluation split:" in table
+    # Evaluation scenarios of two frozen defaults are not one evaluation.
+    later = (replace_seed(TWO_TARGETS, 122), {"seed": 122, "frozen_commit": "def5678"}, done)
+    with pytest.raises(families.JoinError, match="frozen commits abc1234, def5678"):
+        families.family_report([*scenarios, later])
 
 
 def test_a_report_kept_from_earlier_runs_joins_the_scenarios_under_out(tmp_path):
