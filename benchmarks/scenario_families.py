@@ -698,11 +698,19 @@ def recorded_scenario(record: Mapping[str, Any]) -> FamilyScenario:
 
 def family_report(
     scenarios: Sequence[tuple[FamilyScenario, Mapping[str, Any], Mapping[str, dict[str, Any]]]],
+    default_margin: float | None = None,
 ) -> dict[str, Any]:
     """Every scenario with its runs and, where complete, its row; the rule of thumb's mass
-    (from the development scenarios); the goal per split over its complete scenarios."""
+    (from the development scenarios); the goal per split over its complete scenarios; and
+    ``default_margin``, the selection margin the default's runs under ``--out`` were chosen
+    again at (:func:`run_results`; None: as they ran)."""
     rule_mass = rule_of_thumb_mass([(s, r) for s, _, r in scenarios])
-    report: dict[str, Any] = {"rule_of_thumb_mass": rule_mass, "scenarios": {}, "goal": {}}
+    report: dict[str, Any] = {
+        "rule_of_thumb_mass": rule_mass,
+        "default_selection_margin": default_margin,
+        "scenarios": {},
+        "goal": {},
+    }
     rows: dict[str, list[dict[str, Any]]] = {}
     for scenario, record, results in scenarios:
         entry: dict[str, Any] = {
@@ -738,10 +746,13 @@ def markdown(report: Mapping[str, Any]) -> str:
     def percent(x: float | None) -> str:
         return "" if x is None else f"{100 * x:.1f}%"
 
-    mass = report["rule_of_thumb_mass"]
+    mass, margin = report["rule_of_thumb_mass"], report["default_selection_margin"]
     lines = [
         f"Rule of thumb: fixed target mass {'not measured' if mass is None else f'{mass:g}'} "
-        "(best median over the development scenarios). Test split; checkpoints chosen on eval.",
+        "(best median over the development scenarios). Test split; checkpoints chosen on eval"
+        + (
+            "." if margin is None else f", the default's again at a selection margin of {margin:g}."
+        ),
         "",
         "| scenario | split | targets | non-targets | constraints (loss; accuracy) | LR | steps "
         "| runs | default | holds on test | paper | best@k (k) | oracle | targets alone "
@@ -871,6 +882,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.describe:
         print(json.dumps([describe(s) for s in scenarios], indent=1))
         return 0
+    if args.selection_margin is not None and not args.selection_margin >= 0:
+        parser.error("--selection-margin: give a number of standard errors, 0 or more")
     if not args.report_only:
         labels = None if args.runs is None else args.runs.split(",")
         try:
@@ -890,11 +903,9 @@ def main(argv: list[str] | None = None) -> int:
             progress=True,
             log=lambda m: print(m, flush=True),
         )
-    if args.selection_margin is not None and args.selection_margin < 0:
-        parser.error("--selection-margin: give a number of standard errors, 0 or more")
     ran = read_scenarios(args.out, args.selection_margin) if args.out.is_dir() else []
     try:
-        report = family_report(join_scenarios(ran, args.reports))
+        report = family_report(join_scenarios(ran, args.reports), args.selection_margin)
     except JoinError as error:
         parser.error(str(error))
     rundir.atomic_write_text(

@@ -377,6 +377,16 @@ def test_a_run_label_no_scenario_plans_is_refused_before_anything_is_written(tmp
     assert not out.exists()
 
 
+@pytest.mark.parametrize("margin", ["-1", "nan"])
+def test_a_selection_margin_below_0_is_refused_before_anything_is_written(
+    tmp_path, margin, capsys
+):
+    out = tmp_path / "families"
+    with pytest.raises(SystemExit):
+        families.main(["--seeds", "0", "--selection-margin", margin, "--out", str(out)])
+    assert "--selection-margin" in capsys.readouterr().err and not out.exists()
+
+
 def test_the_evaluation_split_refuses_to_run_without_a_frozen_commit(tmp_path, repo, capsys):
     out = tmp_path / "families"
     with pytest.raises(
@@ -785,6 +795,9 @@ def test_results_are_read_from_run_folders(tmp_path, quick_base, single_thread, 
     )
     [(_, _, again)] = families.read_scenarios(out, default_margin=2.0)
     assert margins == [None, 2.0]  # fixed-w1, then robust
+    replayed = families.family_report([(read, record, again)], default_margin=2.0)
+    assert replayed["default_selection_margin"] == 2.0
+    assert "the default's again at a selection margin of 2." in families.markdown(replayed)
     assert again["robust"] == {
         **replay(robust, 2.0),
         "predicted_cost": robust.summary["predicted_cost"],

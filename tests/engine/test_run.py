@@ -502,6 +502,15 @@ def test_the_running_best_checkpoint_puts_those_clearing_the_margin_first():
     assert plain.update(edge, history) and not plain.update(clear, history)
     assert margin.update(edge, history) and margin.update(clear, history)
     assert plain.record is edge and margin.record is clear
+    # Where none clears the margin, the one nearest to clearing it: 1.4 errors inside its
+    # reference beats the edge's 0.48 however much more target gain the edge has, and as
+    # the records' choice does (metrics.best_feasible_checkpoint).
+    closer = record(192, 1.8, [0.98, 0.99, 0.96, 1.01])
+    short = BestCheckpoint(2.0)
+    assert short.update(edge, history) and short.update(closer, history)
+    assert not short.update(record(256, 1.4, [0.99, 1.0, 0.97, 1.02]), history)  # edge again
+    points = [history.evaluations[0], edge, closer]
+    assert short.record is closer is metrics.best_feasible_checkpoint(points, (0,), (1,), 2.0)
 
 
 def test_probe_min_lengthens_the_probes_of_short_updates(tokenizer_dir, tmp_path, monkeypatch):
