@@ -378,9 +378,7 @@ def test_a_run_label_no_scenario_plans_is_refused_before_anything_is_written(tmp
 
 
 @pytest.mark.parametrize("margin", ["-1", "nan"])
-def test_a_selection_margin_below_0_is_refused_before_anything_is_written(
-    tmp_path, margin, capsys
-):
+def test_a_selection_margin_below_0_is_refused_before_anything_is_written(tmp_path, margin, capsys):
     out = tmp_path / "families"
     with pytest.raises(SystemExit):
         families.main(["--seeds", "0", "--selection-margin", margin, "--out", str(out)])
