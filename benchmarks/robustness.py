@@ -180,28 +180,21 @@ METHODS: dict[str, dict[str, Any]] = {
     # Each option alone.
     "lp_candidate": {"variant": "paper", "lp_candidate": True},
     "target_noise": {"variant": "paper", "lp_candidate": True, "target_noise": 1.0},
-    "calibration": {"variant": "paper", "calibration": True},
     "diminishing_returns": {"variant": "paper", "lp_candidate": True, "gain_exponent": 0.5},
     # Combinations.
-    "direct_pessimistic_calibrated": {
-        "variant": "paper",
-        "lp_candidate": True,
-        "target_noise": 1.0,
-        "calibration": True,
-    },
-    # The default (variant robust): direct_pessimistic_calibrated with diminishing
-    # returns, accuracy slopes from the expected accuracy, half an answer of tolerance and
+    "direct_pessimistic": {"variant": "paper", "lp_candidate": True, "target_noise": 1.0},
+    # The default (variant robust): direct_pessimistic with diminishing returns, accuracy
+    # slopes from the expected accuracy, half an answer of tolerance and
     # the floor on target data; without the last two and with measured accuracy slopes, the
     # setting on which the settings below with "robust" in their label were built.
     "robust": {"variant": "robust"},
     "robust_measured_accuracy": MEASURED_ROBUST,
     # Backtracking (up to two returns per run).
     "backtrack": {"variant": "paper", "backtrack": 2},
-    "direct_pessimistic_calibrated_backtrack": {
+    "direct_pessimistic_backtrack": {
         "variant": "paper",
         "lp_candidate": True,
         "target_noise": 1.0,
-        "calibration": True,
         "backtrack": 2,
     },
     # The robust variant on the paper's no-warmup schedule: fewer updates, so fewer probes.

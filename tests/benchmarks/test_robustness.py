@@ -49,7 +49,7 @@ def test_measure_resumes_and_aggregates_what_the_run_folders_hold(tmp_path):
 
     updates = read_jsonl(out / "conflict" / "seed0" / "robust" / "controller.jsonl")
     assert all(
-        u["extra"]["robust"]["calibration"] and u["extra"]["robust"]["target_noise"] == 1.0
+        u["extra"]["robust"]["lp_candidate"] and u["extra"]["robust"]["target_noise"] == 1.0
         for u in updates
     )
     assert all(

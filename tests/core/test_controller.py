@@ -302,8 +302,8 @@ def test_a_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(crash_afte
 
     def fresh():
         learner = StateLoggingLearner(HIDDEN_SLOPES, HIDDEN_INITIAL, effect=hidden_harm)
-        # Calibration carries state across updates; without diminishing returns this toy's
-        # hidden harm makes the run backtrack, so both kinds of loop state cross the save.
+        # Without diminishing returns this toy's hidden harm makes the run backtrack, so the
+        # loop's backtracking state crosses the save.
         options = RuleSet.of_variant("robust").replaced(gain_exponent=1.0)
         policy = DynamicsPolicy(build_schedule([0, 8, 32], 96, probe_cap=4), rules=options)
         return learner, policy
@@ -315,9 +315,6 @@ def test_a_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(crash_afte
     learner, policy = fresh()
     full = run_mixture_training(learner, policy, checkpoint_steps=checkpoints, **kwargs)
     assert full.backtracks  # the case where the loop's own state matters most
-    # The policy's own state (what its calibration learned) crosses the save too.
-    learned = policy.state_dict()["calibration"]
-    assert learned["count"] >= 2 and np.any(np.asarray(learned["weighted_error"]) != 0)
 
     saved = {}
 

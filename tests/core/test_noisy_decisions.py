@@ -1,6 +1,6 @@
 """Decisions under measured noise: what each option beyond the paper does when evaluations
-are noisy (``dynamics.core.robust``: the binomial floor of accuracy errors, tighten-only
-calibration, a failed solve, ties at an evaluation's resolution, expected accuracies).
+are noisy (``dynamics.core.robust``: the binomial floor of accuracy errors, a failed
+solve, ties at an evaluation's resolution, expected accuracies).
 
 The toy learner's noise is known (``noise``: the standard deviation of fresh per-batch
 draws at every evaluation), so each test can say what a decision should and should not
@@ -20,7 +20,7 @@ from scipy.optimize import OptimizeResult
 
 from dynamics.core import robust as robust_module
 from dynamics.core.controller import run_mixture_training
-from dynamics.core.decisions import PredictionCalibration, binomial_error, slope_standard_errors
+from dynamics.core.decisions import binomial_error, slope_standard_errors
 from dynamics.core.learner import DomainKind, Evaluation
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.probes import PerturbedEvaluations, ProbeRuns, probe_datasets, probe_in_turn
@@ -73,21 +73,6 @@ def test_a_measured_spread_above_the_binomial_floor_is_kept():
         anchor, probed, probe_budget=1, kinds=[DomainKind("accuracy", 100)]
     )
     assert errors[0, 0] == pytest.approx(np.std([0.2, -0.2, 0.3, -0.1], ddof=1) / 2)
-
-
-# ------------------------------------------------------------- calibration only tightens
-
-
-@given(
-    st.lists(st.tuples(st.floats(-1, 1), st.integers(1, 128)), min_size=1, max_size=12),
-    st.integers(1, 256),
-)
-@SETTINGS
-def test_calibration_never_loosens_a_constraint(errors: list[tuple[float, int]], horizon: int):
-    calibration = PredictionCalibration(1)
-    for error, past_horizon in errors:
-        calibration.observe(np.array([0.0]), np.array([error]), past_horizon)
-    assert calibration.bias(horizon)[0] >= 0.0
 
 
 # ------------------------------------------------------------- the policy on a noisy toy
@@ -393,7 +378,8 @@ def test_an_accuracy_read_from_its_expected_value_shows_a_harm_before_any_answer
     expected, expected_end = expected_accuracy_run(options, seed)
     assert measured_end[1] >= 0.02 - 1e-9  # the case happens: at least one answer lost
     assert expected_end[1] <= 1e-9  # no answer lost
-    assert expected_end[0] <= measured_end[0] + 0.01  # and the target learned about as much
+    # and the target learned about as much (95% of the change or more)
+    assert expected_end[0] <= 0.95 * measured_end[0] < 0
     assert all(u.accuracy_slopes == "expected" for u in expected.updates)
     assert all(u.accuracy_slopes is None for u in measured.updates)
 

@@ -15,11 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dynamics.core.controller import run_mixture_training
-from dynamics.core.decisions import (
-    PredictionCalibration,
-    calibrated,
-    slope_standard_errors,
-)
+from dynamics.core.decisions import slope_standard_errors
 from dynamics.core.policies import DynamicsPolicy
 from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
 from dynamics.core.robust import (
@@ -342,37 +338,6 @@ def test_tempered_policy_ends_lower_on_targets_with_saturating_returns():
     assert finals[0.5] < finals[1.0]
 
 
-# ------------------------------------------------------------- calibration
-
-
-def test_calibration_bias_is_least_squares_with_a_prior_of_one_update_at_the_horizon():
-    calibration = PredictionCalibration(2)
-    np.testing.assert_array_equal(calibration.bias(8), [0.0, 0.0])
-    calibration.observe(np.array([1.0, 2.0]), np.array([1.2, 1.9]), horizon=10)
-    calibration.observe(np.array([1.0, 2.0]), np.array([1.1, 2.0]), horizon=30)
-    calibration.observe(np.array([1.0, np.nan]), np.array([5.0, 2.0]), horizon=30)  # ignored
-    weighted = np.array([0.2 * 10 + 0.1 * 30, -0.1 * 10])
-    # The second domain ended lower than predicted: its correction would loosen, so it is 0.
-    np.testing.assert_allclose(calibration.bias(20), [weighted[0] / (100 + 900 + 400), 0.0])
-    # Errors that grow linearly with the horizon are recovered as the evidence piles up.
-    exact = PredictionCalibration(1)
-    for _ in range(200):
-        exact.observe(np.array([0.0]), np.array([0.5]), horizon=100)
-    assert exact.bias(100)[0] == pytest.approx(0.005, rel=0.01)
-
-
-def test_a_noisy_one_step_error_barely_moves_a_long_prediction():
-    calibration = PredictionCalibration(1)
-    calibration.observe(np.array([0.0]), np.array([1 / 72]), horizon=1)  # one quiz question
-    assert 128 * calibration.bias(128)[0] < 0.01 / 72  # under 1% of a question
-
-
-def test_calibrated_problem_shifts_only_constraints_by_the_horizon():
-    problem, _ = random_problem(3)
-    shifted = calibrated(problem, np.array([1.0, 0.01, -0.02]))
-    np.testing.assert_allclose(shifted.current_losses - problem.current_losses, [0.0, 0.64, -1.28])
-
-
 # ------------------------------------------------------------- the policy on the toy learner
 
 SLOPES = np.array([[-0.010, -0.001, 0.000], [0.004, -0.001, 0.000], [0.001, -0.0005, 0.0]])
@@ -409,31 +374,3 @@ def test_robust_variant_keeps_constraints_and_beats_the_papers_target_on_the_toy
     assert any(u.rules.choice.source == "direct" for u in robust.updates)
     for update in robust.updates:
         assert update.rules.choice.feasible
-        # The toy is linear, so diminishing returns can only under-predict its improvements:
-        # the realized losses end at or below the predictions, and a correction that would
-        # loosen the constraints is clipped to zero.
-        bias = np.asarray(update.calibration_bias)
-        assert np.all(bias >= 0.0) and np.all(bias <= 1e-12)
-
-
-def test_calibration_learns_a_bias_the_probes_cannot_see():
-    # Dataset 0's harm to constraint 1 grows with the steps trained on it (quadratic), so
-    # short probes under-predict it. After a few updates the bias is positive and the
-    # calibrated run puts less weight on dataset 0 than the uncalibrated one.
-    def accelerating(steps):
-        out = SLOPES @ steps
-        out[1] += 2e-5 * steps[0] ** 2
-        return out
-
-    schedule = build_schedule([0, 16, 32, 64, 96], 128, probe_cap=4)
-    weights = {}
-    for calibration in (False, True):
-        learner = ToyLearner(SLOPES, INITIAL, effect=accelerating)
-        policy = DynamicsPolicy(
-            schedule, rules=rule_set(lp_candidate=True, calibration=calibration)
-        )
-        history = run(policy, learner)
-        weights[calibration] = np.array([u.weights[0] for u in history.updates])
-        if calibration:
-            assert history.updates[-1].calibration_bias[1] > 0
-    assert weights[True][-1] < weights[False][-1]

@@ -16,7 +16,7 @@ from dynamics.core.policies import DynamicsPolicy, FixedWeightsPolicy, GradientA
 from dynamics.core.policy_registry import POLICIES, PolicySettings
 from dynamics.core.records import UpdateRecord
 from dynamics.core.rules import RULES, VARIANTS, RuleSet, RulesRecord, register, rule_set
-from dynamics.core.rules.calibration import Calibration
+from dynamics.core.rules.answer_tolerance import AnswerTolerance
 from dynamics.core.rules.lp_candidate import LpCandidateRecord
 from dynamics.core.rules.target_floor import TargetFloorRecord
 from dynamics.core.schedules import build_schedule
@@ -39,12 +39,11 @@ def toy_updates(rules: RuleSet) -> list[UpdateRecord]:
     ).updates
 
 
-def test_the_robust_variant_is_the_seven_rules_with_their_values_and_paper_is_none():
+def test_the_robust_variant_is_the_six_rules_with_their_values_and_paper_is_none():
     robust = RuleSet.of_variant("robust")
     assert robust.names == (
         "lp_candidate",
         "target_noise",
-        "calibration",
         "gain_exponent",
         "target_floor",
         "expected_accuracy",
@@ -54,7 +53,6 @@ def test_the_robust_variant_is_the_seven_rules_with_their_values_and_paper_is_no
     assert values == {
         "lp_candidate": True,
         "target_noise": 1.0,
-        "calibration": True,
         "gain_exponent": 0.5,
         "target_floor": 0.02,
         "expected_accuracy": True,
@@ -66,14 +64,13 @@ def test_the_robust_variant_is_the_seven_rules_with_their_values_and_paper_is_no
 
 
 def test_a_rule_given_its_off_values_is_off_and_every_rule_is_one_parameter_set():
-    assert rule_set(target_noise=0.0, calibration=False).is_paper
-    assert RuleSet.of_variant("robust").replaced(calibration=False).names == (
+    assert rule_set(target_noise=0.0, answer_tolerance=0.0).is_paper
+    assert RuleSet.of_variant("robust").replaced(answer_tolerance=0.0).names == (
         "lp_candidate",
         "target_noise",
         "gain_exponent",
         "target_floor",
         "expected_accuracy",
-        "answer_tolerance",
     )
     for name, rule in RULES.items():
         assert name in {f.name for f in fields(rule.params_type)}  # the record's key
@@ -93,8 +90,8 @@ def test_a_rule_whose_requirement_is_off_is_refused_and_nothing_is_switched_on()
 
 
 def test_a_name_is_registered_once():
-    with pytest.raises(ValueError, match="'calibration' is already registered"):
-        register(Calibration)
+    with pytest.raises(ValueError, match="'answer_tolerance' is already registered"):
+        register(AnswerTolerance)
 
 
 @pytest.mark.parametrize("name", ["robust", "resumed"])
@@ -130,28 +127,6 @@ def test_an_update_records_the_rules_that_were_on_and_what_they_decided():
         floors = update.rules.find(TargetFloorRecord).floors
         assert floors is not None and floors.floor == 0.1
         np.testing.assert_allclose(update.rules.choice.weights, update.weights)
-
-
-def test_the_rules_state_crosses_a_checkpoint_in_the_policy_state_format():
-    policy = DynamicsPolicy(
-        build_schedule([0, 8], 16, probe_cap=4), rules=rule_set(calibration=True)
-    )
-    assert policy.state_dict() == {"calibration": None, "last_prediction": None}
-    run_mixture_training(
-        ToyLearner(SLOPES, INITIAL),
-        policy,
-        targets=[0],
-        constraints=[1, 2],
-        eval_interval=8,
-        reduced_batches=4,
-    )
-    state = policy.state_dict()
-    assert state["calibration"]["count"] == 1 and state["last_prediction"]["horizon"] == 8
-    again = DynamicsPolicy(
-        build_schedule([0, 8], 16, probe_cap=4), rules=rule_set(calibration=True)
-    )
-    again.load_state_dict(json.loads(json.dumps(state)))
-    assert again.state_dict() == state
 
 
 def test_each_method_name_is_one_policy_class_built_from_the_same_settings():

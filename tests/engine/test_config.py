@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dynamics.core.rules import DEFAULT_VARIANT, RULES, RuleSet
-from dynamics.engine.config import ConfigError, RunConfig
+from dynamics.core.rules import DEFAULT_VARIANT, RULES, SELECTION_MARGINS, RuleSet
+from dynamics.engine.config import ConfigError, EvaluationConfig, RunConfig
 from dynamics.engine.config_docs import config_reference_markdown
 from robustness import METHODS
 
@@ -98,7 +98,7 @@ def test_overrides_by_dotted_path_and_dataset_name():
             ["method.backtrack"],
         ),
         (
-            {"method": {"name": "gradient-alignment", "calibration": True}},
+            {"method": {"name": "gradient-alignment", "lp_candidate": True}},
             ["method.name: dynamics"],
         ),
         ({"method": {"backtrack": -1}}, ["method.backtrack"]),
@@ -107,6 +107,10 @@ def test_overrides_by_dotted_path_and_dataset_name():
             ["method.backtrack_patience", "method.backtrack > 0"],
         ),
         ({"method": {"backtrack": 1, "backtrack_patience": 0}}, ["backtrack_patience"]),
+        (  # the default variant's selection margin needs a standard error over batches
+            {"evaluation": {"batches": 1, "reduced_batches": 1}},
+            ["evaluation.selection_margin 1.8", "evaluation.batches to 2", "selection_margin: 0"],
+        ),
     ],
 )
 def test_errors_name_the_field(change, fields):
@@ -241,12 +245,12 @@ def test_single_rule_parameters_override_the_variant():
         "name": "dynamics",
         "variant": "robust",
         "target_noise": 2.0,
-        "calibration": False,
+        "answer_tolerance": 0.0,
         "floors": {"targets": 0.05},
     }
     rules = RunConfig.from_dict(config).method.rules()
     assert (rules.value("target_noise"), rules.value("target_floor")) == (2.0, 0.05)
-    assert "calibration" not in rules.names  # false: the rule is off
+    assert "answer_tolerance" not in rules.names  # 0: the rule is off
     robust = RuleSet.of_variant("robust")
     assert rules.value("gain_exponent") == robust.value("gain_exponent")  # from the variant
     config["method"] = {"name": "dynamics", "variant": "paper"}
@@ -327,6 +331,32 @@ def test_dynamics_runs_the_default_variant_and_the_saved_config_names_it():
     assert (
         RunConfig.from_dict(yaml.safe_load(parsed.to_yaml())) == parsed
     )  # what a resume reads back
+
+
+@pytest.mark.parametrize(
+    ("method", "margin"),
+    [
+        ({"name": "dynamics"}, SELECTION_MARGINS["robust"]),
+        ({"name": "dynamics", "variant": "robust"}, 1.8),
+        ({"name": "dynamics", "variant": "paper"}, 0.0),
+        ({"name": "fixed", "weights": {"math": 1.0, "wiki": 1.0}}, 0.0),
+    ],
+)
+def test_an_unset_selection_margin_is_the_variants_and_the_saved_config_says_it(method, margin):
+    config = minimal()
+    config["method"] = method
+    parsed = RunConfig.from_dict(config)
+    assert parsed.evaluation.selection_margin == margin
+    saved = yaml.safe_load(parsed.to_yaml())
+    assert saved["evaluation"]["selection_margin"] == margin
+    assert RunConfig.from_dict(saved) == parsed  # what a resume reads back
+    # A margin the config sets is kept, from YAML and from a section built in Python.
+    config["evaluation"] = {"selection_margin": 0.5}
+    assert RunConfig.from_dict(config).evaluation.selection_margin == 0.5
+    built = RunConfig(**{**config, "evaluation": EvaluationConfig()})
+    assert built.evaluation.selection_margin == margin
+    kept = RunConfig(**{**config, "evaluation": EvaluationConfig(selection_margin=0.5)})
+    assert kept.evaluation.selection_margin == 0.5
 
 
 def test_methods_without_probes_have_no_variant():

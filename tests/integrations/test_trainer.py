@@ -193,9 +193,7 @@ def resumable_trainer(
 def test_resuming_the_trainer_from_its_checkpoint_continues_the_mixture(
     tokenizer_dir, tmp_path, single_thread
 ):
-    data = tiny_config(
-        tokenizer_dir, tmp_path / "whole", variant="robust"
-    )  # calibration state crosses the save
+    data = tiny_config(tokenizer_dir, tmp_path / "whole", variant="robust")
     whole_trainer, whole = resumable_trainer(RunConfig.from_dict(data), tmp_path / "whole" / "hf")
     whole_trainer.train()
 

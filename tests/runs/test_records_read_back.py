@@ -63,7 +63,6 @@ def history() -> RunHistory:
             extrapolation_guarded=[[False, None], [False, None]],
             slope_errors=np.array([[0.01, np.nan], [0.002, np.nan]]),
             accuracy_slopes="expected",
-            calibration_bias=np.array([0.0, 0.001]),
             batch_shares=np.array([0.6, 0.4]),
             unreliable_datasets=["wiki"],
             rules=RulesRecord(
@@ -134,7 +133,6 @@ def test_the_policy_details_and_the_loop_marks_are_held_in_the_lines_extra_objec
     assert sorted(line["extra"]) == [
         "accuracy_slopes",
         "batch_shares",
-        "calibration_bias",
         "extrapolation_guarded",
         "margins",
         "predictor",

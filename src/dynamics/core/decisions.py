@@ -3,8 +3,6 @@
 
 - :func:`slope_standard_errors`: each slope's standard error from the per-batch spread of
   its probe, with a binomial floor for accuracies (:func:`binomial_error`).
-- :class:`PredictionCalibration` and :func:`calibrated`: a per-step bias learned from past
-  updates' misses, which only ever tightens a constraint.
 - :func:`target_floor`: a least weight for each target dataset, given way where the floor
   alone stands between the mixture and the constraints.
 """
@@ -13,13 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from dynamics.core.learner import DomainKind
-from dynamics.core.problem import FEASIBILITY_TOL, MixtureProblem
+from dynamics.core.problem import FEASIBILITY_TOL
 from dynamics.core.robust import RobustProblem, most_feasible
 
 
@@ -76,71 +74,6 @@ def binomial_error(accuracy: float, questions: int) -> float:
     smoothed as (k + 1) / (n + 2) (Laplace), so that it is positive even at 0 or 1."""
     smoothed = (accuracy * questions + 1.0) / (questions + 2.0)
     return math.sqrt(smoothed * (1.0 - smoothed) / questions)
-
-
-@dataclass
-class PredictionCalibration:
-    """Closed-loop correction: a per-step bias of past predictions, per domain.
-
-    Update k predicted losses ``horizon_k`` steps ahead and missed by ``e_k = realized -
-    predicted``. Read as ``e_k = b H_k + noise`` with noise of constant size (evaluation
-    noise does not grow with the horizon), the least-squares bias is ``sum e_k H_k /
-    sum H_k^2``. :meth:`bias` adds ``H^2`` of the horizon about to be predicted to the
-    denominator: a prior that the bias is zero, as strong as one past update of that
-    horizon. So a dense warmup's one-step updates, whose errors are one quiz question of
-    noise, cannot set a correction that is then multiplied by a 128-step horizon, and the
-    correction grows only as past horizons reach the one being predicted.
-    The correction only ever tightens: a bias below zero (losses ended lower than predicted)
-    is clipped to zero, so a prediction that under-states gains, as diminishing returns do
-    by design, never loosens a constraint.
-    Units: metric per step (positive: losses ended higher than predicted).
-    """
-
-    num_domains: int
-    weighted_error: np.ndarray = field(init=False)
-    horizon_squares: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        self.weighted_error = np.zeros(self.num_domains)
-
-    def observe(self, predicted: np.ndarray, realized: np.ndarray, horizon: int) -> None:
-        error = np.asarray(realized, dtype=float) - np.asarray(predicted, dtype=float)
-        if error.shape != (self.num_domains,) or not np.all(np.isfinite(error)):
-            return  # nothing trustworthy to learn from
-        self.weighted_error = self.weighted_error + error * horizon
-        self.horizon_squares += float(horizon) ** 2
-        self.count += 1
-
-    def bias(self, horizon: float) -> np.ndarray:
-        """The per-step bias to add to a prediction ``horizon`` steps ahead."""
-        if self.count == 0:
-            return np.zeros(self.num_domains)
-        return np.maximum(self.weighted_error / (self.horizon_squares + float(horizon) ** 2), 0.0)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "weighted_error": self.weighted_error.tolist(),
-            "horizon_squares": self.horizon_squares,
-            "count": self.count,
-        }
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> PredictionCalibration:
-        calibration = cls(len(state["weighted_error"]))
-        calibration.weighted_error = np.asarray(state["weighted_error"], dtype=float)
-        calibration.horizon_squares = float(state["horizon_squares"])
-        calibration.count = int(state["count"])
-        return calibration
-
-
-def calibrated(problem: MixtureProblem, bias: np.ndarray) -> MixtureProblem:
-    """The problem with each constraint's current loss shifted by ``H_t * bias_i`` (the
-    calibrated prediction of eq. 3.3 is then ``L_i + H_t (S_i.w + b_i)``)."""
-    shift = np.zeros_like(problem.current_losses)
-    c = list(problem.constraints)
-    shift[c] = problem.horizon * np.asarray(bias, dtype=float)[c]
-    return replace(problem, current_losses=problem.current_losses + shift)
 
 
 def target_floor(

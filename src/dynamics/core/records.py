@@ -225,10 +225,6 @@ class UpdateRecord:
     )
     # how accuracy slopes were measured ("expected", or why not), for accuracy domains
     accuracy_slopes: str | None = field(default=None, metadata=held(in_extra=True))
-    # (M,) the per-step bias subtracted from the predictions (method.calibration)
-    calibration_bias: np.ndarray | None = field(
-        default=None, metadata=held(read=_array, in_extra=True)
-    )
     # (N,) the batch shares trained under training.sampling: tokens (weights are token shares)
     batch_shares: np.ndarray | None = field(default=None, metadata=held(read=_array, in_extra=True))
     # the datasets whose probes diverged, left out of this update's solve

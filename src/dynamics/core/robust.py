@@ -56,8 +56,7 @@ def predicted_changes(
 class RobustProblem:
     """A mixture problem with standard errors of its slopes (robust counterpart of eq. 3.1).
 
-    problem:          the nominal problem (its current losses may already include a
-                      calibration shift).
+    problem:          the nominal problem.
     slope_errors:     sigma, shape (M, N), standard errors of the slopes (metric per step).
     target_z:         pessimism in standard errors of the summed target slope.
     gain_exponent:    p of :func:`predicted_changes` (1: the linear prediction of eq. 3.3).

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from dynamics.core.rules import DEFAULT_VARIANT, SELECTION_MARGINS
 from dynamics.core.schedules import ScheduleError, build_schedule
 from dynamics.engine.config_sections import (
     ConfigError,
@@ -130,6 +131,26 @@ class RunConfig(ConfigSection):
                 "once (use budget to take more or fewer rows)"
             )
         return datasets
+
+    @model_validator(mode="before")
+    @classmethod
+    def _method_selection_margin(cls, data: Any) -> Any:
+        """An unset ``evaluation.selection_margin`` is the method's (:data:`SELECTION_MARGINS`),
+        written out so that the saved config says how the run chose its checkpoint."""
+        if not isinstance(data, dict):
+            return data
+        evaluation = data.get("evaluation", {})
+        if isinstance(evaluation, EvaluationConfig):
+            if evaluation.selection_margin is not None:
+                return data
+            filled: Any = evaluation.model_copy(
+                update={"selection_margin": _method_margin(data.get("method", {}))}
+            )
+        elif isinstance(evaluation, dict) and evaluation.get("selection_margin") is None:
+            filled = {**evaluation, "selection_margin": _method_margin(data.get("method", {}))}
+        else:
+            return data
+        return {**data, "evaluation": filled}
 
     @model_validator(mode="after")
     def _roles_and_method(self) -> RunConfig:
@@ -277,6 +298,20 @@ class RunConfig(ConfigSection):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _method_margin(method: Any) -> float:
+    """The selection margin of ``method`` (a ``method:`` section or a MethodConfig): its
+    variant's, the default variant's under DynaMiCS without one, 0 for other methods."""
+    if isinstance(method, MethodConfig):
+        name, variant = method.name, method.variant
+    elif isinstance(method, dict):
+        name, variant = method.get("name", "dynamics"), method.get("variant")
+    else:
+        return 0.0  # the method section's own validation says what is wrong with it
+    if variant is None and name == "dynamics":
+        variant = DEFAULT_VARIANT
+    return SELECTION_MARGINS.get(variant or "paper", 0.0)
 
 
 def _source_key(dataset: DatasetConfig) -> tuple[str | None, ...]:

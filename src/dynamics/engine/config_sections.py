@@ -204,23 +204,34 @@ class EvaluationConfig(ConfigSection):
         "1 + this x N(0, 1), e.g. 1e-6, the size of what separates two machines (0: off).",
     )
     noise_seed: int = Field(0, ge=0, description="Seed of relative_noise's draws.")
+    # RunConfig sets an unset margin to its method's before this section is validated, so a
+    # run config's always holds a float; None is only the field's default.
     selection_margin: float = Field(
-        0.0,
+        None,  # type: ignore[assignment]
         ge=0,
         description="Checkpoint selection as a chance constraint: the best of the feasible "
         "checkpoints whose every constraint clears its reference on the eval split by this many "
         "standard errors of its change, measured batch by batch; where none does, the feasible "
         "checkpoint whose closest constraint is the most errors inside its reference (0: the best "
-        "feasible checkpoint, the paper's choice). More evaluation.batches narrow the errors.",
+        "feasible checkpoint, the paper's choice). More evaluation.batches narrow the errors. "
+        "Unset: the method's (1.8 for method.variant: robust, 0 otherwise), written out in the "
+        "saved config.",
     )
 
     @model_validator(mode="after")
-    def _reduced_subset(self) -> EvaluationConfig:
+    def _consistent(self) -> EvaluationConfig:
         if self.reduced_batches > self.batches:
             raise ValueError(
                 f"evaluation.reduced_batches ({self.reduced_batches}) must not exceed "
                 "evaluation.batches "
                 f"({self.batches}): the reduced evaluation is a subset of the main one"
+            )
+        if self.selection_margin and self.batches < 2:
+            raise ValueError(
+                f"evaluation.selection_margin {self.selection_margin:g} (method.variant: robust's "
+                "when unset) chooses the checkpoint by the standard errors of its changes over "
+                "the eval batches, and evaluation.batches is 1, which has none: set "
+                "evaluation.batches to 2 or more, or evaluation.selection_margin: 0"
             )
         return self
 

@@ -17,6 +17,7 @@ from dynamics.core.rules.base import (
 from dynamics.core.rules.record import ChoiceRecord, RulesRecord
 from dynamics.core.rules.registry import (
     DEFAULT_VARIANT,
+    SELECTION_MARGINS,
     VARIANTS,
     RuleSet,
     rule_of,
@@ -27,6 +28,7 @@ from dynamics.core.rules.registry import (
 __all__ = [
     "DEFAULT_VARIANT",
     "RULES",
+    "SELECTION_MARGINS",
     "VARIANTS",
     "Candidate",
     "ChoiceRecord",

@@ -4,14 +4,11 @@ on a mixture update, and the record it leaves (:mod:`dynamics.core.rules.update`
 An update with rules goes through these stages, each rule acting in the ones it overrides:
 
 1. ``measure``: how the probes' changes are read (the expected accuracy).
-2. ``correct``: the problem's predictions, before differences below an evaluation's
-   resolution are read as none (the calibration).
-3. ``tolerate``: how predictions are judged against the references, after that (the answer
-   tolerance).
-4. ``shape``: the robust problem the candidates are scored on (pessimism, diminishing
+2. ``tolerate``: how predictions are judged against the references, after differences below
+   an evaluation's resolution are read as none (the answer tolerance).
+3. ``shape``: the robust problem the candidates are scored on (pessimism, diminishing
    returns, floors).
-5. ``candidates``: mixtures added to the (lambda, eps) grid's (the direct optimum).
-6. ``learn``: what the rule keeps from the decision for the next update (the calibration).
+4. ``candidates``: mixtures added to the (lambda, eps) grid's (the direct optimum).
 
 Every stage runs the rules in the registry's order (:data:`RULES`).
 """
@@ -20,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
-
-import numpy as np
 
 from dynamics.core.problem import MixtureProblem
 from dynamics.core.robust import Candidate, RobustProblem
@@ -115,9 +110,6 @@ class Rule(Generic[P]):
     def measure(self, measurement: Measurement) -> Measurement:
         return measurement
 
-    def correct(self, problem: MixtureProblem, step: UpdateStep) -> MixtureProblem:
-        return problem
-
     def tolerate(self, problem: MixtureProblem, step: UpdateStep) -> MixtureProblem:
         return problem
 
@@ -127,19 +119,10 @@ class Rule(Generic[P]):
     def candidates(self, robust: RobustProblem, step: UpdateStep) -> list[Candidate]:
         return []
 
-    def learn(self, predicted: np.ndarray, horizon: int) -> None:
-        """``predicted``: the losses the decided mixture is predicted to reach, uncorrected."""
-
     def record(self) -> Params:
         """This update's record of the rule: its parameters, and what it decided where it
         decides something (a subclass of its ``Params`` with those fields)."""
         return self.params
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
 
 RULES: dict[str, type[Rule[Any]]] = {}

@@ -7,8 +7,7 @@ paired changes over the batches, without the binomial floor
 A short probe rarely flips an answer, so a measured accuracy slope is mostly zero or one
 answer's worth, and no mixture is then predicted to win back a lost answer; the probability
 of the correct choice moves before the answer does. The predicted accuracy is the measured
-one plus the horizon times that slope, and the calibration learns from the measured
-accuracy."""
+one plus the horizon times that slope."""
 
 from __future__ import annotations
 

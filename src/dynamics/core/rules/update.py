@@ -39,12 +39,9 @@ def decide(
     """The mixture the rules choose for ``nominal``, the problem of eqs. 3.3-3.4 as measured.
 
     With any rule, differences below an evaluation's resolution are read as none
-    (:func:`dynamics.core.resolution.at_resolution`) between the ``correct`` and the
-    ``tolerate`` stages, so that no decision turns on rounding."""
-    problem = nominal
-    for rule in rules:
-        problem = rule.correct(problem, step)
-    problem = at_resolution(problem, step.context.probe_budget, step.questions)
+    (:func:`dynamics.core.resolution.at_resolution`) before the ``tolerate`` stage, so that
+    no decision turns on rounding."""
+    problem = at_resolution(nominal, step.context.probe_budget, step.questions)
     for rule in rules:
         problem = rule.tolerate(problem, step)
     robust = RobustProblem(problem, slope_errors, probe_budget=step.context.probe_budget)
@@ -63,10 +60,7 @@ def decide(
         source=choice.source,
     )
     # The predictions the decision was made on: with diminishing returns they are not
-    # eq. 3.3's. The record keeps the corrected one, the rules learn from the nominal one.
+    # eq. 3.3's.
     solution = replace(solution, predicted_losses=robust.predicted_losses(choice.weights))
-    uncorrected = replace(robust, problem=nominal).predicted_losses(choice.weights)
-    for rule in rules:
-        rule.learn(uncorrected, step.context.horizon)
     record = RulesRecord(tuple(rule.record() for rule in rules), ChoiceRecord.of(choice))
     return RuledDecision(solution, record)
