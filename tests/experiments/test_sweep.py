@@ -482,7 +482,7 @@ def test_proportional_without_budgets_is_left_out_with_a_note(tmp_path):
             "the repeated entries [[0, 4]]",
         ),
         (
-            {"schedules": [[0, 4]], "variants": ["paper", "robust", "paper"]},
+            {"schedules": [[0, 4]], "variants": ["paper", "paper"]},
             "methods.dynamics.variants: ",
         ),
         (

@@ -412,9 +412,16 @@ def plan_sweep(sweep: SweepFile, out: Path, sweep_dir: Path = Path()) -> SweepPl
                 f"{group}: the run config has no datasets; give base: a run config, or scenarios"
             )
         # The config alone first (the sweep sets the method), so that its own mistakes are
-        # named as such and the fixed grid reads validated datasets.
+        # named as such and the fixed grid reads validated datasets. It is checked under the
+        # paper's method, which asks nothing of it: what a variant asks (the robust variant's
+        # selection margin needs two eval batches) is checked on each run below.
         method_settings = {
-            k: v for k, v in (config.get("method") or {}).items() if k in INHERITED_METHOD_FIELDS
+            "variant": "paper",
+            **{
+                k: v
+                for k, v in (config.get("method") or {}).items()
+                if k in INHERITED_METHOD_FIELDS
+            },
         }
         try:
             checked = RunConfig.from_dict(
