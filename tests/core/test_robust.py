@@ -130,6 +130,24 @@ def test_lp_candidate_recovers_the_feasible_interior_mixture_the_grid_misses():
     assert problem.target_objective(choice.weights) < problem.target_objective(paper.weights)
 
 
+def test_candidates_whose_objectives_differ_by_rounding_alone_are_tied_and_the_first_is_kept():
+    # Two grid points that reach the same mixture, one a rounding error further along: the
+    # later one has the lower objective by rounding alone, and the first one is kept; a
+    # mixture better by more than rounding still wins.
+    slopes = np.array([[-0.010, -0.001, 0.000], [0.004, -0.001, 0.000], [0.001, -0.0005, 0.0]])
+    problem = MixtureProblem(
+        slopes, np.array([3.0, 2.0, 2.5]), np.array([np.nan, 2.1, 2.6]), (0,), (1, 2), horizon=2
+    )
+    rp = RobustProblem(problem, np.zeros_like(slopes))
+    first = np.array([0.5, 0.5, 0.0])
+    rounded = np.array([0.5 + 1e-15, 0.5 - 1e-15, 0.0])
+    assert rp.objective(rounded) < rp.objective(first)  # the case happens
+    assert select_robust(rp, [first, rounded]).index == 0
+    better = np.array([0.6, 0.4, 0.0])
+    assert rp.objective(better) < rp.objective(first) and rp.max_violation(better) <= 0
+    assert select_robust(rp, [first, rounded, better]).index == 2
+
+
 @settings(max_examples=12, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 10_000), zt=st.sampled_from([0.5, 1.0, 2.0]))
 def test_direct_pessimistic_candidate_matches_brute_force(seed: int, zt: float):

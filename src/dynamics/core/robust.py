@@ -430,7 +430,7 @@ def select_robust(
     ]
     feasible = [r for r in rows if r[3] <= FEASIBILITY_TOL]
     if feasible:
-        index, source, w, violation, objective = min(feasible, key=lambda r: (r[4], r[0]))
+        index, source, w, violation, objective = _best_objective(feasible)
     else:
         # Largest violation first, then the total, each equal up to FEASIBILITY_TOL, then the
         # objective: see _least_violating for why the paper's rule needs the second key.
@@ -438,5 +438,22 @@ def select_robust(
         rows = [r for r in rows if r[3] <= smallest + FEASIBILITY_TOL]
         least_total = min(_total_violation(rp, r[2]) for r in rows)
         rows = [r for r in rows if _total_violation(rp, r[2]) <= least_total + FEASIBILITY_TOL]
-        index, source, w, violation, objective = min(rows, key=lambda r: (r[4], r[0]))
+        index, source, w, violation, objective = _best_objective(rows)
     return RobustChoice(w, index, source, violation <= FEASIBILITY_TOL, violation, objective)
+
+
+OBJECTIVE_TIE = 1e-9
+"""Objectives within this relative distance of the best are tied: several of the grid's
+(lambda, eps) points reach the same mixture, and their objectives then differ by rounding
+alone, which two versions of numpy or scipy round differently."""
+
+
+_Row = tuple[int, str, np.ndarray, float, float]  # index, source, weights, violation, objective
+
+
+def _best_objective(rows: list[_Row]) -> _Row:
+    """The row with the lowest objective,
+    the first of those tied with it (:data:`OBJECTIVE_TIE`)."""
+    least = min(r[4] for r in rows)
+    tied = [r for r in rows if r[4] <= least + OBJECTIVE_TIE * abs(least)]
+    return min(tied, key=lambda r: r[0])
