@@ -184,9 +184,9 @@ METHODS: dict[str, dict[str, Any]] = {
     # Combinations.
     "direct_pessimistic": {"variant": "paper", "lp_candidate": True, "target_noise": 1.0},
     # The default (variant robust): direct_pessimistic with diminishing returns, accuracy
-    # slopes from the expected accuracy, half an answer of tolerance and
-    # the floor on target data; without the last two and with measured accuracy slopes, the
-    # setting on which the settings below with "robust" in their label were built.
+    # slopes from the expected accuracy, half an answer of tolerance and the floor on target
+    # data; without the last two and with measured accuracy slopes, the setting on which the
+    # settings below with "robust" in their label were built.
     "robust": {"variant": "robust"},
     "robust_measured_accuracy": MEASURED_ROBUST,
     # Backtracking (up to two returns per run).

@@ -452,8 +452,7 @@ _Row = tuple[int, str, np.ndarray, float, float]  # index, source, weights, viol
 
 
 def _best_objective(rows: list[_Row]) -> _Row:
-    """The row with the lowest objective,
-    the first of those tied with it (:data:`OBJECTIVE_TIE`)."""
+    """The first of the rows tied with the lowest objective (:data:`OBJECTIVE_TIE`)."""
     least = min(r[4] for r in rows)
     tied = [r for r in rows if r[4] <= least + OBJECTIVE_TIE * abs(least)]
     return min(tied, key=lambda r: r[0])
